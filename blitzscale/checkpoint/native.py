@@ -1,0 +1,145 @@
+"""Our on-disk format: a folder with one file per TP rank, each a header then the flat buffer.
+
+    DST/blitzscale.json     model config, dtype, tp size, file list
+    DST/rank{k}.bzw         4 KiB-aligned header (magic, JSON) + the rank's contiguous buffer
+    DST/tokenizer*.json ... the tokenizer, as transformers saves it
+
+The buffer is stored byte for byte as it lies in memory, so a load is one sequential read
+straight into the destination buffer; per-segment CRC32s catch corruption.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blitzscale.errors import CheckpointError
+from blitzscale.model.config import ModelConfig
+from blitzscale.model.layout import SEGMENT_ALIGN
+from blitzscale.model.weights import ModelWeights
+
+INDEX_FILE = "blitzscale.json"
+MAGIC = b"BLTZWGT1"
+FORMAT_VERSION = 1
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for k, v in _DTYPES.items():
+        if v == dtype:
+            return k
+    raise CheckpointError(f"unsupported dtype {dtype}")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise CheckpointError(f"unsupported dtype {name!r}; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def is_native_folder(path: Path) -> bool:
+    return path.is_dir() and (path / INDEX_FILE).is_file()
+
+
+def rank_file(folder: Path, rank: int) -> Path:
+    return folder / f"rank{rank}.bzw"
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    return memoryview(t.view(torch.uint8).numpy())
+
+
+def save_rank(path: Path, weights: ModelWeights) -> None:
+    buf = weights.buffer.detach().cpu().contiguous()
+    crcs = []
+    for i in range(len(weights.layout.segments)):
+        s = weights.layout.segments[i]
+        crcs.append(zlib.crc32(_bytes_of(buf[s.offset : s.offset + s.numel])))
+    header = {
+        "version": FORMAT_VERSION,
+        "config": weights.config.to_dict(),
+        "dtype": dtype_name(buf.dtype),
+        "layout": weights.layout.to_dict(),
+        "segment_crc32": crcs,
+    }
+    blob = json.dumps(header).encode()
+    data_offset = -(-(len(MAGIC) + 8 + len(blob)) // SEGMENT_ALIGN) * SEGMENT_ALIGN
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(MAGIC + struct.pack("<II", len(blob), data_offset) + blob)
+        f.write(b"\0" * (data_offset - f.tell()))
+        f.write(_bytes_of(buf))
+    os.replace(tmp, path)
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC) + 8)
+            if len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] != MAGIC:
+                raise CheckpointError(f"{path}: not a blitzscale weight file (bad magic)")
+            blob_len, data_offset = struct.unpack("<II", head[len(MAGIC) :])
+            header = json.loads(f.read(blob_len))
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt header: {e}") from e
+    header["data_offset"] = data_offset
+    return header
+
+
+def load_rank(
+    path: Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu", verify: bool = True
+) -> ModelWeights:
+    """Read one rank file into a fresh CPU buffer (then cast / move if asked)."""
+    header = read_header(path)
+    try:
+        cfg = ModelConfig.from_dict(header["config"])
+        stored = parse_dtype(header["dtype"])
+        lay = header["layout"]
+        weights = ModelWeights.empty(cfg, stored, "cpu", lay["tp_size"], lay["tp_rank"])
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: corrupt header: {e}") from e
+    if weights.layout.to_dict() != lay:
+        raise CheckpointError(f"{path}: layout does not match this version's layout of the model")
+    expect = header["data_offset"] + weights.layout.nbytes
+    size = path.stat().st_size
+    if size != expect:
+        raise CheckpointError(f"{path}: {size} bytes, expected {expect} (truncated or padded?)")
+    with open(path, "rb") as f:
+        f.seek(header["data_offset"])
+        f.readinto(_bytes_of(weights.buffer))
+    if verify:
+        for i, crc in enumerate(header["segment_crc32"]):
+            if zlib.crc32(_bytes_of(weights.segment(i))) != crc:
+                name = weights.layout.segments[i].name
+                raise CheckpointError(f"{path}: segment {name} fails its checksum (corrupt file)")
+    weights.readiness.mark_all_ready()
+    return weights
+
+
+def write_index(folder: Path, cfg: ModelConfig, dtype: torch.dtype, tp_size: int) -> None:
+    index = {
+        "format": "blitzscale",
+        "version": FORMAT_VERSION,
+        "config": cfg.to_dict(),
+        "dtype": dtype_name(dtype),
+        "tp_size": tp_size,
+        "files": [rank_file(folder, r).name for r in range(tp_size)],
+    }
+    (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def read_index(folder: Path) -> dict[str, Any]:
+    try:
+        index = json.loads((folder / INDEX_FILE).read_text())
+        ModelConfig.from_dict(index["config"])
+        return index
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{folder / INDEX_FILE}: unreadable: {e}") from e

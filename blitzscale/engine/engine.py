@@ -1,0 +1,175 @@
+"""LLMEngine: one model instance. `step()` = schedule -> run -> sample -> postprocess."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from blitzscale.engine.config import EngineConfig
+from blitzscale.engine.model_runner import ModelRunner
+from blitzscale.engine.output import OutputProcessor
+from blitzscale.engine.request import Request, RequestOutput, SamplingParams
+from blitzscale.engine.sampler import sample
+from blitzscale.engine.scheduler import Scheduler
+from blitzscale.errors import InvalidRequestError
+from blitzscale.kvcache.cache import KVCache
+from blitzscale.kvcache.pool import BlockPool
+from blitzscale.model.llama import LlamaModel
+from blitzscale.model.weights import ModelWeights
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """fp32 on CPU (bit-comparable with references), bf16 on GPU."""
+    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+
+
+class LLMEngine:
+    def __init__(self, weights: ModelWeights, tokenizer: Any | None, config: EngineConfig) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_config = weights.config
+        self._init_limits(weights)
+        self._init_kv_cache(weights)
+        self._init_components(weights)
+
+    def _init_limits(self, weights: ModelWeights) -> None:
+        limit = self.config.max_model_len or weights.config.max_position_embeddings
+        self.max_model_len = min(limit, weights.config.max_position_embeddings)
+
+    def _init_kv_cache(self, weights: ModelWeights) -> None:
+        cfg, bs = self.config, self.config.block_size
+        per_block = KVCache.bytes_per_block(weights.config, bs, weights.dtype, weights.layout.tp_size)
+        if cfg.num_kv_blocks is not None:
+            num_blocks = cfg.num_kv_blocks
+        elif weights.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(weights.device)
+            num_blocks = int(free * cfg.gpu_memory_utilization) // per_block
+        else:
+            num_blocks = cfg.kv_cache_bytes // per_block
+        if num_blocks < 1:
+            raise ValueError("no room for a single KV block; lower block_size or free memory")
+        self.kv_cache = KVCache(
+            weights.config, num_blocks, bs, weights.dtype, weights.device, weights.layout.tp_size
+        )
+        self.pool = BlockPool(num_blocks, bs)
+
+    def _init_components(self, weights: ModelWeights) -> None:
+        self.model = LlamaModel(weights, max_positions=self.max_model_len)
+        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.scheduler = Scheduler(self.pool, self.config.max_num_batched_tokens, self.config.max_num_seqs)
+        eos = set(weights.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self._aborted: list[Request] = []
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_model(
+        cls,
+        model: str,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        config: EngineConfig | None = None,
+    ) -> LLMEngine:
+        """Resolve a model name or path, load it onto `device`, and build an engine."""
+        from blitzscale.checkpoint import load_tokenizer, load_weights, resolve_model
+
+        src = resolve_model(model)
+        dtype = dtype or default_dtype(device)
+        weights = load_weights(src, dtype=dtype, device=device)
+        return cls(weights, load_tokenizer(src), config or EngineConfig())
+
+    # --- requests ---------------------------------------------------------------------
+
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        params.validate()
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise InvalidRequestError(f"prompt has token ids outside the vocabulary [0, {vocab})")
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {n} tokens but the context is {self.max_model_len} tokens "
+                "(prompt plus at least one generated token must fit)"
+            )
+        need = self.pool.blocks_for_tokens(min(n + params.max_tokens, self.max_model_len))
+        if need > self.pool.num_blocks:
+            raise InvalidRequestError(
+                f"prompt plus max_tokens needs {need} KV blocks, the cache holds {self.pool.num_blocks}"
+            )
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        req = Request(request_id, list(prompt_token_ids), params)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return False
+        self.scheduler.finish(req, "abort")
+        self._aborted.append(req)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # --- the loop ---------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        results = [self._finalize(r) for r in self._aborted]
+        self._aborted = []
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return results
+        logits = self.runner.execute(sched)
+        sampling = [s.request for s in sched.scheduled if s.completes_prompt]
+        tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
+        for s in sched.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+        for req, tok in zip(sampling, tokens, strict=True):
+            req.token_ids.append(tok)
+            reason = self.outputs.check_stop(req)
+            if reason is not None:
+                self.scheduler.finish(req, reason)
+                results.append(self._finalize(req))
+            else:
+                results.append(self.outputs.make_output(req))
+        return results
+
+    def _finalize(self, req: Request) -> RequestOutput:
+        self.requests.pop(req.request_id, None)
+        return self.outputs.make_output(req)
+
+    # --- conveniences -----------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+        """Run prompts together to completion; one final output per prompt, in order."""
+        ids = [self.add_request(p, params) for p in prompts]
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    def stream(self, prompt_token_ids: list[int], params: SamplingParams) -> Iterator[RequestOutput]:
+        """Outputs of one request as they are produced (other requests keep running)."""
+        rid = self.add_request(prompt_token_ids, params)
+        while True:
+            for out in self.step():
+                if out.request_id == rid:
+                    yield out
+                    if out.finished:
+                        return

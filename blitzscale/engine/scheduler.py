@@ -1,0 +1,111 @@
+"""Continuous batching: every step decodes all running requests and prefills new ones.
+
+Each scheduled request gets a number of new tokens: 1 for a decode, up to the remaining
+token budget for a prompt (long prompts are prefilled in chunks). KV blocks are allocated
+as tokens need them; when none are left, the most recently admitted request is preempted
+(its blocks freed, recomputed later), and waiting requests queue until blocks free up.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from blitzscale.engine.request import Request, RequestStatus
+from blitzscale.kvcache.pool import BlockPool
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        """After this step every known token is computed, so a new token is sampled."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    num_preempted: int
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+        self.pool = pool
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        num_preempted = 0
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            need = self._blocks_needed(req, n)
+            while not self.pool.can_allocate(need) and self.running[-1] is not req:
+                self._preempt(self.running.pop())
+                num_preempted += 1
+            if not self.pool.can_allocate(need):
+                self._preempt(self.running.pop(i))
+                num_preempted += 1
+                break
+            req.block_ids += self.pool.allocate(need)
+            scheduled.append(ScheduledRequest(req, n))
+            budget -= n
+            i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            need = self._blocks_needed(req, n)
+            if not self.pool.can_allocate(need):
+                break
+            self.waiting.popleft()
+            req.block_ids += self.pool.allocate(need)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(req, n))
+            budget -= n
+        return SchedulerOutput(scheduled, num_preempted)
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Take a request out (finished or aborted) and return its KV blocks."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        self._free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+
+    def _blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        total = self.pool.blocks_for_tokens(req.num_computed_tokens + num_new_tokens)
+        return max(0, total - len(req.block_ids))
+
+    def _preempt(self, req: Request) -> None:
+        self._free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+
+    def _free(self, req: Request) -> None:
+        self.pool.free(req.block_ids)
+        req.block_ids = []

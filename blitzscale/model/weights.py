@@ -1,0 +1,94 @@
+"""One rank's weights: a single flat buffer in the contiguous layout, with named views."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from blitzscale.errors import WeightsNotReadyError
+from blitzscale.model.config import ModelConfig
+from blitzscale.model.layout import SegmentSpec, WeightLayout, build_layout
+from blitzscale.model.readiness import SegmentReadiness
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class ModelWeights:
+    """Views into one flat buffer; `readiness` says which segments have arrived."""
+
+    def __init__(self, config: ModelConfig, layout: WeightLayout, buffer: torch.Tensor) -> None:
+        if buffer.dim() != 1 or buffer.numel() != layout.numel:
+            raise ValueError(f"buffer has {buffer.numel()} elements, layout needs {layout.numel}")
+        if buffer.element_size() != layout.itemsize:
+            raise ValueError("buffer dtype does not match the layout's item size")
+        self.config = config
+        self.layout = layout
+        self.buffer = buffer
+        self.readiness = SegmentReadiness(len(layout.segments))
+        self._init_views()
+
+    def _init_views(self) -> None:
+        lay = self.layout
+        self.embed = self._view(lay.embed, "embed")
+        self.layers = [self._layer(lay.layer(i)) for i in range(lay.num_layers)]
+        self.norm = self._view(lay.head, "norm")
+        self.lm_head = self.embed if self.config.tie_word_embeddings else self._view(lay.head, "lm_head")
+
+    @classmethod
+    def empty(
+        cls,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        tp_size: int = 1,
+        tp_rank: int = 0,
+        pin_memory: bool = False,
+    ) -> ModelWeights:
+        layout = build_layout(config, torch.empty((), dtype=dtype).element_size(), tp_size, tp_rank)
+        buf = torch.empty(layout.numel, dtype=dtype, device=device, pin_memory=pin_memory)
+        return cls(config, layout, buf)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.buffer.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.buffer.device
+
+    def segment(self, index: int) -> torch.Tensor:
+        """The flat slice of segment `index` (what a transfer sends or receives)."""
+        s = self.layout.segments[index]
+        return self.buffer[s.offset : s.offset + s.numel]
+
+    def layer(self, i: int) -> LayerWeights:
+        if not self.readiness.is_ready(self.layout.layer_segment_index(i)):
+            raise WeightsNotReadyError(f"layer {i} has not arrived yet")
+        return self.layers[i]
+
+    def _view(self, seg: SegmentSpec, name: str) -> torch.Tensor:
+        t = seg.tensor(name)
+        start = seg.offset + t.offset
+        return self.buffer[start : start + t.numel].view(t.shape)
+
+    def _layer(self, seg: SegmentSpec) -> LayerWeights:
+        names = {t.name for t in seg.tensors}
+        return LayerWeights(
+            input_norm=self._view(seg, "input_norm"),
+            qkv=self._view(seg, "qkv"),
+            qkv_bias=self._view(seg, "qkv_bias") if "qkv_bias" in names else None,
+            o=self._view(seg, "o"),
+            post_norm=self._view(seg, "post_norm"),
+            gate_up=self._view(seg, "gate_up"),
+            down=self._view(seg, "down"),
+        )
