@@ -7,7 +7,6 @@ from typing import Any
 import torch
 
 from blitzscale.checkpoint import native
-from blitzscale.checkpoint.gguf_file import GGUFFile
 from blitzscale.checkpoint.hf import SafetensorsFolder, read_hf_config
 from blitzscale.checkpoint.pack import copy_weights, pack_into
 from blitzscale.checkpoint.presets import PRESETS
@@ -26,6 +25,8 @@ def load_config(src: ModelSource) -> ModelConfig:
         return read_hf_config(src.path)
     if src.kind == "native":
         return ModelConfig.from_dict(native.read_index(src.path)["config"])
+    from blitzscale.checkpoint.gguf_file import GGUFFile  # gguf is only needed for GGUF sources
+
     return GGUFFile(src.path).config
 
 
@@ -44,6 +45,8 @@ def load_weights(
     if src.kind == "hf":
         cfg, getter = read_hf_config(src.path), SafetensorsFolder(src.path)
     else:
+        from blitzscale.checkpoint.gguf_file import GGUFFile
+
         g = GGUFFile(src.path)
         cfg, getter = g.config, g
     weights = ModelWeights.empty(cfg, dtype, device, tp_size, tp_rank)

@@ -1,0 +1,1 @@
+"""Benchmarks that print JSON; their results go to docs/benchmarks.md."""

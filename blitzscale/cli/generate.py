@@ -1,0 +1,96 @@
+"""`blitzscale generate`: one prompt through a local engine, streamed or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from blitzscale.checkpoint.resolve import DEFAULT_MODEL
+from blitzscale.cli.common import add_device_arg, check_device
+from blitzscale.errors import InvalidRequestError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text with a local engine")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model name or path (default: %(default)s)")
+    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    add_device_arg(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    p.set_defaults(func=run)
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool, system: str | None = None) -> list[int]:
+    if not prompt:
+        raise InvalidRequestError("prompt is empty")
+    if tokenizer is None:
+        raise InvalidRequestError("this model has no tokenizer (random weights): text prompts need one")
+    if not chat:
+        return list(tokenizer(prompt).input_ids)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}
+    ]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def run(args: argparse.Namespace) -> int:
+    from blitzscale.engine import LLMEngine, SamplingParams
+
+    check_device(args.device)
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos,
+    )
+    params.validate()
+    if not args.prompt:
+        raise InvalidRequestError("prompt is empty")
+    engine = LLMEngine.from_model(args.model, device=args.device)
+    prompt_ids = encode_prompt(engine.tokenizer, args.prompt, args.chat, args.system)
+    start = time.perf_counter()
+    first = None
+    final = None
+    for out in engine.stream(prompt_ids, params):
+        first = first or time.perf_counter()
+        if not args.json:
+            sys.stdout.write(out.text_delta)
+            sys.stdout.flush()
+        final = out
+    assert final is not None
+    end = time.perf_counter()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "text": final.text,
+                    "token_ids": final.token_ids,
+                    "prompt_token_ids": prompt_ids,
+                    "finish_reason": final.finish_reason,
+                    "usage": {
+                        "prompt_tokens": len(prompt_ids),
+                        "completion_tokens": len(final.token_ids),
+                    },
+                    "ttft_s": round((first or end) - start, 4),
+                    "total_s": round(end - start, 4),
+                }
+            )
+        )
+    else:
+        sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,38 @@
+"""Entry point: `blitzscale SUBCOMMAND ...`. Errors users caused print one line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from blitzscale.cli import convert, demo, generate
+from blitzscale.cli.common import quiet_libraries
+from blitzscale.errors import BlitzScaleError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blitzscale", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in (generate, convert, demo):
+        module.add_parser(sub)
+    from blitzscale.bench import cli as bench_cli
+
+    bench_cli.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet_libraries()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except BlitzScaleError as e:
+        print(f"blitzscale {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
