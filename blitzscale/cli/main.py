@@ -16,8 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (generate, convert, demo):
         module.add_parser(sub)
     from blitzscale.bench import cli as bench_cli
+    from blitzscale.client.cli import add_replay_parser, run_replay
 
     bench_cli.add_parser(sub)
+    add_replay_parser(sub).set_defaults(func=run_replay)
     return parser
 
 

@@ -1,0 +1,104 @@
+"""The two HTTP streaming APIs the replay speaks: request bodies and server-sent events.
+
+Pure functions, so each wire format is tested without a server. `openai` is the
+`/v1/completions` API (vLLM, SGLang, our server); `tgi` is Hugging Face TGI's
+`/generate_stream`. Both stream one `data:` line per event.
+"""
+
+import json
+from dataclasses import dataclass
+
+PROTOCOLS = ("openai", "tgi")
+
+# One word that common tokenizers encode as one token, also after a space, so a prompt of
+# N words is close to N tokens whatever the model.
+PROMPT_WORD = "hello"
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """What one SSE event carried: generated text, token counts the server reported, an error."""
+
+    text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    is_done: bool = False
+
+
+def synthetic_prompt(num_tokens: int) -> str:
+    """A prompt of about `num_tokens` tokens (at least one word: empty prompts are rejected)."""
+    return " ".join([PROMPT_WORD] * max(num_tokens, 1))
+
+
+def request_for(protocol: str, model: str | None, input_tokens: int, output_tokens: int) -> tuple[str, dict]:
+    """The (path, JSON body) asking for exactly `output_tokens` tokens after the prompt."""
+    prompt = synthetic_prompt(input_tokens)
+    if protocol == "openai":
+        body: dict = {
+            "prompt": prompt,
+            "max_tokens": output_tokens,
+            "ignore_eos": True,  # vLLM/SGLang extension: generate the trace's length, not until EOS
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if model:
+            body["model"] = model
+        return "/v1/completions", body
+    if protocol == "tgi":
+        params = {"max_new_tokens": output_tokens, "details": True}
+        return "/generate_stream", {"inputs": prompt, "parameters": params}
+    raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+
+
+def sse_data(line: str) -> str | None:
+    """The payload of a `data:` line; None for comments, `event:`/`id:` fields and blank lines."""
+    if not line.startswith("data:"):
+        return None
+    return line[5:].strip()
+
+
+def parse_event(protocol: str, data: str) -> StreamEvent:
+    """Decode one `data:` payload of `protocol`. A payload that is not JSON is an error event,
+    not an exception: the replay records it against the request and moves on."""
+    if data == "[DONE]":
+        return StreamEvent(is_done=True)
+    try:
+        obj = json.loads(data)
+    except json.JSONDecodeError:
+        return StreamEvent(error=f"bad event: {data[:200]!r}")
+    if not isinstance(obj, dict):
+        return StreamEvent(error=f"bad event: {data[:200]!r}")
+    if "error" in obj:
+        return StreamEvent(error=_error_text(obj["error"]))
+    return _openai_event(obj) if protocol == "openai" else _tgi_event(obj)
+
+
+def _error_text(error: object) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message", error))
+    return str(error)
+
+
+def _openai_event(obj: dict) -> StreamEvent:
+    choices = obj.get("choices") or [{}]
+    first = choices[0] if isinstance(choices[0], dict) else {}
+    text = first.get("text") or ""
+    usage = obj.get("usage") or {}
+    return StreamEvent(
+        text=text,
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+    )
+
+
+def _tgi_event(obj: dict) -> StreamEvent:
+    token = obj.get("token") or {}
+    text = "" if token.get("special") else token.get("text") or ""
+    details = obj.get("details") or {}
+    return StreamEvent(
+        text=text,
+        completion_tokens=details.get("generated_tokens"),
+        is_done=obj.get("generated_text") is not None,
+    )

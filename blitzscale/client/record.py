@@ -1,0 +1,84 @@
+"""What one replayed request measured, and its JSON-lines codec.
+
+The replay writes these, the summary and report read them back: one typed record keeps the
+field names of `requests.jsonl` in a single place. Times are seconds; `send_s` counts from
+the start of the replay, the others from the moment the request was sent.
+"""
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request's outcome. Latencies are None when the request failed before producing them."""
+
+    index: int
+    scheduled_s: float
+    send_s: float
+    input_tokens: int
+    requested_output_tokens: int
+    output_tokens: int
+    status: str
+    error: str | None = None
+    ttft_s: float | None = None
+    tbts_s: tuple[float, ...] = ()
+    e2e_s: float | None = None
+    queue_s: float | None = None
+    inference_s: float | None = None
+
+    @property
+    def is_ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    @property
+    def end_s(self) -> float | None:
+        """When the last byte arrived, on the replay clock."""
+        return None if self.e2e_s is None else self.send_s + self.e2e_s
+
+    @property
+    def tbt_max_s(self) -> float | None:
+        return max(self.tbts_s) if self.tbts_s else None
+
+    @property
+    def tbt_mean_s(self) -> float | None:
+        return float(np.mean(self.tbts_s)) if self.tbts_s else None
+
+    def tbt_percentile_s(self, q: float) -> float | None:
+        return float(np.percentile(self.tbts_s, q)) if self.tbts_s else None
+
+    def to_json(self) -> dict:
+        """The stored fields plus TBT max/mean/p90/p95/p99, so a reader needs no recomputation."""
+        out = asdict(self)
+        out["tbts_s"] = list(self.tbts_s)
+        out["tbt_max_s"] = self.tbt_max_s
+        out["tbt_mean_s"] = self.tbt_mean_s
+        for q in (90, 95, 99):
+            out[f"tbt_p{q}_s"] = self.tbt_percentile_s(q)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "RequestRecord":
+        """Inverse of to_json; derived keys are ignored."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in obj.items() if k in known}
+        kwargs["tbts_s"] = tuple(kwargs.get("tbts_s", ()))
+        return cls(**kwargs)
+
+
+def write_records(path: Path, records: Iterable[RequestRecord]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record.to_json()) + "\n")
+
+
+def read_records(path: Path) -> list[RequestRecord]:
+    with path.open(encoding="utf-8") as f:
+        return [RequestRecord.from_json(json.loads(line)) for line in f if line.strip()]

@@ -1,0 +1,1 @@
+"""Tests of the trace-replay client (CPU only, loopback only)."""
