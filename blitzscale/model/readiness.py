@@ -8,6 +8,7 @@ it expects. The engine runs layer i only when its segment is ready.
 from __future__ import annotations
 
 import threading
+import time
 
 
 class SegmentReadiness:
@@ -15,19 +16,27 @@ class SegmentReadiness:
         self._cond = threading.Condition()
         self._expected = [pieces_per_segment] * num_segments
         self._count = [0] * num_segments
+        self._ready_at: list[float | None] = [None] * num_segments
 
     @property
     def num_segments(self) -> int:
         return len(self._count)
 
-    def set_expected(self, pieces_per_segment: int) -> None:
+    def set_expected(self, pieces_per_segment: int | list[int]) -> None:
+        """Pieces each segment arrives in (one number for all, or one per segment)."""
+        n = len(self._count)
+        counts = [pieces_per_segment] * n if isinstance(pieces_per_segment, int) else pieces_per_segment
+        if len(counts) != n:
+            raise ValueError(f"expected {n} piece counts, got {len(counts)}")
         with self._cond:
-            self._expected = [pieces_per_segment] * len(self._count)
+            self._expected = list(counts)
 
     def add(self, segment: int, pieces: int = 1) -> None:
         """Record `pieces` more pieces of `segment` as landed."""
         with self._cond:
             self._count[segment] += pieces
+            if self._count[segment] == self._expected[segment]:
+                self._ready_at[segment] = time.perf_counter()
             if self._count[segment] > self._expected[segment]:
                 raise RuntimeError(
                     f"segment {segment} got {self._count[segment]} pieces, expected {self._expected[segment]}"
@@ -42,6 +51,12 @@ class SegmentReadiness:
     def reset(self) -> None:
         with self._cond:
             self._count = [0] * len(self._count)
+            self._ready_at = [None] * len(self._count)
+
+    def first_ready_at(self, segment: int) -> float | None:
+        """perf_counter() time at which segments [0, segment] had all become ready."""
+        times = self._ready_at[: segment + 1]
+        return None if any(t is None for t in times) else max(times)  # type: ignore[type-var]
 
     def is_ready(self, segment: int) -> bool:
         return self._count[segment] >= self._expected[segment]

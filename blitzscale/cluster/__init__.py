@@ -1,0 +1,1 @@
+"""Cluster control: the parameter pool, worker launch, and commands to workers."""

@@ -1,0 +1,29 @@
+"""Typed configuration of a local worker cluster (addresses and ports come from here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    num_workers: int = 2
+    device: str = "cpu"  # "cpu": N CPU workers; "cuda": one worker per visible GPU
+    dtype: str = ""  # "" = float32 on CPU, bfloat16 on GPU
+    host: str = "127.0.0.1"
+    dist_port: int = 0  # torch.distributed rendezvous; 0 = pick a free port
+    control_port: int = 0  # ZeroMQ commands; 0 = pick a free port
+    startup_timeout_s: float = 180.0
+    op_timeout_s: float = 120.0  # a command's reply must come within this
+    transfer_timeout_s: float = 30.0  # a transfer piece must land within this
+    piece_bytes: int = 0  # 0: one piece per segment stripe
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+
+    @property
+    def resolved_dtype(self) -> str:
+        return self.dtype or ("float32" if self.device == "cpu" else "bfloat16")

@@ -1,0 +1,288 @@
+"""A cluster of worker processes on this machine, driven over ZeroMQ.
+
+The controller owns the parameter pool and is the only writer of it: a copy enters the
+pool only when the worker that holds it has said its load completed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import socket
+import time
+from typing import Any
+
+import zmq
+
+from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.pool import ParameterPool
+from blitzscale.errors import BlitzScaleError
+from blitzscale.messages import (
+    ChecksumMsg,
+    HelloMsg,
+    HostCacheMsg,
+    LoadMsg,
+    Message,
+    ReleaseMsg,
+    ReplyMsg,
+    ShutdownMsg,
+    TransferMsg,
+    decode,
+    encode,
+)
+from blitzscale.transfer.plan import chains_for
+from blitzscale.worker.worker import WorkerConfig, worker_main
+
+
+class ClusterOpError(BlitzScaleError):
+    """A command failed on one or more workers; `replies` says what each one answered."""
+
+    def __init__(self, what: str, replies: dict[int, ReplyMsg]) -> None:
+        self.replies = replies
+        errors = "; ".join(f"rank {r}: {m.error}" for r, m in sorted(replies.items()) if not m.ok)
+        super().__init__(f"{what} failed: {errors}")
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    def __init__(self, cfg: ClusterConfig) -> None:
+        self.cfg = cfg
+        self.pool = ParameterPool()
+        self.procs: list[mp.Process] = []
+        self.dead: set[int] = set()
+        self.hellos: dict[int, HelloMsg] = {}
+        self._op_ids = itertools.count(1)
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.procs)
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> LocalCluster:
+        cfg = self.cfg
+        n = cfg.num_workers
+        if cfg.device == "cuda":
+            import torch
+
+            n = min(n, torch.cuda.device_count())
+            if n < 1:
+                raise BlitzScaleError("device cuda: no GPU is visible")
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if cfg.control_port:
+            self._sock.bind(f"tcp://{cfg.host}:{cfg.control_port}")
+            control_port = cfg.control_port
+        else:
+            control_port = self._sock.bind_to_random_port(f"tcp://{cfg.host}")
+        dist_port = cfg.dist_port or free_port(cfg.host)
+        spawn = mp.get_context("spawn")
+        for rank in range(n):
+            wcfg = WorkerConfig(
+                rank=rank,
+                world_size=n,
+                device=f"cuda:{rank}" if cfg.device == "cuda" else "cpu",
+                dist_addr=cfg.host,
+                dist_port=dist_port,
+                control_addr=f"tcp://{cfg.host}:{control_port}",
+                dtype=cfg.resolved_dtype,
+                init_timeout_s=cfg.startup_timeout_s,
+            )
+            p = spawn.Process(target=worker_main, args=(wcfg,), name=f"blitzscale-worker-{rank}", daemon=True)
+            p.start()
+            self.procs.append(p)
+        self._wait_hellos()
+        return self
+
+    def _wait_hellos(self) -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while len(self.hellos) < self.world_size:
+            self._check_alive(set(range(self.world_size)) - set(self.hellos), starting=True)
+            if time.monotonic() > deadline:
+                self.stop()
+                raise BlitzScaleError(f"workers did not start within {self.cfg.startup_timeout_s} s")
+            msg = self._recv(timeout_ms=100)
+            if isinstance(msg, HelloMsg):
+                self.hellos[msg.rank] = msg
+
+    def stop(self) -> None:
+        if self._sock is not None:
+            for rank in self.alive_ranks():
+                self._send(rank, ShutdownMsg())
+        for p in self.procs:
+            p.join(timeout=10)
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        if self._sock is not None:
+            self._sock.close()
+            self._ctx.term()
+            self._sock = None
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def alive_ranks(self) -> list[int]:
+        return [r for r, p in enumerate(self.procs) if r not in self.dead and p.is_alive()]
+
+    # --- messaging ----------------------------------------------------------------------
+
+    def _send(self, rank: int, msg: Message) -> None:
+        assert self._sock is not None
+        self._sock.send_multipart([f"w{rank}".encode(), encode(msg)])
+
+    def _recv(self, timeout_ms: int) -> Message | None:
+        assert self._sock is not None
+        if not self._sock.poll(timeout_ms):
+            return None
+        _identity, data = self._sock.recv_multipart()
+        return decode(data)
+
+    def _check_alive(self, ranks: set[int], starting: bool = False) -> list[int]:
+        died = [r for r in ranks if r not in self.dead and not self.procs[r].is_alive()]
+        for r in died:
+            self.dead.add(r)
+            self.pool.forget_rank(r)
+        if died and starting:
+            self.stop()
+            raise BlitzScaleError(f"workers {died} exited during start-up (see their output above)")
+        return died
+
+    def call(
+        self, msgs: dict[int, Message], what: str, timeout_s: float | None = None
+    ) -> dict[int, ReplyMsg]:
+        """Send each rank its message and wait for all replies; a dead rank answers as failed."""
+        op_ids = {}
+        for rank, msg in msgs.items():
+            if rank in self.dead:
+                raise BlitzScaleError(f"{what}: worker {rank} is dead")
+            op_ids[rank] = msg.op_id  # type: ignore[union-attr]
+            self._send(rank, msg)
+        replies: dict[int, ReplyMsg] = {}
+        deadline = time.monotonic() + (timeout_s or self.cfg.op_timeout_s)
+        while len(replies) < len(msgs):
+            pending = set(msgs) - set(replies)
+            for r in self._check_alive(pending) + [r for r in pending if r in self.dead]:
+                replies.setdefault(r, ReplyMsg(op_id=op_ids[r], rank=r, ok=False, error="worker died"))
+            if time.monotonic() > deadline:
+                for r in pending - set(replies):
+                    replies[r] = ReplyMsg(op_id=op_ids[r], rank=r, ok=False, error="no reply in time")
+                break
+            msg = self._recv(timeout_ms=50)
+            if isinstance(msg, ReplyMsg) and msg.rank in pending and msg.op_id == op_ids[msg.rank]:
+                replies[msg.rank] = msg
+        return replies
+
+    def _call_ok(self, msgs: dict[int, Message], what: str) -> dict[int, ReplyMsg]:
+        replies = self.call(msgs, what)
+        if not all(m.ok for m in replies.values()):
+            raise ClusterOpError(what, replies)
+        return replies
+
+    def next_op(self) -> int:
+        return next(self._op_ids)
+
+    # --- operations ---------------------------------------------------------------------
+
+    def load(self, model: str, rank: int, source: str, readers: int = 4) -> dict[str, Any]:
+        """Load from a local source (disk, HF folder, random weights) onto one rank."""
+        self.pool.begin_load(model, [rank])
+        msg = LoadMsg(op_id=self.next_op(), model=model, source=source, parallel_readers=readers)
+        try:
+            reply = self._call_ok({rank: msg}, f"load {model} on rank {rank}")[rank]
+        except BlitzScaleError:
+            self.pool.abort_load(model, [rank])
+            raise
+        self.pool.commit_load(model, [rank])
+        return reply.result
+
+    def transfer(
+        self,
+        model: str,
+        source: str,
+        sources: list[int],
+        targets: list[int],
+        *,
+        from_host: bool = False,
+        max_bytes_per_s: float = 0.0,
+        piece_bytes: int | None = None,
+    ) -> dict[int, dict[str, Any]]:
+        """Stream a model from `sources` (device copies, or the one host copy) to `targets`.
+
+        Targets that complete enter the pool; the others do not, whatever happened."""
+        head_is_target = from_host and sources[0] in targets
+        chain_targets = [t for t in targets if t not in sources]
+        chains = chains_for(sources, chain_targets) if chain_targets else [[sources[0]]]
+        receivers = targets
+        self.pool.begin_load(model, receivers)
+        op = self.next_op()
+        msg = TransferMsg(
+            op_id=op,
+            model=model,
+            source=source,
+            dtype=self.cfg.resolved_dtype,
+            chains=chains,
+            num_stripes=len(chains),
+            piece_bytes=self.cfg.piece_bytes if piece_bytes is None else piece_bytes,
+            host_source=from_host,
+            head_is_target=head_is_target,
+            max_bytes_per_s=max_bytes_per_s,
+            timeout_s=self.cfg.transfer_timeout_s,
+        )
+        participants = sorted({r for c in chains for r in c})
+        replies = self.call({r: msg for r in participants}, f"transfer {model}")
+        done = [r for r in receivers if replies[r].ok]
+        self.pool.commit_load(model, done)
+        self.pool.abort_load(model, [r for r in receivers if r not in done])
+        if len(done) < len(receivers) or not all(m.ok for m in replies.values()):
+            raise ClusterOpError(f"transfer {model} {sources} -> {targets}", replies)
+        return _transfer_report(replies, receivers)
+
+    def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
+        """Make `rank`'s device copy the cluster's one host copy of `model`."""
+        self.pool.add_host_copy(model, rank)  # refuses a second host copy
+        try:
+            reply = self._call_ok({rank: HostCacheMsg(op_id=self.next_op(), model=model)}, "host cache")
+        except BlitzScaleError:
+            self.pool.drop_host_copy(model)
+            raise
+        return reply[rank].result
+
+    def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
+        self.pool.release(model, rank)
+        if host_copy and self.pool.host_holder(model) == rank:
+            self.pool.drop_host_copy(model)
+        msg = ReleaseMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
+        return self._call_ok({rank: msg}, f"release {model} on rank {rank}")[rank].result
+
+    def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
+        msg = ChecksumMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
+        return self._call_ok({rank: msg}, f"checksum {model} on rank {rank}")[rank].result["checksum"]
+
+
+def _transfer_report(replies: dict[int, ReplyMsg], receivers: list[int]) -> dict[int, dict[str, Any]]:
+    """Per receiver: seconds to completion and to the first layer, from the first participant start."""
+    t0 = min(m.result["start"] for m in replies.values())
+    out = {}
+    for r in receivers:
+        res = replies[r].result
+        seconds = res["done_at"] - t0
+        out[r] = {
+            "seconds": seconds,
+            "first_layer_s": (res["first_layer_at"] or res["done_at"]) - t0,
+            "bytes": res["bytes_received"],
+            "GBps": res["bytes_received"] / seconds / 1e9 if seconds > 0 else float("inf"),
+        }
+    return out

@@ -1,0 +1,1 @@
+"""The parameter plane's data path: moving weight segments between ranks, host and disk."""

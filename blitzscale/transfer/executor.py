@@ -1,0 +1,180 @@
+"""Runs one rank's part of a transfer plan over torch.distributed point-to-point ops.
+
+Every participant walks the same piece list in the same order, so each pair of ranks sees
+its messages in one agreed order (NCCL and gloo keep per-pair FIFO order). Receives are
+posted up front; a piece is forwarded as soon as it has landed, and each landing bumps the
+receiver's readiness counter for its segment. Every wait is bounded: a dead peer turns
+into a TransferError on every survivor instead of a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from blitzscale.errors import BlitzScaleError
+from blitzscale.messages import TransferMsg
+from blitzscale.model.layout import WeightLayout
+from blitzscale.model.readiness import SegmentReadiness
+from blitzscale.transfer.plan import Piece, make_pieces, pieces_per_segment, role_of
+
+
+class TransferError(BlitzScaleError):
+    """A transfer could not complete (a peer died or timed out)."""
+
+
+@dataclass
+class TransferStats:
+    start: float  # wall clock, seconds
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    first_layer_at: float | None = None
+    done_at: float | None = None
+    is_target: bool = False
+
+    def as_result(self) -> dict[str, float | int | bool | None]:
+        return {
+            "start": self.start,
+            "first_layer_at": self.first_layer_at,
+            "done_at": self.done_at,
+            "bytes_received": self.bytes_received,
+            "bytes_sent": self.bytes_sent,
+            "is_target": self.is_target,
+        }
+
+
+_MAX_STAGED = 4
+
+
+@dataclass
+class _Channel:
+    """Point-to-point ops with deadlines; on CUDA, completion is observed through events."""
+
+    device: torch.device
+    timeout_s: float
+    max_bytes_per_s: float
+    sends: list[tuple[dist.Work, int, torch.Tensor]] = field(default_factory=list)
+    _paced_bytes: int = 0
+    _paced_start: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def irecv(self, t: torch.Tensor, src: int) -> dist.Work:
+        return dist.irecv(t, src=src)
+
+    def isend(self, t: torch.Tensor, dst: int) -> None:
+        if self.max_bytes_per_s > 0:
+            if not self._paced_start:
+                self._paced_start = time.monotonic()
+            self._paced_bytes += t.numel() * t.element_size()
+            delay = self._paced_start + self._paced_bytes / self.max_bytes_per_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        self.sends.append((dist.isend(t, dst=dst), dst, t))
+
+    def wait(self, work: dist.Work, what: str) -> None:
+        try:
+            if self.stream is None:
+                work.wait(timeout=timedelta(seconds=self.timeout_s))
+                return
+            with torch.cuda.stream(self.stream):
+                work.wait()
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            deadline = time.monotonic() + self.timeout_s
+            while not event.query():
+                if time.monotonic() > deadline:
+                    raise TransferError(f"{what}: no progress in {self.timeout_s:.1f} s")
+                time.sleep(20e-6)
+        except TransferError:
+            raise
+        except RuntimeError as e:  # gloo: peer closed, timeout
+            raise TransferError(f"{what}: {str(e).splitlines()[0]}") from e
+
+    def stage(self, host_piece: torch.Tensor) -> torch.Tensor:
+        """A host piece made sendable: NCCL cannot read host memory, so bounce it through
+        a few device buffers (at most `_MAX_STAGED` in flight)."""
+        if self.stream is None:
+            return host_piece
+        while len(self.sends) >= _MAX_STAGED:
+            work, dst, _ = self.sends.pop(0)
+            self.wait(work, f"send to rank {dst}")
+        return host_piece.to(self.device, non_blocking=True)
+
+    def wait_sends(self) -> None:
+        for work, dst, _ in self.sends:
+            self.wait(work, f"send to rank {dst}")
+        self.sends.clear()
+
+
+def run_transfer(
+    rank: int,
+    msg: TransferMsg,
+    layout: WeightLayout,
+    device: torch.device,
+    buffer: torch.Tensor | None,
+    readiness: SegmentReadiness | None,
+    host_buffer: torch.Tensor | None = None,
+) -> TransferStats:
+    """Do this rank's part. `buffer` is the device copy (sent from, or received into)."""
+    pieces = make_pieces(layout, msg.num_stripes, msg.piece_bytes)
+    role = role_of(rank, msg.chains)
+    heads = {j for j, c in enumerate(msg.chains) if c[0] == rank}
+    loads_from_host = msg.host_source and msg.head_is_target and bool(heads)
+    stats = TransferStats(start=time.time(), is_target=role.is_target or loads_from_host)
+    if stats.is_target:
+        assert buffer is not None and readiness is not None
+        readiness.reset()
+        readiness.set_expected(pieces_per_segment(pieces, len(layout.segments)))
+    if msg.host_source and heads and host_buffer is None:
+        raise TransferError(f"rank {rank} holds no host copy of {msg.model}")
+    chan = _Channel(device, msg.timeout_s, msg.max_bytes_per_s)
+    recvs = {
+        i: chan.irecv(_view(buffer, p), role.recv_from[p.stripe])
+        for i, p in enumerate(pieces)
+        if p.stripe in role.recv_from
+    }
+    from_host = msg.host_source and not loads_from_host
+    try:
+        for i, p in enumerate(pieces):
+            if p.stripe in role.recv_from:
+                chan.wait(recvs.pop(i), f"piece {i} from rank {role.recv_from[p.stripe]}")
+                _landed(stats, readiness, p, layout)
+            elif loads_from_host and p.stripe in heads:
+                _view(buffer, p).copy_(_view(host_buffer, p))
+                _landed(stats, readiness, p, layout)
+            if p.stripe in role.send_to:
+                if from_host and p.stripe in heads:
+                    src = chan.stage(_view(host_buffer, p))
+                else:
+                    src = _view(buffer, p)
+                chan.isend(src, role.send_to[p.stripe])
+                stats.bytes_sent += p.numel * layout.itemsize
+        chan.wait_sends()
+    except BaseException:
+        # Receives still posted may land later: keep their buffer alive rather than free it.
+        _ORPHANED.append((list(recvs.values()), buffer))
+        raise
+    stats.done_at = time.time()
+    return stats
+
+
+_ORPHANED: list[tuple[list[dist.Work], torch.Tensor | None]] = []
+
+
+def _view(buf: torch.Tensor | None, p: Piece) -> torch.Tensor:
+    assert buf is not None
+    return buf[p.offset : p.offset + p.numel]
+
+
+def _landed(stats: TransferStats, readiness: SegmentReadiness | None, p: Piece, layout: WeightLayout) -> None:
+    assert readiness is not None
+    readiness.add(p.segment)
+    stats.bytes_received += p.numel * layout.itemsize
+    if stats.first_layer_at is None and readiness.num_ready_prefix >= 2:
+        stats.first_layer_at = time.time()  # embedding and layer 0 are usable

@@ -1,0 +1,1 @@
+"""Worker processes: one per GPU rank (or CPU slot), all in one torch.distributed world."""

@@ -1,0 +1,21 @@
+"""Loading weights on a worker from local sources (disk in our format, HF folders, random)."""
+
+from __future__ import annotations
+
+import torch
+
+from blitzscale.checkpoint import load_weights, resolve_model
+from blitzscale.model.weights import ModelWeights
+from blitzscale.transfer.disk import load_native
+
+
+def load_local(
+    spec: str, dtype: torch.dtype, device: torch.device, tp_size: int, tp_rank: int, readers: int
+) -> tuple[ModelWeights, dict[str, float | int | str]]:
+    """Weights on `device`, and how they came (path, bytes, seconds)."""
+    src = resolve_model(spec)
+    if src.kind == "native":
+        weights, stats = load_native(src.path, tp_rank, device, dtype=dtype, readers=readers)
+        return weights, {"path": "disk", **stats}
+    weights = load_weights(src, dtype=dtype, device=device, tp_size=tp_size, tp_rank=tp_rank)
+    return weights, {"path": "random" if src.kind == "random" else "disk", "bytes": weights.layout.nbytes}
