@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
+from pathlib import Path
 
 
 def _int_list(s: str) -> list[int]:
@@ -26,6 +28,44 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     e.add_argument("--json", action="store_true", help="(output is always JSON)")
     e.set_defaults(func=_run_engine)
+
+    t = bsub.add_parser("transfer", help="weight loading by network, host cache and disk paths")
+    t.add_argument("--model", default="smollm2-135m")
+    t.add_argument("--workers", type=int, default=2)
+    t.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    t.add_argument("--mode", default="chain", help="p2p|chain|striped|host|disk|hf, comma-separated, or all")
+    t.add_argument("--piece-bytes", type=int, default=0, help="split stripes into pieces (0: per segment)")
+    t.add_argument("--readers", type=int, default=4, help="parallel disk readers")
+    t.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "blitzscale-bench")
+    t.add_argument("--limits", action="store_true", help="also measure raw NCCL / host copy / disk limits")
+    t.add_argument("--json", action="store_true", help="(output is always JSON)")
+    t.set_defaults(func=_run_transfer)
+
+
+def _run_transfer(args: argparse.Namespace) -> int:
+    from blitzscale.bench.transfer_bench import MODES, TransferBenchConfig, run_transfer_bench
+    from blitzscale.cli.common import check_device
+    from blitzscale.errors import InvalidRequestError
+
+    check_device(args.device)
+    modes = MODES if args.mode == "all" else tuple(m for m in args.mode.split(",") if m)
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise InvalidRequestError(f"--mode: unknown mode {bad or args.mode!r}; use {', '.join(MODES)} or all")
+    if args.workers < 1:
+        raise InvalidRequestError(f"--workers must be >= 1, got {args.workers}")
+    cfg = TransferBenchConfig(
+        model=args.model,
+        workers=args.workers,
+        device=args.device,
+        modes=modes,
+        workdir=args.workdir,
+        piece_bytes=args.piece_bytes,
+        readers=args.readers,
+        limits=args.limits,
+    )
+    print(json.dumps(run_transfer_bench(cfg), indent=2))
+    return 0
 
 
 def _run_engine(args: argparse.Namespace) -> int:

@@ -80,6 +80,7 @@ def random_weights(
     weights = ModelWeights.empty(cfg, dtype, device, tp_size, tp_rank)
     gen = torch.Generator(device=weights.device).manual_seed(seed * 1009 + tp_rank)
     weights.buffer.normal_(0.0, RANDOM_STD, generator=gen)
+    weights.zero_padding()
     for lw in weights.layers:
         lw.input_norm.fill_(1.0)
         lw.post_norm.fill_(1.0)

@@ -28,6 +28,7 @@ def pack_into(weights: ModelWeights, get: TensorGetter) -> None:
     """Fill `weights` from HF-named tensors, segment by segment, bumping readiness as each lands."""
     cfg, lay = weights.config, weights.layout
     tp, rank = lay.tp_size, lay.tp_rank
+    weights.zero_padding()
     weights.embed.copy_(get("model.embed_tokens.weight"))
     weights.readiness.add(0)
     for i, lw in enumerate(weights.layers):
@@ -76,6 +77,7 @@ def hf_state_dict(weights: ModelWeights) -> dict[str, torch.Tensor]:
 
 def copy_weights(src: ModelWeights, dst: ModelWeights) -> None:
     """Copy tensor by tensor between two layouts of the same model (dtype or device change)."""
+    dst.zero_padding()
     dst.embed.copy_(src.embed)
     for s, d in zip(src.layers, dst.layers, strict=True):
         for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down"):

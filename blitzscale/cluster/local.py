@@ -260,6 +260,12 @@ class LocalCluster:
             raise
         return reply[rank].result
 
+    def release_host_copy(self, model: str) -> None:
+        rank = self.pool.drop_host_copy(model)
+        if rank is not None:
+            msg = HostCacheMsg(op_id=self.next_op(), model=model, keep=False)
+            self._call_ok({rank: msg}, f"drop host copy of {model}")
+
     def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
         self.pool.release(model, rank)
         if host_copy and self.pool.host_holder(model) == rank:

@@ -71,6 +71,18 @@ class ModelWeights:
         s = self.layout.segments[index]
         return self.buffer[s.offset : s.offset + s.numel]
 
+    def zero_padding(self) -> None:
+        """Zero the alignment gaps, so a buffer filled tensor by tensor checksums the same
+        on every rank (transfers and disk loads copy the gaps too)."""
+        for seg in self.layout.segments:
+            pos = 0
+            for t in seg.tensors:
+                if t.offset > pos:
+                    self.buffer[seg.offset + pos : seg.offset + t.offset].zero_()
+                pos = t.offset + t.numel
+            if seg.numel > pos:
+                self.buffer[seg.offset + pos : seg.offset + seg.numel].zero_()
+
     def layer(self, i: int) -> LayerWeights:
         if not self.readiness.is_ready(self.layout.layer_segment_index(i)):
             raise WeightsNotReadyError(f"layer {i} has not arrived yet")

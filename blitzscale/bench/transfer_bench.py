@@ -1,0 +1,199 @@
+"""`blitzscale bench transfer`: how fast a new instance gets its weights, by each path.
+
+Every target's weights are checksummed next to the source's, so each figure comes with a
+proof that the copy is bit-identical. With `--limits`, the raw hardware limits (NCCL
+send/recv, pinned host-to-device copy, raw disk reads) are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blitzscale.checkpoint import native, resolve_model
+from blitzscale.checkpoint.loader import load_weights
+from blitzscale.checkpoint.pack import hf_state_dict
+from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.local import LocalCluster
+from blitzscale.errors import BlitzScaleError
+from blitzscale.transfer.disk import drop_page_cache
+
+MODES = ("p2p", "chain", "striped", "host", "disk", "hf")
+M = "model"
+
+
+@dataclass(frozen=True)
+class TransferBenchConfig:
+    model: str
+    workers: int
+    device: str
+    modes: tuple[str, ...]
+    workdir: Path
+    piece_bytes: int = 0
+    readers: int = 4
+    limits: bool = False
+
+
+def _checked(c: LocalCluster, ranks: list[int], report: dict[int, dict[str, Any]], ref: str) -> list[dict]:
+    rows = []
+    for r in ranks:
+        ck = c.checksum(M, r)
+        rows.append(
+            {
+                "rank": r,
+                **{k: _round(v) for k, v in report[r].items()},
+                "checksum": ck,
+                "source_checksum": ref,
+                "identical": ck == ref,
+            }
+        )
+    return rows
+
+
+def _round(v: Any) -> Any:
+    return round(v, 5) if isinstance(v, float) else v
+
+
+def _release_all(c: LocalCluster) -> None:
+    for r in c.pool.gpu_holders(M):
+        c.release(M, r)
+
+
+def _network(c: LocalCluster, cfg: TransferBenchConfig, mode: str) -> dict[str, Any]:
+    n = c.world_size
+    c.load(M, 0, cfg.model)
+    ref = c.checksum(M, 0)
+    if mode == "striped":
+        if n < 3:
+            raise BlitzScaleError("--mode striped needs at least 3 workers (2 sources, 1 target)")
+        c.transfer(M, cfg.model, [0], [1])
+        sources, targets = [0, 1], list(range(2, n))
+    else:
+        sources, targets = [0], [1] if mode == "p2p" else list(range(1, n))
+    if not targets:
+        raise BlitzScaleError(f"--mode {mode} needs at least 2 workers")
+    report = c.transfer(M, cfg.model, sources, targets, piece_bytes=cfg.piece_bytes)
+    rows = _checked(c, targets, report, ref)
+    _release_all(c)
+    return {"sources": sources, "targets": rows}
+
+
+def _host(c: LocalCluster, cfg: TransferBenchConfig) -> dict[str, Any]:
+    c.load(M, 0, cfg.model)
+    ref = c.checksum(M, 0)
+    c.cache_on_host(M, 0)
+    c.release(M, 0)  # no GPU holds it now: scale from zero
+    targets = list(range(c.world_size))
+    report = c.transfer(M, cfg.model, [0], targets, from_host=True, piece_bytes=cfg.piece_bytes)
+    rows = _checked(c, targets, report, ref)
+    _release_all(c)
+    c.release_host_copy(M)
+    return {"host_copy_rank": 0, "targets": rows}
+
+
+def _write_model(cfg: TransferBenchConfig, kind: str) -> tuple[Path, str]:
+    """Our format or an HF folder of the model, written once (from the GPU if there is one)."""
+    dev = "cuda:0" if cfg.device == "cuda" else "cpu"
+    dtype = torch.bfloat16 if cfg.device == "cuda" else torch.float32
+    out = cfg.workdir / f"bench-{kind}"
+    if (out / ("blitzscale.json" if kind == "native" else "config.json")).exists():
+        return out, "reused"
+    out.mkdir(parents=True, exist_ok=True)
+    w = load_weights(resolve_model(cfg.model), dtype=dtype, device=dev)
+    if kind == "native":
+        native.save_rank(native.rank_file(out, 0), w)
+        native.write_index(out, w.config, dtype, 1)
+    else:
+        import json
+
+        from safetensors.torch import save_file
+
+        sd = {k: v.contiguous().cpu() for k, v in hf_state_dict(w).items()}
+        if w.config.tie_word_embeddings:
+            sd.pop("lm_head.weight")
+        save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps({**w.config.to_hf(), "torch_dtype": str(dtype)[6:]}))
+    del w
+    if cfg.device == "cuda":
+        torch.cuda.empty_cache()
+    return out, "written"
+
+
+def _from_disk(c: LocalCluster, cfg: TransferBenchConfig, kind: str) -> dict[str, Any]:
+    folder, _ = _write_model(cfg, kind)
+    files = list(folder.glob("*.bzw" if kind == "native" else "*.safetensors"))
+    out: dict[str, Any] = {"folder": str(folder)}
+    for temp in ("cold", "warm"):
+        if temp == "cold":
+            for f in files:
+                drop_page_cache(f)
+        t = time.perf_counter()
+        res = c.load(M, 0, str(folder), readers=cfg.readers)
+        res["wall_s"] = time.perf_counter() - t
+        res["checksum"] = c.checksum(M, 0)
+        out[temp] = {k: _round(v) for k, v in res.items()}
+        c.release(M, 0)
+    if kind == "hf" and cfg.device == "cuda":
+        out["hf_from_pretrained"] = _hf_from_pretrained(folder, files)
+    return out
+
+
+def _hf_from_pretrained(folder: Path, files: list[Path]) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM
+
+    res = {}
+    for temp in ("cold", "warm"):
+        if temp == "cold":
+            for f in files:
+                drop_page_cache(f)
+        t = time.perf_counter()
+        m = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16, device_map="cuda:0")
+        torch.cuda.synchronize()
+        res[f"{temp}_s"] = round(time.perf_counter() - t, 3)
+        del m
+        torch.cuda.empty_cache()
+    return res
+
+
+def _limits(cfg: TransferBenchConfig) -> dict[str, Any]:
+    from blitzscale.bench import limits
+
+    out: dict[str, Any] = {}
+    if cfg.device == "cuda":
+        out["pinned_h2d_GBps"] = round(limits.pinned_h2d_GBps(), 2)
+        if torch.cuda.device_count() >= 2:
+            out["nccl_sendrecv_4GiB_GBps"] = round(limits.nccl_sendrecv_GBps(), 2)
+    folder, _ = _write_model(cfg, "native")
+    f = native.rank_file(folder, 0)
+    for readers in (1, cfg.readers):
+        out[f"raw_read_cold_{readers}r_GBps"] = round(limits.raw_read_GBps(f, readers, cold=True), 3)
+        out[f"raw_read_warm_{readers}r_GBps"] = round(limits.raw_read_GBps(f, readers, cold=False), 3)
+    return out
+
+
+def run_transfer_bench(cfg: TransferBenchConfig) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "model": cfg.model,
+        "device": cfg.device,
+        "device_name": torch.cuda.get_device_name(0) if cfg.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
+    if cfg.limits:
+        result["limits"] = _limits(cfg)
+    ccfg = ClusterConfig(num_workers=cfg.workers, device=cfg.device, piece_bytes=cfg.piece_bytes)
+    with LocalCluster(ccfg) as c:
+        result["workers"] = c.world_size
+        for mode in cfg.modes:
+            t = time.perf_counter()
+            if mode in ("p2p", "chain", "striped"):
+                result[mode] = _network(c, cfg, mode)
+            elif mode == "host":
+                result[mode] = _host(c, cfg)
+            else:
+                result[mode] = _from_disk(c, cfg, "native" if mode == "disk" else "hf")
+            result[mode]["bench_wall_s"] = round(time.perf_counter() - t, 3)
+    return result
