@@ -28,7 +28,7 @@ test: $(STAMP)
 
 # On a machine with a GPU (no registry needed: uses the image's python3 and torch).
 test-gpu:
-	PYTHONPATH=$(CURDIR):$$PYTHONPATH python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider --confcutdir=tests/gpu
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check blitzscale tests
