@@ -45,7 +45,8 @@ class LoadMsg(Msg):
     source: str  # a model spec: path, name, random:...
     tp_size: int = 1
     tp_rank: int = 0
-    parallel_readers: int = 4
+    parallel_readers: int = 8
+    direct_io: bool = False  # O_DIRECT reads (bypass the page cache) where possible
 
 
 class TransferMsg(Msg):

@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     t.add_argument("--mode", default="chain", help="p2p|chain|striped|host|disk|hf, comma-separated, or all")
     t.add_argument("--piece-bytes", type=int, default=0, help="split stripes into pieces (0: per segment)")
-    t.add_argument("--readers", type=int, default=4, help="parallel disk readers")
+    t.add_argument("--readers", type=int, default=8, help="parallel disk readers")
     t.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "blitzscale-bench")
     t.add_argument("--limits", action="store_true", help="also measure raw NCCL / host copy / disk limits")
     t.add_argument("--json", action="store_true", help="(output is always JSON)")

@@ -60,12 +60,13 @@ def nccl_sendrecv_GBps(nbytes: int = 4 << 30, reps: int = 3) -> float:
         return float(json.loads(Path(out).read_text())["GBps"])
 
 
-def raw_read_GBps(path: Path, readers: int, cold: bool, chunk: int = 64 << 20) -> float:
-    """Read the whole file with `readers` threads (O_DIRECT when cold and possible)."""
+def raw_read_GBps(path: Path, readers: int, cold: bool, direct: bool = True, chunk: int = 64 << 20) -> float:
+    """Read the whole file with `readers` threads; cold drops the page cache first and reads
+    with O_DIRECT unless `direct` is False."""
     if cold:
         drop_page_cache(path)
     size = path.stat().st_size
-    flags = os.O_RDONLY | (os.O_DIRECT if cold and hasattr(os, "O_DIRECT") else 0)
+    flags = os.O_RDONLY | (os.O_DIRECT if cold and direct and hasattr(os, "O_DIRECT") else 0)
     try:
         fd = os.open(path, flags)
     except OSError:

@@ -196,10 +196,14 @@ class LocalCluster:
 
     # --- operations ---------------------------------------------------------------------
 
-    def load(self, model: str, rank: int, source: str, readers: int = 4) -> dict[str, Any]:
+    def load(
+        self, model: str, rank: int, source: str, readers: int = 8, direct_io: bool = False
+    ) -> dict[str, Any]:
         """Load from a local source (disk, HF folder, random weights) onto one rank."""
         self.pool.begin_load(model, [rank])
-        msg = LoadMsg(op_id=self.next_op(), model=model, source=source, parallel_readers=readers)
+        msg = LoadMsg(
+            op_id=self.next_op(), model=model, source=source, parallel_readers=readers, direct_io=direct_io
+        )
         try:
             reply = self._call_ok({rank: msg}, f"load {model} on rank {rank}")[rank]
         except BlitzScaleError:
@@ -248,7 +252,7 @@ class LocalCluster:
         self.pool.abort_load(model, [r for r in receivers if r not in done])
         if len(done) < len(receivers) or not all(m.ok for m in replies.values()):
             raise ClusterOpError(f"transfer {model} {sources} -> {targets}", replies)
-        return _transfer_report(replies, receivers)
+        return _transfer_report(replies, receivers, chains)
 
     def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
         """Make `rank`'s device copy the cluster's one host copy of `model`."""
@@ -278,16 +282,22 @@ class LocalCluster:
         return self._call_ok({rank: msg}, f"checksum {model} on rank {rank}")[rank].result["checksum"]
 
 
-def _transfer_report(replies: dict[int, ReplyMsg], receivers: list[int]) -> dict[int, dict[str, Any]]:
-    """Per receiver: seconds to completion and to the first layer, from the first participant start."""
-    t0 = min(m.result["start"] for m in replies.values())
+def _transfer_report(
+    replies: dict[int, ReplyMsg], receivers: list[int], chains: list[list[int]]
+) -> dict[int, dict[str, Any]]:
+    """Per receiver: seconds to completion and to the first layer, counted from the moment
+    it and every rank upstream of it in its chains had its buffers ready (so one slow
+    allocation elsewhere is not charged to the link). `alloc_s` is its own preparation."""
     out = {}
     for r in receivers:
+        upstream = {r} | {c[k] for c in chains if r in c for k in range(c.index(r))}
+        t0 = max(replies[u].result["start"] for u in upstream)
         res = replies[r].result
         seconds = res["done_at"] - t0
         out[r] = {
             "seconds": seconds,
             "first_layer_s": (res["first_layer_at"] or res["done_at"]) - t0,
+            "alloc_s": res["start"] - res["received_at"],
             "bytes": res["bytes_received"],
             "GBps": res["bytes_received"] / seconds / 1e9 if seconds > 0 else float("inf"),
         }

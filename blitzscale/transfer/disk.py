@@ -70,9 +70,9 @@ def load_native(
     rank: int,
     device: torch.device | str,
     dtype: torch.dtype | None = None,
-    readers: int = 4,
+    readers: int = 8,
     chunk_bytes: int = CHUNK_BYTES,
-    direct: bool = True,
+    direct: bool = False,
 ) -> tuple[ModelWeights, dict[str, float | int | str]]:
     path = native.rank_file(folder, rank)
     header = native.read_header(path)

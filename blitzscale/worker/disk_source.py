@@ -10,12 +10,20 @@ from blitzscale.transfer.disk import load_native
 
 
 def load_local(
-    spec: str, dtype: torch.dtype, device: torch.device, tp_size: int, tp_rank: int, readers: int
+    spec: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    tp_size: int,
+    tp_rank: int,
+    readers: int,
+    direct_io: bool = False,
 ) -> tuple[ModelWeights, dict[str, float | int | str]]:
     """Weights on `device`, and how they came (path, bytes, seconds)."""
     src = resolve_model(spec)
     if src.kind == "native":
-        weights, stats = load_native(src.path, tp_rank, device, dtype=dtype, readers=readers)
+        weights, stats = load_native(
+            src.path, tp_rank, device, dtype=dtype, readers=readers, direct=direct_io
+        )
         return weights, {"path": "disk", **stats}
     weights = load_weights(src, dtype=dtype, device=device, tp_size=tp_size, tp_rank=tp_rank)
     return weights, {"path": "random" if src.kind == "random" else "disk", "bytes": weights.layout.nbytes}

@@ -114,14 +114,20 @@ class Worker:
             raise ValueError(f"rank {self.rank} already holds {msg.model}")
         t = time.perf_counter()
         weights, stats = load_local(
-            msg.source, parse_dtype(self.cfg.dtype), self.device, msg.tp_size, msg.tp_rank,
+            msg.source,
+            parse_dtype(self.cfg.dtype),
+            self.device,
+            msg.tp_size,
+            msg.tp_rank,
             msg.parallel_readers,
+            msg.direct_io,
         )
         _sync(self.device)
         self.models[msg.model] = weights
         return {**stats, "seconds": time.perf_counter() - t, "bytes": weights.layout.nbytes}
 
     def _transfer(self, msg: TransferMsg) -> dict[str, Any]:
+        received_at = time.time()
         dtype = parse_dtype(msg.dtype)
         weights = self.models.get(msg.model)
         is_receiver = any(self.rank in c[1:] for c in msg.chains) or (
@@ -139,7 +145,10 @@ class Worker:
         if layout_src is None:
             raise ValueError(f"rank {self.rank} holds no copy of {msg.model}")
         stats = run_transfer(
-            self.rank, msg, layout_src.layout, self.device,
+            self.rank,
+            msg,
+            layout_src.layout,
+            self.device,
             weights.buffer if weights is not None else None,
             weights.readiness if weights is not None else None,
             host.buffer if host is not None else None,
@@ -147,7 +156,7 @@ class Worker:
         _sync(self.device)
         if fresh is not None:
             self.models[msg.model] = fresh
-        return stats.as_result()
+        return {**stats.as_result(), "received_at": received_at}
 
     def _host_cache(self, msg: HostCacheMsg) -> dict[str, Any]:
         if not msg.keep:
@@ -183,8 +192,9 @@ class Worker:
         store = self.host_copies if msg.host_copy else self.models
         weights = store.get(msg.model)
         if weights is None:
-            raise ValueError(f"rank {self.rank} holds no {'host' if msg.host_copy else 'device'} "
-                             f"copy of {msg.model}")
+            raise ValueError(
+                f"rank {self.rank} holds no {'host' if msg.host_copy else 'device'} copy of {msg.model}"
+            )
         return {
             "checksum": buffer_checksum(weights.buffer),
             "dtype": dtype_name(weights.dtype),

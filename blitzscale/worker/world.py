@@ -16,15 +16,16 @@ import torch.distributed as dist
 def init_world(
     rank: int, world_size: int, addr: str, port: int, device: torch.device, timeout_s: float
 ) -> None:
+    # No device_id: eager NCCL init would put every point-to-point op on the one default
+    # communicator and serialize them; lazily, each pair gets its own communicator and
+    # stream, so a relay can receive from its predecessor while sending to its successor.
     backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(
         backend,
         init_method=f"tcp://{addr}:{port}",
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
-        **kwargs,
     )
 
 
