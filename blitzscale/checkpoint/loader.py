@@ -16,6 +16,7 @@ from blitzscale.model.config import ModelConfig
 from blitzscale.model.weights import ModelWeights
 
 RANDOM_STD = 0.02
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def load_config(src: ModelSource) -> ModelConfig:
@@ -93,6 +94,8 @@ def load_tokenizer(src: ModelSource) -> Any | None:
     """The model's tokenizer through transformers, or None for random models."""
     if src.kind == "random":
         return None
+    if src.kind != "gguf" and not any((src.path / f).is_file() for f in _TOKENIZER_FILES):
+        return None  # weights only (e.g. a converted random model)
     from transformers import AutoTokenizer
 
     try:

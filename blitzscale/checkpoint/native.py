@@ -26,7 +26,8 @@ from blitzscale.model.weights import ModelWeights
 
 INDEX_FILE = "blitzscale.json"
 MAGIC = b"BLTZWGT1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+PREAMBLE = struct.Struct("<III")  # header length, data offset, header CRC32
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -69,10 +70,10 @@ def save_rank(path: Path, weights: ModelWeights) -> None:
         "segment_crc32": crcs,
     }
     blob = json.dumps(header).encode()
-    data_offset = -(-(len(MAGIC) + 8 + len(blob)) // SEGMENT_ALIGN) * SEGMENT_ALIGN
+    data_offset = -(-(len(MAGIC) + PREAMBLE.size + len(blob)) // SEGMENT_ALIGN) * SEGMENT_ALIGN
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
-        f.write(MAGIC + struct.pack("<II", len(blob), data_offset) + blob)
+        f.write(MAGIC + PREAMBLE.pack(len(blob), data_offset, zlib.crc32(blob)) + blob)
         f.write(b"\0" * (data_offset - f.tell()))
         f.write(_bytes_of(buf))
     os.replace(tmp, path)
@@ -81,11 +82,14 @@ def save_rank(path: Path, weights: ModelWeights) -> None:
 def read_header(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            head = f.read(len(MAGIC) + 8)
-            if len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] != MAGIC:
+            head = f.read(len(MAGIC) + PREAMBLE.size)
+            if len(head) < len(MAGIC) + PREAMBLE.size or head[: len(MAGIC)] != MAGIC:
                 raise CheckpointError(f"{path}: not a blitzscale weight file (bad magic)")
-            blob_len, data_offset = struct.unpack("<II", head[len(MAGIC) :])
-            header = json.loads(f.read(blob_len))
+            blob_len, data_offset, crc = PREAMBLE.unpack(head[len(MAGIC) :])
+            blob = f.read(blob_len)
+            if zlib.crc32(blob) != crc:
+                raise CheckpointError(f"{path}: corrupt header (checksum mismatch)")
+            header = json.loads(blob)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read: {e}") from e
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -104,8 +108,11 @@ def load_rank(
         stored = parse_dtype(header["dtype"])
         lay = header["layout"]
         weights = ModelWeights.empty(cfg, stored, "cpu", lay["tp_size"], lay["tp_rank"])
-    except (KeyError, TypeError) as e:
-        raise CheckpointError(f"{path}: corrupt header: {e}") from e
+        crcs = list(header["segment_crc32"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: corrupt header: missing or bad field {e}") from e
+    if len(crcs) != len(weights.layout.segments):
+        raise CheckpointError(f"{path}: corrupt header: {len(crcs)} segment checksums")
     if weights.layout.to_dict() != lay:
         raise CheckpointError(f"{path}: layout does not match this version's layout of the model")
     expect = header["data_offset"] + weights.layout.nbytes
@@ -116,7 +123,7 @@ def load_rank(
         f.seek(header["data_offset"])
         f.readinto(_bytes_of(weights.buffer))
     if verify:
-        for i, crc in enumerate(header["segment_crc32"]):
+        for i, crc in enumerate(crcs):
             if zlib.crc32(_bytes_of(weights.segment(i))) != crc:
                 name = weights.layout.segments[i].name
                 raise CheckpointError(f"{path}: segment {name} fails its checksum (corrupt file)")

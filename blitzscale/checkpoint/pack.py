@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import torch
 
+from blitzscale.errors import CheckpointError
+from blitzscale.model.config import ModelConfig
 from blitzscale.model.weights import ModelWeights
 
 TensorGetter = Callable[[str], torch.Tensor]
@@ -24,9 +26,42 @@ def _copy_rows(dst: torch.Tensor, parts: list[torch.Tensor]) -> None:
         raise ValueError(f"fused tensor expects {dst.shape[0]} rows, parts give {row}")
 
 
+def _checked(get: TensorGetter, cfg: ModelConfig) -> TensorGetter:
+    """A getter that refuses tensors whose shape disagrees with the config."""
+    h, q, kv, i = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    expected = {
+        "embed_tokens.weight": (cfg.vocab_size, h),
+        "lm_head.weight": (cfg.vocab_size, h),
+        "norm.weight": (h,),
+        "layernorm.weight": (h,),
+        "q_proj.weight": (q, h),
+        "k_proj.weight": (kv, h),
+        "v_proj.weight": (kv, h),
+        "q_proj.bias": (q,),
+        "k_proj.bias": (kv,),
+        "v_proj.bias": (kv,),
+        "o_proj.weight": (h, q),
+        "gate_proj.weight": (i, h),
+        "up_proj.weight": (i, h),
+        "down_proj.weight": (h, i),
+    }
+
+    def get_checked(name: str) -> torch.Tensor:
+        t = get(name)
+        want = next((s for suffix, s in expected.items() if name.endswith(suffix)), None)
+        if want is not None and tuple(t.shape) != want:
+            raise CheckpointError(
+                f"tensor {name!r} has shape {tuple(t.shape)}, the model config implies {want}"
+            )
+        return t
+
+    return get_checked
+
+
 def pack_into(weights: ModelWeights, get: TensorGetter) -> None:
     """Fill `weights` from HF-named tensors, segment by segment, bumping readiness as each lands."""
     cfg, lay = weights.config, weights.layout
+    get = _checked(get, cfg)
     tp, rank = lay.tp_size, lay.tp_rank
     weights.zero_padding()
     weights.embed.copy_(get("model.embed_tokens.weight"))

@@ -89,13 +89,27 @@ class LLMEngine:
     def add_request(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> str:
+        self.validate(prompt_token_ids, params)
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        req = Request(request_id, list(prompt_token_ids), params)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return request_id
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise InvalidRequestError, naming the bad value, for a request that can never run."""
         params.validate()
         n = len(prompt_token_ids)
         if n == 0:
             raise InvalidRequestError("prompt is empty")
         vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise InvalidRequestError(f"prompt has token ids outside the vocabulary [0, {vocab})")
+        bad = next(((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"prompt token {bad[1]} at position {bad[0]} is outside the vocabulary [0, {vocab})"
+            )
         if n >= self.max_model_len:
             raise InvalidRequestError(
                 f"prompt has {n} tokens but the context is {self.max_model_len} tokens "
@@ -106,13 +120,6 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"prompt plus max_tokens needs {need} KV blocks, the cache holds {self.pool.num_blocks}"
             )
-        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self.requests:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        req = Request(request_id, list(prompt_token_ids), params)
-        self.requests[request_id] = req
-        self.scheduler.add(req)
-        return request_id
 
     def abort(self, request_id: str) -> bool:
         req = self.requests.get(request_id)
@@ -156,6 +163,8 @@ class LLMEngine:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         """Run prompts together to completion; one final output per prompt, in order."""
+        for p in prompts:  # all or nothing: no prompt is left queued if a later one is bad
+            self.validate(p, params)
         ids = [self.add_request(p, params) for p in prompts]
         final: dict[str, RequestOutput] = {}
         while len(final) < len(ids):

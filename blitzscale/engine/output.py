@@ -17,17 +17,17 @@ class OutputProcessor:
         """The finish reason once `req` just got a token, or None to go on."""
         p = req.params
         last = req.token_ids[-1]
+        before = len(req.text)
+        self._update_text(req)
         if (not p.ignore_eos and last in self.eos_token_ids) or last in p.stop_token_ids:
             return "stop"
-        if p.stop and self._update_text_and_find_stop(req):
+        if p.stop and self._find_stop(req, before):
             return "stop"
         if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"
         return None
 
     def make_output(self, req: Request) -> RequestOutput:
-        if not req.params.stop:
-            self._update_text(req)
         new_ids = req.output_token_ids[req.num_emitted_tokens :]
         visible = len(req.text)
         if not req.is_finished:
@@ -54,9 +54,8 @@ class OutputProcessor:
         if self.tokenizer is not None:
             req.text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
 
-    def _update_text_and_find_stop(self, req: Request) -> bool:
-        before = len(req.text)
-        self._update_text(req)
+    def _find_stop(self, req: Request, before: int) -> bool:
+        """Cut the text at the first stop string that appeared since `before` chars."""
         longest = max(len(s) for s in req.params.stop)
         search_from = max(0, before - longest)
         hits = [i for s in req.params.stop if (i := req.text.find(s, search_from)) >= 0]

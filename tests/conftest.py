@@ -1,0 +1,130 @@
+"""Shared fixtures: the real SmolLM2-135M (ours, its tokenizer, transformers' own load of the
+same GGUF file), tiny random models of each architecture, and transformers twins of them.
+
+Heavy models are session-scoped and loaded once. Tests must never write into the weights
+they get from here (an engine only reads them).
+
+Only `torch` and `pytest` are imported at module level: this file is also the root conftest
+of `tests/gpu`, which runs with a bare image where transformers may be missing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+# On this project's small CPU machines two OpenMP threads make the small matmuls of these
+# models 5-20x slower than one (the vCPUs are shared); one thread keeps the suite fast.
+torch.set_num_threads(int(os.environ.get("BLITZSCALE_TEST_THREADS", "1")))
+
+TINY_PRESETS = ("tiny-llama3", "tiny-mistral", "tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_src() -> Any:
+    from blitzscale.checkpoint import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def smollm2_weights(smollm2_src: Any) -> Any:
+    """Our fp32 load of the real SmolLM2-135M-Instruct GGUF (read-only for tests)."""
+    from blitzscale.checkpoint import load_weights
+
+    return load_weights(smollm2_src, dtype=torch.float32, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_src: Any) -> Any:
+    from blitzscale.checkpoint import load_tokenizer
+
+    return load_tokenizer(smollm2_src)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_src: Any) -> Any:
+    """transformers' own implementation, loading the same GGUF file through its own code."""
+    from transformers import AutoModelForCausalLM
+
+    path = smollm2_src.path
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
+_tiny_cache: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def tiny_weights() -> Callable[[str], Any]:
+    """`tiny_weights("tiny-qwen2")`: fp32 random weights of a tiny preset, loaded once."""
+    from blitzscale.checkpoint import load_weights, resolve_model
+
+    def get(preset: str) -> Any:
+        if preset not in _tiny_cache:
+            _tiny_cache[preset] = load_weights(resolve_model(f"random:{preset}"), dtype=torch.float32)
+        return _tiny_cache[preset]
+
+    return get
+
+
+def build_hf_twin(weights: Any) -> Any:
+    """A transformers model of the same architecture holding a copy of `weights`' tensors."""
+    import transformers
+
+    from blitzscale.checkpoint.pack import hf_state_dict
+
+    cfg = transformers.AutoConfig.for_model(**weights.config.to_hf())
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    sd = hf_state_dict(weights)
+    if weights.config.tie_word_embeddings:
+        del sd["lm_head.weight"]  # tied: transformers points lm_head at the embedding itself
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected, unexpected
+    assert set(missing) <= {"lm_head.weight"}, missing
+    assert torch.equal(model.lm_head.weight, weights.lm_head)  # tied or loaded, same values
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_twin() -> Callable[[Any], Any]:
+    """`hf_twin(weights)`: transformers' model of the architecture with the same weights."""
+    return build_hf_twin
+
+
+def save_tiny_hf_folder(path: Any, preset: str, tokenizer: bool = True, seed: int = 0) -> Any:
+    """A Hugging Face folder as transformers writes it: config.json, model.safetensors with
+    transformers' own random init of a tiny preset's architecture, and (if asked) a word-level
+    tokenizer over the preset's vocabulary ("w0" .. "w511", eos "w1")."""
+    from pathlib import Path
+
+    import transformers
+
+    from blitzscale.checkpoint.presets import PRESETS
+
+    path = Path(path)
+    cfg = transformers.AutoConfig.for_model(**PRESETS[preset].to_hf())
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.save_pretrained(str(path))
+    assert list(path.glob("*.safetensors")), "transformers wrote no safetensors file"
+    if tokenizer:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+        vocab = {f"w{i}": i for i in range(cfg.vocab_size)}
+        tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.decoder = decoders.WordPiece()
+        fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1")
+        fast.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_folder() -> Callable[..., Any]:
+    """`tiny_hf_folder(path, "tiny-qwen2", tokenizer=True)`: see `save_tiny_hf_folder`."""
+    return save_tiny_hf_folder
