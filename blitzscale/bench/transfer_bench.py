@@ -45,7 +45,7 @@ def _checked(c: LocalCluster, ranks: list[int], report: dict[int, dict[str, Any]
         rows.append(
             {
                 "rank": r,
-                **{k: _round(v) for k, v in report[r].items()},
+                **{k: _round(v) for k, v in report[r].items() if k != "ready_order"},
                 "checksum": ck,
                 "source_checksum": ref,
                 "identical": ck == ref,

@@ -10,6 +10,7 @@ import itertools
 import multiprocessing as mp
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -226,33 +227,86 @@ class LocalCluster:
         """Stream a model from `sources` (device copies, or the one host copy) to `targets`.
 
         Targets that complete enter the pool; the others do not, whatever happened."""
-        head_is_target = from_host and sources[0] in targets
-        chain_targets = [t for t in targets if t not in sources]
-        chains = chains_for(sources, chain_targets) if chain_targets else [[sources[0]]]
-        receivers = targets
+        shard = _ShardPlan(sources, targets, 0)
+        return self._transfer([shard], model, source, 1, from_host, max_bytes_per_s, piece_bytes)
+
+    def transfer_instances(
+        self,
+        model: str,
+        source: str,
+        sources: list[list[int]],
+        targets: list[list[int]],
+        *,
+        max_bytes_per_s: float = 0.0,
+        piece_bytes: int | None = None,
+    ) -> dict[int, dict[str, Any]]:
+        """Tensor-parallel instances: shard k streams from the sources' rank k to the targets'
+        rank k; all shards move at once, each as its own chain plan."""
+        tp = len(sources[0])
+        if any(len(i) != tp for i in sources + targets):
+            raise BlitzScaleError(f"all instances must have tp={tp}: {sources} -> {targets}")
+        shards = [_ShardPlan([s[k] for s in sources], [t[k] for t in targets], k) for k in range(tp)]
+        return self._transfer(shards, model, source, tp, False, max_bytes_per_s, piece_bytes)
+
+    def _transfer(
+        self,
+        shards: list[_ShardPlan],
+        model: str,
+        source: str,
+        tp_size: int,
+        from_host: bool,
+        max_bytes_per_s: float,
+        piece_bytes: int | None,
+    ) -> dict[int, dict[str, Any]]:
+        receivers = [t for s in shards for t in s.targets]
+        msgs: dict[int, Message] = {}
+        chains_of: dict[int, list[list[int]]] = {}
+        for s in shards:
+            chains = s.chains()
+            msg = TransferMsg(
+                op_id=self.next_op(),
+                model=model,
+                source=source,
+                dtype=self.cfg.resolved_dtype,
+                chains=chains,
+                num_stripes=len(chains),
+                piece_bytes=self.cfg.piece_bytes if piece_bytes is None else piece_bytes,
+                host_source=from_host,
+                head_is_target=from_host and s.sources[0] in s.targets,
+                max_bytes_per_s=max_bytes_per_s,
+                timeout_s=self.cfg.transfer_timeout_s,
+                tp_size=tp_size,
+                tp_rank=s.tp_rank,
+            )
+            for r in {r for c in chains for r in c}:
+                if r in msgs:
+                    raise BlitzScaleError(f"rank {r} appears in two shards of one transfer")
+                msgs[r] = msg
+                chains_of[r] = chains
         self.pool.begin_load(model, receivers)
-        op = self.next_op()
-        msg = TransferMsg(
-            op_id=op,
-            model=model,
-            source=source,
-            dtype=self.cfg.resolved_dtype,
-            chains=chains,
-            num_stripes=len(chains),
-            piece_bytes=self.cfg.piece_bytes if piece_bytes is None else piece_bytes,
-            host_source=from_host,
-            head_is_target=head_is_target,
-            max_bytes_per_s=max_bytes_per_s,
-            timeout_s=self.cfg.transfer_timeout_s,
-        )
-        participants = sorted({r for c in chains for r in c})
-        replies = self.call({r: msg for r in participants}, f"transfer {model}")
+        replies = self.call(msgs, f"transfer {model}")
         done = [r for r in receivers if replies[r].ok]
         self.pool.commit_load(model, done)
         self.pool.abort_load(model, [r for r in receivers if r not in done])
         if len(done) < len(receivers) or not all(m.ok for m in replies.values()):
-            raise ClusterOpError(f"transfer {model} {sources} -> {targets}", replies)
-        return _transfer_report(replies, receivers, chains)
+            what = " ".join(f"{s.sources} -> {s.targets}" for s in shards)
+            raise ClusterOpError(f"transfer {model} {what}", replies)
+        return _transfer_report(replies, receivers, chains_of)
+
+    def load_instance(self, model: str, ranks: list[int], source: str) -> None:
+        """Load a tensor-parallel instance: rank k of `ranks` gets shard k."""
+        tp = len(ranks)
+        self.pool.begin_load(model, ranks)
+        msgs = {
+            r: LoadMsg(op_id=self.next_op(), model=model, source=source, tp_size=tp, tp_rank=k)
+            for k, r in enumerate(ranks)
+        }
+        try:
+            self._call_ok(msgs, f"load {model} on ranks {ranks}")
+        except BlitzScaleError:
+            self.pool.abort_load(model, ranks)
+            raise
+        self.pool.commit_load(model, ranks)
 
     def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
         """Make `rank`'s device copy the cluster's one host copy of `model`."""
@@ -282,15 +336,27 @@ class LocalCluster:
         return self._call_ok({rank: msg}, f"checksum {model} on rank {rank}")[rank].result["checksum"]
 
 
+@dataclass(frozen=True)
+class _ShardPlan:
+    sources: list[int]
+    targets: list[int]
+    tp_rank: int
+
+    def chains(self) -> list[list[int]]:
+        """A host-source head that is also a target loads itself and heads the chain."""
+        chain_targets = [t for t in self.targets if t not in self.sources]
+        return chains_for(self.sources, chain_targets) if chain_targets else [[self.sources[0]]]
+
+
 def _transfer_report(
-    replies: dict[int, ReplyMsg], receivers: list[int], chains: list[list[int]]
+    replies: dict[int, ReplyMsg], receivers: list[int], chains_of: dict[int, list[list[int]]]
 ) -> dict[int, dict[str, Any]]:
     """Per receiver: seconds to completion and to the first layer, counted from the moment
     it and every rank upstream of it in its chains had its buffers ready (so one slow
     allocation elsewhere is not charged to the link). `alloc_s` is its own preparation."""
     out = {}
     for r in receivers:
-        upstream = {r} | {c[k] for c in chains if r in c for k in range(c.index(r))}
+        upstream = {r} | {c[k] for c in chains_of[r] if r in c for k in range(c.index(r))}
         t0 = max(replies[u].result["start"] for u in upstream)
         res = replies[r].result
         seconds = res["done_at"] - t0
@@ -298,6 +364,7 @@ def _transfer_report(
             "seconds": seconds,
             "first_layer_s": (res["first_layer_at"] or res["done_at"]) - t0,
             "alloc_s": res["start"] - res["received_at"],
+            "ready_order": res["ready_order"],
             "bytes": res["bytes_received"],
             "GBps": res["bytes_received"] / seconds / 1e9 if seconds > 0 else float("inf"),
         }

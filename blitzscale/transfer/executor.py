@@ -35,6 +35,7 @@ class TransferStats:
     first_layer_at: float | None = None
     done_at: float | None = None
     is_target: bool = False
+    ready_order: list[int] = field(default_factory=list)  # segments, in the order they became ready
 
     def as_result(self) -> dict[str, float | int | bool | None]:
         return {
@@ -44,6 +45,7 @@ class TransferStats:
             "bytes_received": self.bytes_received,
             "bytes_sent": self.bytes_sent,
             "is_target": self.is_target,
+            "ready_order": self.ready_order,
         }
 
 
@@ -75,7 +77,10 @@ class _Channel:
             delay = self._paced_start + self._paced_bytes / self.max_bytes_per_s - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-        self.sends.append((dist.isend(t, dst=dst), dst, t))
+        try:
+            self.sends.append((dist.isend(t, dst=dst), dst, t))
+        except RuntimeError as e:  # gloo: the peer's connection is gone
+            raise TransferError(f"send to rank {dst}: {str(e).splitlines()[0]}") from e
 
     def wait(self, work: dist.Work, what: str) -> None:
         try:
@@ -175,6 +180,8 @@ def _view(buf: torch.Tensor | None, p: Piece) -> torch.Tensor:
 def _landed(stats: TransferStats, readiness: SegmentReadiness | None, p: Piece, layout: WeightLayout) -> None:
     assert readiness is not None
     readiness.add(p.segment)
+    if readiness.is_ready(p.segment):
+        stats.ready_order.append(p.segment)
     stats.bytes_received += p.numel * layout.itemsize
     if stats.first_layer_at is None and readiness.num_ready_prefix >= 2:
         stats.first_layer_at = time.time()  # embedding and layer 0 are usable

@@ -202,9 +202,10 @@ class Worker:
         }
 
     def device_bytes_in_use(self) -> int:
+        """What the device allocator holds (CUDA), or the bytes of the models held (CPU)."""
         if self.device.type == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
-        return sum(w.layout.nbytes for w in self.models.values())
+        return sum(w.buffer.untyped_storage().nbytes() for w in self.models.values())
 
 
 def _sync(device: torch.device) -> None:

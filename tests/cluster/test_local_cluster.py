@@ -1,0 +1,133 @@
+"""The parameter plane on CPU workers (gloo), with the real SmolLM2 weights.
+
+Four worker processes join one world; weights move by chain multicast, striped from two
+sources, and from the one host copy; a worker killed mid-transfer fails the operation on
+every survivor within the timeout, and a retry from another source works.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from blitzscale.checkpoint.convert import convert
+from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.local import ClusterOpError, LocalCluster
+from blitzscale.cluster.pool import PoolError
+
+M = "smollm2"
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 in our format, so workers load it from disk in a fraction of a second."""
+    return convert("smollm2-135m", tmp_path_factory.mktemp("smollm2") / "bz")
+
+
+@pytest.fixture(scope="module")
+def cluster(smollm2_dir: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=10)) as c:
+        yield c
+
+
+def _reset(c: LocalCluster) -> None:
+    for r in c.pool.gpu_holders(M):
+        c.release(M, r)
+    c.release_host_copy(M)
+
+
+def test_world_is_warm_and_disk_load_marks_every_segment(cluster: LocalCluster, smollm2_dir: Path) -> None:
+    assert sorted(cluster.hellos) == [0, 1, 2, 3]
+    res = cluster.load(M, 0, str(smollm2_dir))
+    assert res["path"] == "disk" and res["bytes"] > 500e6
+    assert cluster.pool.gpu_holders(M) == [0]
+    _reset(cluster)
+
+
+def test_chain_multicast_to_three_targets_is_bit_identical_in_layer_order(
+    cluster: LocalCluster, smollm2_dir: Path
+) -> None:
+    cluster.load(M, 0, str(smollm2_dir))
+    ref = cluster.checksum(M, 0)
+    report = cluster.transfer(M, str(smollm2_dir), [0], [1, 2, 3], piece_bytes=8 << 20)
+    num_segments = 32  # embed + 30 layers + head
+    for r in (1, 2, 3):
+        assert cluster.checksum(M, r) == ref
+        order = report[r]["ready_order"]
+        assert order == list(range(num_segments)), f"rank {r} readiness order {order}"
+        assert report[r]["first_layer_s"] < report[r]["seconds"]
+    assert cluster.pool.gpu_holders(M) == [0, 1, 2, 3]
+    _reset(cluster)
+
+
+def test_striped_from_two_sources_is_bit_identical(cluster: LocalCluster, smollm2_dir: Path) -> None:
+    cluster.load(M, 0, str(smollm2_dir))
+    ref = cluster.checksum(M, 0)
+    cluster.transfer(M, str(smollm2_dir), [0], [1])
+    report = cluster.transfer(M, str(smollm2_dir), [0, 1], [2, 3])
+    for r in (2, 3):
+        assert report[r]["bytes"] == report[2]["bytes"] > 500e6
+        assert cluster.checksum(M, r) == ref
+    _reset(cluster)
+
+
+def test_scale_from_zero_uses_the_one_host_copy(cluster: LocalCluster, smollm2_dir: Path) -> None:
+    cluster.load(M, 0, str(smollm2_dir))
+    ref = cluster.checksum(M, 0)
+    cluster.cache_on_host(M, 0)
+    with pytest.raises(PoolError, match="one host copy"):
+        cluster.cache_on_host(M, 0)
+    cluster.transfer(M, str(smollm2_dir), [0], [1])
+    with pytest.raises(PoolError, match="one host copy"):
+        cluster.cache_on_host(M, 1)  # a second holder may not cache it either
+    for r in (0, 1):
+        cluster.release(M, r)
+    assert cluster.pool.gpu_holders(M) == [] and cluster.pool.host_holder(M) == 0
+    cluster.transfer(M, str(smollm2_dir), [0], [0, 2, 3], from_host=True)
+    for r in (0, 2, 3):
+        assert cluster.checksum(M, r) == ref
+    assert cluster.checksum(M, 0, host_copy=True) == ref
+    _reset(cluster)
+
+
+def test_release_returns_the_memory(cluster: LocalCluster, smollm2_dir: Path) -> None:
+    cluster.load(M, 2, str(smollm2_dir))
+    res = cluster.release(M, 2)
+    assert res["freed_bytes"] > 500e6 and res["device_bytes_in_use"] == 0
+    assert cluster.pool.models_on(2) == []
+
+
+def test_killed_target_fails_cleanly_and_a_retry_from_another_source_works(smollm2_dir: Path) -> None:
+    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=5)) as c:
+        c.load(M, 0, str(smollm2_dir))
+        c.transfer(M, str(smollm2_dir), [0], [3])
+        ref = c.checksum(M, 0)
+        killer = threading.Timer(1.0, c.procs[1].kill)
+        killer.start()
+        t = time.monotonic()
+        with pytest.raises(ClusterOpError) as err:  # 540 MB at 100 MB/s: ~5 s without the kill
+            c.transfer(M, str(smollm2_dir), [0], [1, 2], max_bytes_per_s=100e6, piece_bytes=4 << 20)
+        elapsed = time.monotonic() - t
+        replies = err.value.replies
+        assert replies[1].error == "worker died"
+        assert not replies[2].ok and not replies[0].ok  # every survivor saw the failure
+        assert elapsed < 20, f"took {elapsed:.1f} s"
+        assert c.pool.gpu_holders(M) == [0, 3] and c.pool.models_on(1) == c.pool.models_on(2) == []
+        c.transfer(M, str(smollm2_dir), [3], [2])  # retry from the other holder
+        assert c.checksum(M, 2) == ref
+
+
+def test_tensor_parallel_instances_move_shard_k_to_shard_k(cluster: LocalCluster) -> None:
+    model, spec = "tiny-tp2", "random:tiny-llama3"
+    cluster.load_instance(model, [0, 1], spec)
+    refs = [cluster.checksum(model, r) for r in (0, 1)]
+    assert refs[0] != refs[1]  # two different shards
+    report = cluster.transfer_instances(model, spec, [[0, 1]], [[2, 3]])
+    assert sorted(report) == [2, 3]
+    assert [cluster.checksum(model, r) for r in (2, 3)] == refs
+    for r in range(4):
+        cluster.release(model, r)
