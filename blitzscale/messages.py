@@ -91,7 +91,131 @@ class ShutdownMsg(Msg):
     op_id: int = 0
 
 
-Message = HelloMsg | ReplyMsg | LoadMsg | TransferMsg | HostCacheMsg | ReleaseMsg | ChecksumMsg | ShutdownMsg
+class ActivateMsg(Msg):
+    """Start serving a model this rank holds, in a role ("prefill", "decode", "colocated")."""
+
+    op_id: int
+    model: str
+    source: str  # model spec, for its tokenizer
+    role: str
+    block_size: int = 16
+    num_kv_blocks: int = 0  # 0: sized from memory
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+
+
+class DeactivateMsg(Msg):
+    """Stop serving (the engine must have no requests left); the weights stay."""
+
+    op_id: int
+
+
+class SetRoleMsg(Msg):
+    """A prefill instance mutating to decode (or back); the engine and its KV stay."""
+
+    op_id: int
+    role: str
+
+
+# --- data plane: router <-> serving workers (a socket of its own) ---------------------
+
+
+class SamplingMsg(Msg):
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+
+class GenerateMsg(Msg):
+    """Run a request; with `hold_kv` stop after the first token and keep the KV to migrate."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingMsg
+    hold_kv: bool = False
+
+
+class AbortMsg(Msg):
+    request_id: str
+
+
+class RecvKVMsg(Msg):
+    """Decode side: allocate blocks for a prefilled request and receive its KV from `src`."""
+
+    request_id: str
+    src_rank: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_emitted_chars: int
+    params: SamplingMsg
+
+
+class SendKVMsg(Msg):
+    """Prefill side: send a held request's KV to `dst` (which has allocated), then free it."""
+
+    request_id: str
+    dst_rank: int
+
+
+class OutputMsg(Msg):
+    request_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+class OutputsMsg(Msg):
+    rank: int
+    outputs: list[OutputMsg]
+
+
+class EventMsg(Msg):
+    """A data-plane event: kv_ready / kv_sent / kv_received / kv_failed / rejected."""
+
+    rank: int
+    request_id: str
+    kind: str
+    error: str = ""
+
+
+class StatsMsg(Msg):
+    rank: int
+    num_running: int
+    num_waiting: int
+    num_held: int
+    used_blocks: int
+    total_blocks: int
+
+
+Message = (
+    HelloMsg
+    | ReplyMsg
+    | LoadMsg
+    | TransferMsg
+    | HostCacheMsg
+    | ReleaseMsg
+    | ChecksumMsg
+    | ShutdownMsg
+    | ActivateMsg
+    | DeactivateMsg
+    | SetRoleMsg
+    | GenerateMsg
+    | AbortMsg
+    | RecvKVMsg
+    | SendKVMsg
+    | OutputsMsg
+    | EventMsg
+    | StatsMsg
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -51,8 +51,10 @@ def free_port(host: str) -> int:
 
 
 class LocalCluster:
-    def __init__(self, cfg: ClusterConfig) -> None:
+    def __init__(self, cfg: ClusterConfig, data_addr: str = "") -> None:
+        """`data_addr`: the router's data socket, for workers that will serve."""
         self.cfg = cfg
+        self.data_addr = data_addr
         self.pool = ParameterPool()
         self.procs: list[mp.Process] = []
         self.dead: set[int] = set()
@@ -94,6 +96,7 @@ class LocalCluster:
                 dist_addr=cfg.host,
                 dist_port=dist_port,
                 control_addr=f"tcp://{cfg.host}:{control_port}",
+                data_addr=self.data_addr,
                 dtype=cfg.resolved_dtype,
                 init_timeout_s=cfg.startup_timeout_s,
             )
@@ -330,6 +333,10 @@ class LocalCluster:
             self.pool.drop_host_copy(model)
         msg = ReleaseMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
         return self._call_ok({rank: msg}, f"release {model} on rank {rank}")[rank].result
+
+    def command(self, rank: int, msg: Message) -> dict[str, Any]:
+        """Any other command to one worker; raises ClusterOpError if it fails."""
+        return self._call_ok({rank: msg}, f"{type(msg).__name__} on rank {rank}")[rank].result
 
     def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         msg = ChecksumMsg(op_id=self.next_op(), model=model, host_copy=host_copy)

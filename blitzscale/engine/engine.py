@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 from blitzscale.engine.config import EngineConfig
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
-from blitzscale.engine.request import Request, RequestOutput, SamplingParams
+from blitzscale.engine.request import Request, RequestOutput, RequestStatus, SamplingParams
 from blitzscale.engine.sampler import sample
 from blitzscale.engine.scheduler import Scheduler
 from blitzscale.errors import InvalidRequestError
@@ -19,6 +20,26 @@ from blitzscale.kvcache.cache import KVCache
 from blitzscale.kvcache.pool import BlockPool
 from blitzscale.model.llama import LlamaModel
 from blitzscale.model.weights import ModelWeights
+
+
+def validate_request(
+    prompt_token_ids: list[int], params: SamplingParams, vocab: int, max_model_len: int
+) -> None:
+    """The checks any front end can make without an engine (the router makes them too)."""
+    params.validate()
+    n = len(prompt_token_ids)
+    if n == 0:
+        raise InvalidRequestError("prompt is empty")
+    bad = next(((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"prompt token {bad[1]} at position {bad[0]} is outside the vocabulary [0, {vocab})"
+        )
+    if n >= max_model_len:
+        raise InvalidRequestError(
+            f"prompt has {n} tokens but the context is {max_model_len} tokens "
+            "(prompt plus at least one generated token must fit)"
+        )
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
@@ -65,6 +86,8 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
         self.requests: dict[str, Request] = {}
+        self.held: dict[str, Request] = {}  # prefilled, KV waiting to migrate out
+        self.importing: dict[str, Request] = {}  # blocks reserved, KV migrating in
         self._aborted: list[Request] = []
         self._ids = itertools.count()
 
@@ -87,34 +110,27 @@ class LLMEngine:
     # --- requests ---------------------------------------------------------------------
 
     def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        hold_kv: bool = False,
     ) -> str:
+        """Queue a request. With `hold_kv` it stops after its first token and keeps its KV
+        for migration (`held`); its output then has finish_reason "migrate"."""
         self.validate(prompt_token_ids, params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.held:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        req = Request(request_id, list(prompt_token_ids), params)
+        req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
         self.requests[request_id] = req
         self.scheduler.add(req)
         return request_id
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidRequestError, naming the bad value, for a request that can never run."""
-        params.validate()
+        validate_request(prompt_token_ids, params, self.model_config.vocab_size, self.max_model_len)
         n = len(prompt_token_ids)
-        if n == 0:
-            raise InvalidRequestError("prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = next(((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"prompt token {bad[1]} at position {bad[0]} is outside the vocabulary [0, {vocab})"
-            )
-        if n >= self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt has {n} tokens but the context is {self.max_model_len} tokens "
-                "(prompt plus at least one generated token must fit)"
-            )
         need = self.pool.blocks_for_tokens(min(n + params.max_tokens, self.max_model_len))
         if need > self.pool.num_blocks:
             raise InvalidRequestError(
@@ -151,9 +167,67 @@ class LLMEngine:
             if reason is not None:
                 self.scheduler.finish(req, reason)
                 results.append(self._finalize(req))
+            elif req.hold_kv:
+                results.append(self._hold(req))
             else:
                 results.append(self.outputs.make_output(req))
         return results
+
+    # --- KV migration (prefill/decode disaggregation) ---------------------------------
+
+    def _hold(self, req: Request) -> RequestOutput:
+        """Prefill done: the request leaves this instance's batch, its KV waits to migrate."""
+        self.scheduler.detach(req)
+        req.finish_reason = "migrate"
+        self.requests.pop(req.request_id, None)
+        self.held[req.request_id] = req
+        out = self.outputs.make_output(req)
+        return dataclasses.replace(out, finished=True)
+
+    def release_held(self, request_id: str) -> None:
+        """The KV of a held request has been sent (or is no longer wanted): free it."""
+        req = self.held.pop(request_id, None)
+        if req is not None:
+            self.pool.free(req.block_ids)
+            req.block_ids = []
+            req.status = RequestStatus.FINISHED
+
+    def reserve_import(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        num_prompt_tokens: int,
+        params: SamplingParams,
+        num_emitted_chars: int = 0,
+    ) -> Request:
+        """Allocate blocks for a request prefilled elsewhere (all but its last token computed).
+        The decode side allocates before any KV is sent."""
+        if request_id in self.requests or request_id in self.importing:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        num_computed = len(token_ids) - 1
+        need = self.pool.blocks_for_tokens(len(token_ids))
+        if not self.pool.can_allocate(need):
+            raise InvalidRequestError(f"no room: {need} KV blocks needed, {self.pool.num_free_blocks} free")
+        req = Request(request_id, list(token_ids[:num_prompt_tokens]), params)
+        req.token_ids = list(token_ids)
+        req.num_computed_tokens = num_computed
+        req.block_ids = self.pool.allocate(need)
+        req.num_emitted_tokens = req.num_output_tokens
+        self.outputs.check_stop_text(req)
+        req.num_emitted_chars = num_emitted_chars
+        self.importing[request_id] = req
+        return req
+
+    def commit_import(self, request_id: str) -> None:
+        req = self.importing.pop(request_id)
+        self.requests[request_id] = req
+        self.scheduler.add_running(req)
+
+    def cancel_import(self, request_id: str) -> None:
+        req = self.importing.pop(request_id, None)
+        if req is not None:
+            self.pool.free(req.block_ids)
+            req.block_ids = []
 
     def _finalize(self, req: Request) -> RequestOutput:
         self.requests.pop(req.request_id, None)

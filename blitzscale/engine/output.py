@@ -27,6 +27,10 @@ class OutputProcessor:
             return "length"
         return None
 
+    def check_stop_text(self, req: Request) -> None:
+        """Bring a request's text up to date with its tokens (e.g. after an import)."""
+        self._update_text(req)
+
     def make_output(self, req: Request) -> RequestOutput:
         new_ids = req.output_token_ids[req.num_emitted_tokens :]
         visible = len(req.text)

@@ -42,6 +42,7 @@ class SamplingParams:
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    HELD = "held"  # prefilled, KV kept for migration to a decode instance
     FINISHED = "finished"
 
 
@@ -57,6 +58,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     generator: torch.Generator | None = None
+    hold_kv: bool = False  # stop after the first token and keep the KV for migration
     # output processing state
     text: str = ""
     num_emitted_tokens: int = 0

@@ -92,9 +92,21 @@ class Scheduler:
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
+        elif req.status is RequestStatus.FINISHED:
+            return
         self._free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+
+    def detach(self, req: Request) -> None:
+        """Take a running request out but keep its KV blocks (they are about to migrate)."""
+        self.running.remove(req)
+        req.status = RequestStatus.HELD
+
+    def add_running(self, req: Request) -> None:
+        """Admit a request whose KV arrived from elsewhere (blocks already allocated)."""
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
 
     def _blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         total = self.pool.blocks_for_tokens(req.num_computed_tokens + num_new_tokens)

@@ -40,6 +40,17 @@ class KVCache:
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[i, 0], self.data[i, 1]
 
+    def gather_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """The given blocks of every layer, packed contiguously ([layers, 2, n, ...])."""
+        return self.data[:, :, block_ids].contiguous()
+
+    def scatter_blocks(self, block_ids: list[int], packed: torch.Tensor) -> None:
+        self.data[:, :, block_ids] = packed
+
+    def packed_shape(self, num_blocks: int) -> tuple[int, ...]:
+        d = self.data.shape
+        return (d[0], d[1], num_blocks, *d[3:])
+
     def write(self, i: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         k_cache, v_cache = self.layer(i)
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)

@@ -7,6 +7,8 @@ over torch.distributed. Every command gets exactly one ReplyMsg, errors included
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -14,17 +16,20 @@ from typing import Any
 import torch
 import zmq
 
-from blitzscale.checkpoint import load_config, resolve_model
+from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.native import dtype_name, parse_dtype
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
+    ActivateMsg,
     ChecksumMsg,
+    DeactivateMsg,
     HelloMsg,
     HostCacheMsg,
     LoadMsg,
     Message,
     ReleaseMsg,
     ReplyMsg,
+    SetRoleMsg,
     ShutdownMsg,
     TransferMsg,
     decode,
@@ -34,7 +39,8 @@ from blitzscale.model.weights import ModelWeights
 from blitzscale.transfer.checksum import buffer_checksum
 from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker.disk_source import load_local
-from blitzscale.worker.world import init_world, warm_up_pairs
+from blitzscale.worker.serving import ServingLoop
+from blitzscale.worker.world import init_world, new_world_group, warm_up_pairs
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class WorkerConfig:
     dist_addr: str
     dist_port: int
     control_addr: str  # tcp://host:port of the controller's ROUTER socket
+    data_addr: str = ""  # tcp://host:port of the router's data socket ("" = not serving)
     dtype: str = "float32"
     init_timeout_s: float = 120.0
 
@@ -55,9 +62,14 @@ class Worker:
         self.rank = cfg.rank
         self.models: dict[str, ModelWeights] = {}
         self.host_copies: dict[str, ModelWeights] = {}
+        self.serving_model = ""
+        self._tokenizers: dict[str, Any] = {}
+        self._outbox: queue.Queue[ReplyMsg] = queue.Queue()
+        self._transfer_thread: threading.Thread | None = None
         self._init_device()
         self._init_world()
         self._init_control()
+        self._init_serving()
 
     def _init_device(self) -> None:
         self.device = torch.device(self.cfg.device)
@@ -68,7 +80,9 @@ class Worker:
         c = self.cfg
         init_world(c.rank, c.world_size, c.dist_addr, c.dist_port, self.device, c.init_timeout_s)
         t = time.perf_counter()
+        self.kv_group = new_world_group(self.device)
         self.num_warm_pairs = warm_up_pairs(c.rank, c.world_size, self.device)
+        warm_up_pairs(c.rank, c.world_size, self.device, self.kv_group)
         self.warmup_s = time.perf_counter() - t
 
     def _init_control(self) -> None:
@@ -79,20 +93,71 @@ class Worker:
         self.sock.connect(self.cfg.control_addr)
         self.sock.send(encode(HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device))))
 
+    def _init_serving(self) -> None:
+        self.data: zmq.Socket | None = None
+        if self.cfg.data_addr:
+            self.data = self.ctx.socket(zmq.DEALER)
+            self.data.setsockopt(zmq.IDENTITY, f"w{self.rank}".encode())
+            self.data.setsockopt(zmq.LINGER, 1000)
+            self.data.connect(self.cfg.data_addr)
+            self.data.send(encode(HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device))))
+        self.serving = ServingLoop(self.rank, self.kv_group, self._send_data)
+
+    def _send_data(self, msg: Message) -> None:
+        if self.data is not None:
+            self.data.send(encode(msg))
+
     def serve_forever(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        if self.data is not None:
+            poller.register(self.data, zmq.POLLIN)
+        busy = False
         while True:
-            msg = decode(self.sock.recv())
-            if isinstance(msg, ShutdownMsg):
-                self._reply(msg.op_id, True, {})
+            events = dict(poller.poll(0 if busy else 2))
+            if self.sock in events:
+                msg = decode(self.sock.recv())
+                if isinstance(msg, ShutdownMsg):
+                    self._reply(msg.op_id, True, {})
+                    return
+                self._handle_control(msg)
+            if self.data is not None and self.data in events:
+                while self.data.poll(0):
+                    self.serving.handle(decode(self.data.recv()))
+            self._drain_outbox()
+            busy = self.serving.tick()
+
+    def _handle_control(self, msg: Message) -> None:
+        op_id = getattr(msg, "op_id", -1)
+        try:
+            if isinstance(msg, TransferMsg):
+                self._start_transfer(msg)  # replies from its thread, through the outbox
                 return
-            try:
-                result = self.handle(msg)
-                self._reply(msg.op_id, True, result)
-            except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
-                self._reply(getattr(msg, "op_id", -1), False, {}, f"{type(e).__name__}: {e}")
+            self._reply(op_id, True, self.handle(msg))
+        except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
+            self._reply(op_id, False, {}, f"{type(e).__name__}: {e}")
 
     def _reply(self, op_id: int, ok: bool, result: dict[str, Any], error: str = "") -> None:
         self.sock.send(encode(ReplyMsg(op_id=op_id, rank=self.rank, ok=ok, error=error, result=result)))
+
+    def _drain_outbox(self) -> None:
+        while not self._outbox.empty():
+            self.sock.send(encode(self._outbox.get()))
+
+    def _start_transfer(self, msg: TransferMsg) -> None:
+        """Weights move on their own thread so a source keeps serving while it sends."""
+        if self._transfer_thread is not None and self._transfer_thread.is_alive():
+            raise BlitzScaleError(f"rank {self.rank} is already in a transfer")
+
+        def run() -> None:
+            try:
+                result, ok, err = self._transfer(msg), True, ""
+            except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
+                result, ok, err = {}, False, f"{type(e).__name__}: {e}"
+            self._outbox.put(ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result))
+
+        self._transfer_thread = threading.Thread(target=run, name="transfer", daemon=True)
+        self._transfer_thread.start()
 
     # --- commands ----------------------------------------------------------------------
 
@@ -107,6 +172,15 @@ class Worker:
             return self._release(msg)
         if isinstance(msg, ChecksumMsg):
             return self._checksum(msg)
+        if isinstance(msg, ActivateMsg):
+            return self._activate(msg)
+        if isinstance(msg, DeactivateMsg):
+            self.serving.deactivate()
+            self.serving_model = ""
+            return {}
+        if isinstance(msg, SetRoleMsg):
+            self.serving.role = msg.role
+            return {}
         raise ValueError(f"worker cannot handle {type(msg).__name__}")
 
     def _load(self, msg: LoadMsg) -> dict[str, Any]:
@@ -176,7 +250,19 @@ class Worker:
         self.host_copies[msg.model] = host
         return {"bytes": host.layout.nbytes, "pinned": pin}
 
+    def _activate(self, msg: ActivateMsg) -> dict[str, Any]:
+        weights = self.models.get(msg.model)
+        if weights is None or not weights.readiness.all_ready:
+            raise ValueError(f"rank {self.rank} does not hold all of {msg.model}")
+        if msg.source not in self._tokenizers:
+            self._tokenizers[msg.source] = load_tokenizer(resolve_model(msg.source))
+        result = self.serving.activate(weights, self._tokenizers[msg.source], msg)
+        self.serving_model = msg.model
+        return result
+
     def _release(self, msg: ReleaseMsg) -> dict[str, Any]:
+        if msg.model == self.serving_model:
+            raise ValueError(f"rank {self.rank} is serving {msg.model}; deactivate it first")
         freed = 0
         weights = self.models.pop(msg.model, None)
         if weights is not None:

@@ -29,18 +29,26 @@ def init_world(
     )
 
 
-def warm_up_pairs(rank: int, world_size: int, device: torch.device) -> int:
+def new_world_group(device: torch.device) -> dist.ProcessGroup:
+    """A second group over all ranks with communicators of its own (KV migration uses it,
+    so it never interleaves with weight transfers on one pair's communicator)."""
+    return dist.new_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def warm_up_pairs(
+    rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None
+) -> int:
     """Exchange one message with every other rank, pairs in one global order (deadlock-free:
     the first unfinished pair always has both members waiting on it). Returns pairs touched."""
     token = torch.zeros(1, device=device)
     touched = 0
     for a, b in itertools.combinations(range(world_size), 2):
         if rank == a:
-            dist.send(token, dst=b)
-            dist.recv(token, src=b)
+            dist.send(token, dst=b, group=group)
+            dist.recv(token, src=b, group=group)
         elif rank == b:
-            dist.recv(token, src=a)
-            dist.send(token, dst=a)
+            dist.recv(token, src=a, group=group)
+            dist.send(token, dst=a, group=group)
         else:
             continue
         touched += 1

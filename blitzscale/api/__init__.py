@@ -1,0 +1,1 @@
+"""The HTTP edge: OpenAI- and TGI-compatible endpoints over a serving backend."""

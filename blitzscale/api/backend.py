@@ -1,0 +1,34 @@
+"""What the HTTP edge needs from the system behind it (the router, or a fake in tests)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from blitzscale.engine.request import RequestOutput, SamplingParams
+
+
+class ServingBackend(Protocol):
+    """The router implements this; tests use an in-process fake.
+
+    `generate` validates before it yields anything: bad input raises
+    `blitzscale.errors.InvalidRequestError` (-> HTTP 400) from the first `__anext__`.
+    Outputs are deltas (`RequestOutput.new_token_ids`, `.text_delta`); the last one has
+    `finished=True` and a `finish_reason`. Cancelling the iteration (client gone) must be
+    followed by `abort(request_id)` from the caller, which frees the request's KV blocks.
+    """
+
+    model_name: str
+    max_model_len: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def health(self) -> dict[str, Any]: ...

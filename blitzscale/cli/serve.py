@@ -1,0 +1,52 @@
+"""`blitzscale serve`: the serving cluster behind an OpenAI / TGI compatible HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+POLICIES = ("blitz", "blitz-nolive", "network", "network-multicast", "sllm", "allcache", "fixed")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a model on a local cluster of workers (HTTP API)")
+    p.add_argument("--config", type=Path, default=None, help="cluster TOML file (flags override it)")
+    p.add_argument("--model", default=None, help="model name or path (default: smollm2-135m)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (CPU) or GPUs used")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    p.add_argument("--policy", choices=POLICIES, default=None)
+    p.add_argument("--mode", choices=["pd", "colocated"], default=None)
+    p.add_argument("--host", default=None, help="HTTP address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="HTTP port (default 8000)")
+    p.add_argument("--api-key", default=None, help="require this bearer token")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    def pick(**kv: Any) -> dict[str, Any]:
+        return {k: v for k, v in kv.items() if v is not None}
+
+    return {
+        "model": pick(name=args.model),
+        "server": pick(host=args.host, port=args.port, api_key=args.api_key),
+        "cluster": pick(num_workers=args.workers, device=args.device),
+        "router": pick(mode=args.mode),
+        "policy": pick(name=args.policy),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from blitzscale.errors import InvalidRequestError
+    from blitzscale.serve.config import load_serve_config
+    from blitzscale.serve.server import run_server
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.workers is not None and args.workers < 1:
+        raise InvalidRequestError(f"--workers must be at least 1, got {args.workers}")
+    cfg = load_serve_config(args.config).with_overrides(**overrides(args))
+    asyncio.run(run_server(cfg))
+    return 0

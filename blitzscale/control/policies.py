@@ -1,0 +1,274 @@
+"""How to scale (design §4, §6): turn the planner's targets into actions on instances.
+
+Every policy but `fixed` shares the instance logic; they differ only in where new weights
+come from. Per call, in this order:
+- grow decode: revive draining decode instances, then warm (SHUTTING_NULL) ones, then mutate
+  the least loaded PREFILL instances (decode instances are never loaded: loading and KV
+  migration would fight for their inbound link), always leaving one serving prefill instance;
+- grow prefill (or colocated): revive draining ones of the role, then warm ones, then load
+  new instances. Decode growth that mutation could not cover is loaded as extra prefill
+  instances, which a later call mutates;
+- shrink: drain, per role, the instance idle longest, if idle at least `scale_down_idle_s`
+  (the idle time is the hysteresis), never the role's last serving instance;
+- release warm instances idle at least `shutting_null_keep_s`.
+The router executes the returned list in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from blitzscale.control.config import PlannerConfig, PolicyConfig
+from blitzscale.control.host_cache import HostCacheState, host_of
+from blitzscale.control.planner import Desired, current_counts
+from blitzscale.control.snapshot import ClusterSnapshot, InstanceView
+from blitzscale.control.snapshot import InstanceState as S
+from blitzscale.control.states import Role, can_source, counts_as_prefill, is_serving, steady_state
+
+LoadPath = Literal["network", "host", "disk"]
+
+
+@dataclass(frozen=True)
+class LoadAction:
+    """Load the model onto new instances (they become prefill, or colocated, instances).
+
+    `target_ranks` and `sources` list whole instances' ranks in instance order (`tp` each):
+    shard k goes from a source's rank k to a target's rank k. network: chain multicast from
+    `sources` to all targets (several sources: one striped chain each) or, without multicast,
+    one action per target with one source. host with `sources == (r,)`: stream from rank r's
+    host copy; host with no sources: each target reads its own host's DRAM. disk: each
+    target reads its own disk. `live`: targets serve while weights arrive (ZigZag).
+    """
+
+    target_ranks: tuple[int, ...]
+    path: LoadPath
+    sources: tuple[int, ...] = ()
+    multicast: bool = False
+    live: bool = False
+
+
+@dataclass(frozen=True)
+class MutateAction:
+    """A PREFILL instance becomes a decode one (MUTATING_TO_DECODE, then DECODE)."""
+
+    instance_id: int
+
+
+@dataclass(frozen=True)
+class DrainAction:
+    """Stop giving the instance work; it finishes what it has (SHUTTING_PREFILL / _DECODE)."""
+
+    instance_id: int
+
+
+@dataclass(frozen=True)
+class ReleaseAction:
+    """A warm instance's weights are freed; its ranks become free."""
+
+    instance_id: int
+
+
+@dataclass(frozen=True)
+class ReviveAction:
+    """A draining or warm instance serves again in `role`, instantly (its weights are there)."""
+
+    instance_id: int
+    role: Role
+
+
+ScaleAction = LoadAction | MutateAction | DrainAction | ReleaseAction | ReviveAction
+
+
+@dataclass
+class _Plan:
+    taken: set[int] = field(default_factory=set)  # instances already given an action
+    revives: list[ReviveAction] = field(default_factory=list)
+    mutates: list[MutateAction] = field(default_factory=list)
+    drains: list[DrainAction] = field(default_factory=list)
+    num_new: int = 0
+
+
+def scale_actions(
+    snapshot: ClusterSnapshot,
+    desired: Desired,
+    policy_cfg: PolicyConfig,
+    planner_cfg: PlannerConfig,
+    host_cache: HostCacheState,
+) -> list[ScaleAction]:
+    if policy_cfg.name == "fixed":
+        return []
+    make_plan = _pd_plan if snapshot.pd_mode else _colo_plan
+    plan = make_plan(snapshot, desired, planner_cfg)
+    new_prefill = frozenset(a.instance_id for a in plan.revives if a.role == "prefill")
+    loads = _loads(snapshot, plan.num_new, policy_cfg, host_cache, new_prefill)
+    return [*plan.revives, *plan.mutates, *loads, *plan.drains, *_releases(snapshot, planner_cfg, plan.taken)]
+
+
+def next_host_cache(
+    cache: HostCacheState, snapshot: ClusterSnapshot, actions: Sequence[ScaleAction]
+) -> HostCacheState:
+    """The host cache after this call: hosts serving the model, and hosts of every new load
+    (a disk read leaves the checkpoint in host memory), used it now."""
+    ranks = set(snapshot.gpu_holders)
+    ranks.update(r for a in actions if isinstance(a, LoadAction) for r in a.target_ranks)
+    for host in sorted({host_of(snapshot, r) for r in ranks}):
+        cache = cache.insert(host, snapshot.now)
+    return cache
+
+
+def source_instances(
+    snapshot: ClusterSnapshot, policy_cfg: PolicyConfig, new_prefill: frozenset[int] = frozenset()
+) -> list[InstanceView]:
+    """Instances that can send weights, best first: idle, then least loaded, then lowest id.
+
+    With `sources_only_decode`, prefill instances (and `new_prefill`, those being revived
+    into prefill) are skipped, as their outbound links carry KV migrations, unless no other
+    instance holds the model: a busy prefill instance's link still beats host memory or disk.
+    """
+    holders = set(snapshot.gpu_holders)
+    able = [i for i in snapshot.instances if can_source(i.state) and i.ranks and holders.issuperset(i.ranks)]
+    if policy_cfg.sources_only_decode:
+        spare = [i for i in able if _spares_links(i, snapshot.pd_mode) and i.id not in new_prefill]
+        able = spare or able
+    return sorted(able, key=lambda i: (not _is_idle(i), _load(i), i.id))
+
+
+def _load(i: InstanceView) -> int:
+    return i.num_running + i.num_waiting
+
+
+def _is_idle(i: InstanceView) -> bool:
+    return i.idle_since is not None and _load(i) == 0
+
+
+def _spares_links(i: InstanceView, pd_mode: bool) -> bool:
+    """Its outbound link carries no KV migration (nothing migrates in colocated mode)."""
+    return not pd_mode or i.state in (S.DECODE, S.SHUTTING_DECODE, S.SHUTTING_NULL) or _is_idle(i)
+
+
+def _by_id(snapshot: ClusterSnapshot, state: S) -> list[InstanceView]:
+    return sorted(snapshot.in_states(state), key=lambda i: i.id)
+
+
+def _serves_as(role: Role, state: S) -> bool:
+    if role == "decode":
+        return state is S.DECODE
+    return is_serving(state) and (role == "colocated" or counts_as_prefill(state))
+
+
+def _revive(plan: _Plan, role: Role, need: int, candidates: Iterable[InstanceView]) -> int:
+    """Revive up to `need` candidates into `role`; returns how many are still needed."""
+    for i in candidates:
+        if need <= 0:
+            break
+        if i.id not in plan.taken:
+            plan.revives.append(ReviveAction(i.id, role))
+            plan.taken.add(i.id)
+            need -= 1
+    return need
+
+
+def _drain_one(plan: _Plan, snapshot: ClusterSnapshot, role: Role, cfg: PlannerConfig) -> None:
+    serving = [i for i in snapshot.instances if _serves_as(role, i.state) and i.id not in plan.taken]
+    idle = [
+        i
+        for i in serving
+        if i.state is steady_state(role)
+        and _is_idle(i)
+        and snapshot.now - (i.idle_since or snapshot.now) >= cfg.scale_down_idle_s
+    ]
+    if len(serving) > 1 and idle:
+        victim = min(idle, key=lambda i: (i.idle_since or snapshot.now, i.id))
+        plan.drains.append(DrainAction(victim.id))
+        plan.taken.add(victim.id)
+
+
+def _pd_plan(snapshot: ClusterSnapshot, desired: Desired, cfg: PlannerConfig) -> _Plan:
+    plan, cur = _Plan(), current_counts(snapshot)
+    warm = _by_id(snapshot, S.SHUTTING_NULL)
+    need_d = desired.decode_target - cur.decode
+    if need_d > 0:
+        need_d = _revive(plan, "decode", need_d, [*_by_id(snapshot, S.SHUTTING_DECODE), *warm])
+        serving_p = sum(_serves_as("prefill", i.state) for i in snapshot.instances)
+        mutable = sorted(snapshot.in_states(S.PREFILL), key=lambda i: (_load(i), i.id))
+        for i in mutable[: max(0, min(need_d, serving_p - 1))]:
+            plan.mutates.append(MutateAction(i.id))
+            plan.taken.add(i.id)
+        need_d -= len(plan.mutates)
+    # Decode growth mutation could not cover is loaded now as prefill, to be mutated later.
+    need_p = desired.prefill_target + max(0, need_d) - (cur.prefill - len(plan.mutates))
+    if need_p > 0:
+        plan.num_new = _revive(plan, "prefill", need_p, [*_by_id(snapshot, S.SHUTTING_PREFILL), *warm])
+    elif need_p < 0:
+        _drain_one(plan, snapshot, "prefill", cfg)
+    if desired.decode_target < cur.decode:
+        _drain_one(plan, snapshot, "decode", cfg)
+    return plan
+
+
+def _colo_plan(snapshot: ClusterSnapshot, desired: Desired, cfg: PlannerConfig) -> _Plan:
+    plan = _Plan()
+    need = desired.prefill_target - current_counts(snapshot).prefill
+    if need > 0:
+        draining = [*_by_id(snapshot, S.SHUTTING_DECODE), *_by_id(snapshot, S.SHUTTING_NULL)]
+        plan.num_new = _revive(plan, "colocated", need, draining)
+    elif need < 0:
+        _drain_one(plan, snapshot, "colocated", cfg)
+    return plan
+
+
+def _releases(snapshot: ClusterSnapshot, cfg: PlannerConfig, taken: set[int]) -> list[ReleaseAction]:
+    return [
+        ReleaseAction(i.id)
+        for i in _by_id(snapshot, S.SHUTTING_NULL)
+        if i.id not in taken
+        and i.idle_since is not None
+        and snapshot.now - i.idle_since >= cfg.shutting_null_keep_s
+    ]
+
+
+def _flat(groups: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
+    return tuple(r for g in groups for r in g)
+
+
+def _new_slots(
+    snapshot: ClusterSnapshot, n: int, cfg: PolicyConfig, cache: HostCacheState
+) -> list[tuple[int, ...]]:
+    """Up to `n` groups of `tp` consecutive, tp-aligned free ranks, lowest first (`sllm`
+    puts hosts with a cache hit first, as ServerlessLLM's locality-aware placement does)."""
+    if n <= 0:
+        return []
+    free, tp = set(snapshot.free_ranks), snapshot.tp
+    starts = [r for r in sorted(free) if r % tp == 0 and free.issuperset(range(r, r + tp))]
+    slots = [tuple(range(r, r + tp)) for r in starts]
+    if cfg.name == "sllm":
+        slots.sort(key=lambda s: not cache.lookup(host_of(snapshot, s[0]), snapshot.now))
+    return slots[:n]
+
+
+def _loads(
+    snapshot: ClusterSnapshot, n: int, cfg: PolicyConfig, cache: HostCacheState, new_prefill: frozenset[int]
+) -> list[LoadAction]:
+    slots = _new_slots(snapshot, n, cfg, cache)
+    if not slots:
+        return []
+    if cfg.name == "allcache":
+        return [LoadAction(s, "host") for s in slots]
+    if cfg.name == "sllm":
+        hit = [cache.lookup(host_of(snapshot, s[0]), snapshot.now) for s in slots]
+        return [LoadAction(s, "host" if h else "disk") for s, h in zip(slots, hit, strict=True)]
+    sources = source_instances(snapshot, cfg, new_prefill)
+    if sources and cfg.multicast:
+        chosen = _flat(i.ranks for i in sources[: cfg.max_sources])
+        return [LoadAction(_flat(slots), "network", chosen, multicast=True, live=cfg.live)]
+    if sources:
+        return [LoadAction(s, "network", sources[k % len(sources)].ranks) for k, s in enumerate(slots)]
+    # Scale from zero: no GPU holds the model, so nothing can serve alongside a live target.
+    if snapshot.host_holder is not None:
+        host = (snapshot.host_holder,)
+        if cfg.multicast:
+            return [LoadAction(_flat(slots), "host", host, multicast=True)]
+        return [LoadAction(s, "host", host) for s in slots]
+    return [LoadAction(s, "disk") for s in slots]

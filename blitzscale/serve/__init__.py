@@ -1,0 +1,1 @@
+"""The serving cluster: router (request flow, KV migration), scaler, and the serve command."""

@@ -1,0 +1,100 @@
+"""`blitzscale serve` configuration: one TOML file, one typed section per concern.
+
+    [model]    name = "smollm2-135m"
+    [server]   host, port, api_key
+    [cluster]  workers, device, ports, timeouts       (blitzscale.cluster.config.ClusterConfig)
+    [router]   mode = "pd" | "colocated", budgets     (blitzscale.serve.router.RouterConfig)
+    [engine]   block_size, num_kv_blocks, ...         (blitzscale.serve.scaler.EngineSettings)
+    [planner]  bands, rates, bounds, idle thresholds  (blitzscale.control.config.PlannerConfig)
+    [policy]   name = "blitz" | ... , fixed counts    (blitzscale.control.config.PolicyConfig)
+
+Unknown sections or keys are errors that name them; command-line flags override the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blitzscale.cluster.config import ClusterConfig
+from blitzscale.control.config import PlannerConfig, PolicyConfig
+from blitzscale.errors import InvalidRequestError
+from blitzscale.serve.router import RouterConfig
+from blitzscale.serve.scaler import EngineSettings
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    name: str = "smollm2-135m"
+    cache_dir: str = ""  # where converted models are kept ("" = ~/.cache/blitzscale/models)
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str = ""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    server: ServerSection = field(default_factory=ServerSection)
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(num_workers=3))
+    router: RouterConfig = field(default_factory=RouterConfig)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def with_overrides(self, **sections: dict[str, Any]) -> ServeConfig:
+        """A copy with some keys of some sections replaced (flags over the file)."""
+        changes = {}
+        for name, values in sections.items():
+            if values:
+                changes[name] = _section(type(getattr(self, name)), name, values, base=getattr(self, name))
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {f.name for f in dataclasses.fields(ServeConfig)}
+
+
+def _section(cls: type[Any], name: str, values: dict[str, Any], base: Any = None) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InvalidRequestError(
+            f"unknown key {unknown[0]!r} in [{name}]; known keys: {', '.join(sorted(known))}"
+        )
+    try:
+        if base is not None:
+            return dataclasses.replace(base, **values)
+        if hasattr(cls, "from_dict"):
+            return cls.from_dict(values)
+        return cls(**values)
+    except (TypeError, ValueError) as e:
+        raise InvalidRequestError(f"[{name}]: {e}") from e
+
+
+def load_serve_config(path: Path | None) -> ServeConfig:
+    if path is None:
+        return ServeConfig()
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise InvalidRequestError(f"--config {path}: cannot read: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidRequestError(f"--config {path}: not valid TOML: {e}") from e
+    unknown = sorted(set(data) - _SECTIONS)
+    if unknown:
+        raise InvalidRequestError(
+            f"--config {path}: unknown section [{unknown[0]}]; known: {sorted(_SECTIONS)}"
+        )
+    base = ServeConfig()
+    parts = {name: _section(type(getattr(base, name)), name, values) for name, values in data.items()}
+    return dataclasses.replace(base, **parts)

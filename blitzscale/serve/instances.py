@@ -1,0 +1,69 @@
+"""The router's view of its instances. The router task is the only writer."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from blitzscale.control.snapshot import InstanceState, InstanceView
+from blitzscale.messages import StatsMsg
+
+log = logging.getLogger("blitzscale.instances")
+
+SERVING_ROLE = {
+    InstanceState.PREFILL: "prefill",
+    InstanceState.DECODE: "decode",
+    InstanceState.COLOCATED: "colocated",
+    InstanceState.NEW_PREFILL: "prefill",
+    InstanceState.OLD_PREFILL: "prefill",
+    InstanceState.REFRACTORY_PREFILL: "prefill",
+}
+
+
+@dataclass
+class Instance:
+    id: int  # = its first rank
+    ranks: tuple[int, ...]
+    state: InstanceState = InstanceState.INACTIVE
+    stats: StatsMsg | None = None
+    outstanding_tokens: int = 0  # prompt tokens dispatched and not yet prefilled
+    num_assigned: int = 0  # requests it is responsible for now
+    idle_since: float | None = field(default_factory=time.monotonic)
+    transitions: list[tuple[float, str, str]] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[0]
+
+    @property
+    def accepts(self) -> str | None:
+        """The role new work may be sent to this instance in, or None."""
+        return SERVING_ROLE.get(self.state)
+
+    @property
+    def is_idle(self) -> bool:
+        s = self.stats
+        busy = s is not None and (s.num_running or s.num_waiting or s.num_held)
+        return not busy and self.num_assigned == 0
+
+    def set_state(self, new: InstanceState, why: str = "") -> None:
+        if new is self.state:
+            return
+        log.info("instance %d: %s -> %s %s", self.id, self.state.value, new.value, why)
+        self.transitions.append((time.monotonic(), self.state.value, new.value))
+        self.state = new
+        self.idle_since = time.monotonic() if self.is_idle else None
+
+    def view(self) -> InstanceView:
+        s = self.stats
+        return InstanceView(
+            id=self.id,
+            ranks=self.ranks,
+            state=self.state,
+            num_running=s.num_running if s else 0,
+            num_waiting=(s.num_waiting if s else 0) + (0 if s else self.num_assigned),
+            used_blocks=s.used_blocks if s else 0,
+            total_blocks=s.total_blocks if s else 0,
+            idle_since=self.idle_since,
+        )

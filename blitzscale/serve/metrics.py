@@ -1,0 +1,55 @@
+"""Prometheus metrics of the serving cluster. Gauges are read from the router at scrape
+time (no second copy of its state); counters are bumped by the scaler."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from blitzscale.control.snapshot import InstanceState
+
+if TYPE_CHECKING:
+    from blitzscale.serve.router import Router
+
+
+class _RouterCollector(Collector):
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        inst = GaugeMetricFamily(
+            "blitzscale_instances", "Instances by role and state", labels=["role", "state"]
+        )
+        counts = Counter((i.accepts or "none", i.state.value) for i in self.router.instances.values())
+        for state in InstanceState:  # every state appears, zeros included
+            roles = {r for (r, s) in counts if s == state.value} or {"none"}
+            for role in roles:
+                inst.add_metric([role, state.value], counts.get((role, state.value), 0))
+        yield inst
+        queue = GaugeMetricFamily("blitzscale_queue_requests", "Requests in the global queue")
+        queue.add_metric([], len(self.router.queue))
+        yield queue
+        live = GaugeMetricFamily("blitzscale_requests_in_flight", "Requests accepted and not finished")
+        live.add_metric([], len(self.router.reqs))
+        yield live
+
+
+class ClusterMetrics:
+    def __init__(self, registry: CollectorRegistry, router: Router) -> None:
+        registry.register(_RouterCollector(router))
+        self.scale_events = PromCounter(
+            "blitzscale_scale_events", "Scale operations", ["direction", "path"], registry=registry
+        )
+        self.transfer_bytes = PromCounter(
+            "blitzscale_transfer_bytes", "Weight bytes moved to new instances", ["path"], registry=registry
+        )
+        for path in ("network", "host", "disk"):  # visible at zero before the first event
+            self.transfer_bytes.labels(path=path)
+            self.scale_events.labels(direction="up", path=path)
+        self.scale_events.labels(direction="down", path="release")

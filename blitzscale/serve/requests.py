@@ -1,0 +1,59 @@
+"""A request's life in the router: queued -> prefill -> (migrating -> decode) -> done."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.messages import OutputMsg, SamplingMsg
+
+
+@dataclass
+class RouterRequest:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    out: asyncio.Queue[RequestOutput | Exception] = field(default_factory=asyncio.Queue)
+    arrival: float = field(default_factory=time.monotonic)
+    stage: str = "queued"  # queued | prefill | migrating | decode | done
+    prefill_rank: int | None = None
+    decode_rank: int | None = None
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    first_token_at: float | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt + self.output_ids
+
+    def sampling_msg(self) -> SamplingMsg:
+        p = self.params
+        return SamplingMsg(
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            seed=p.seed,
+            stop=list(p.stop),
+            stop_token_ids=list(p.stop_token_ids),
+            ignore_eos=p.ignore_eos,
+        )
+
+    def accept(self, o: OutputMsg, finished: bool) -> RequestOutput:
+        """Fold a worker's output into the request and make the client's delta."""
+        if self.first_token_at is None and o.new_token_ids:
+            self.first_token_at = time.monotonic()
+        self.output_ids += o.new_token_ids
+        self.text += o.text_delta
+        return RequestOutput(
+            request_id=self.id,
+            new_token_ids=list(o.new_token_ids),
+            token_ids=list(self.output_ids),
+            text_delta=o.text_delta,
+            text=self.text,
+            finished=finished,
+            finish_reason=o.finish_reason if finished else None,
+            num_prompt_tokens=len(self.prompt),
+        )

@@ -1,0 +1,338 @@
+"""The router: one global FCFS queue, dispatch to instances, token streams, KV migration.
+
+Everything here runs on one asyncio loop and is the only writer of the request table and
+the instance table. Workers are reached over the data socket (msgspec messages); control
+operations (activate, transfer, release) go through the LocalCluster on a worker thread,
+one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import zmq
+import zmq.asyncio
+
+from blitzscale.cluster.local import LocalCluster
+from blitzscale.control.snapshot import InstanceState
+from blitzscale.engine.engine import validate_request
+from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.errors import BlitzScaleError, InvalidRequestError
+from blitzscale.messages import (
+    AbortMsg,
+    EventMsg,
+    GenerateMsg,
+    HelloMsg,
+    Message,
+    OutputsMsg,
+    RecvKVMsg,
+    SendKVMsg,
+    StatsMsg,
+    decode,
+    encode,
+)
+from blitzscale.serve.instances import Instance
+from blitzscale.serve.requests import RouterRequest
+
+log = logging.getLogger("blitzscale.router")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    mode: str = "pd"  # "pd" (prefill/decode disaggregation) or "colocated"
+    prefill_budget_tokens: int = 4096  # prompt tokens outstanding at one prefill instance
+    max_requests_per_instance: int = 64
+    health_check_s: float = 0.5
+
+
+class Router:
+    def __init__(
+        self,
+        cfg: RouterConfig,
+        cluster: LocalCluster,
+        data: zmq.asyncio.Socket,
+        tokenizer: Any,
+        model_name: str,
+        vocab_size: int,
+        max_model_len: int,
+    ) -> None:
+        self.cfg = cfg
+        self.cluster = cluster
+        self.data = data
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.instances: dict[int, Instance] = {}
+        self.queue: deque[RouterRequest] = deque()
+        self.reqs: dict[str, RouterRequest] = {}
+        self.pending_migrations: deque[RouterRequest] = deque()
+        self.connected: set[int] = set()
+        self.on_ttft: Callable[[float], None] | None = None
+        self._wake = asyncio.Event()
+        self._cluster_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._recv_loop()), asyncio.create_task(self._dispatch_loop())]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def cluster_call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        """Run a blocking LocalCluster operation off the loop, one at a time."""
+        async with self._cluster_lock:
+            return await asyncio.to_thread(fn, *args, **kw)
+
+    # --- ServingBackend -----------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer: send token ids")
+        return list(self.tokenizer(text).input_ids)
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError("this model has no chat template")
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as e:  # jinja errors on malformed messages
+            raise InvalidRequestError(f"messages do not fit the chat template: {e}") from e
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
+        if request_id in self.reqs:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        r = RouterRequest(request_id, list(prompt_token_ids), params)
+        self.reqs[request_id] = r
+        self.queue.append(r)
+        self._wake.set()
+        try:
+            while True:
+                item = await r.out.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if r.stage != "done":
+                await self.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        r = self.reqs.pop(request_id, None)
+        if r is None:
+            return
+        if r.stage == "queued":
+            self.queue.remove(r)
+        for rank in {r.prefill_rank, r.decode_rank} - {None}:
+            await self._send(rank, AbortMsg(request_id=request_id))  # type: ignore[arg-type]
+        self._release_assignment(r)
+        r.stage = "done"
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "model": self.model_name,
+            "mode": self.cfg.mode,
+            "queue": len(self.queue),
+            "instances": {i.id: i.state.value for i in self.instances.values()},
+        }
+
+    # --- dispatch -----------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        last_check = 0.0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=0.01)
+            self._wake.clear()
+            await self._dispatch_queue()
+            await self._retry_migrations()
+            if time.monotonic() - last_check > self.cfg.health_check_s:
+                last_check = time.monotonic()
+                self._fail_dead_instances()
+
+    def _pick(self, role: str, need_tokens: int = 0) -> Instance | None:
+        best: Instance | None = None
+        for inst in self.instances.values():
+            if inst.accepts != role or inst.rank not in self.connected:
+                continue
+            if inst.num_assigned >= self.cfg.max_requests_per_instance:
+                continue
+            if (
+                role != "decode"
+                and inst.outstanding_tokens
+                and (inst.outstanding_tokens + need_tokens > self.cfg.prefill_budget_tokens)
+            ):
+                continue
+            if best is None or (inst.outstanding_tokens, inst.num_assigned) < (
+                best.outstanding_tokens,
+                best.num_assigned,
+            ):
+                best = inst
+        return best
+
+    async def _dispatch_queue(self) -> None:
+        role = "prefill" if self.cfg.mode == "pd" else "colocated"
+        while self.queue:
+            r = self.queue[0]
+            inst = self._pick(role, len(r.prompt))
+            if inst is None:
+                return  # FCFS: the head waits, and so does everyone behind it
+            self.queue.popleft()
+            r.stage, r.prefill_rank = "prefill", inst.rank
+            inst.outstanding_tokens += len(r.prompt)
+            inst.num_assigned += 1
+            inst.idle_since = None
+            hold = self.cfg.mode == "pd"
+            await self._send(
+                inst.rank,
+                GenerateMsg(
+                    request_id=r.id, prompt_token_ids=r.prompt, params=r.sampling_msg(), hold_kv=hold
+                ),
+            )
+
+    async def _retry_migrations(self) -> None:
+        for _ in range(len(self.pending_migrations)):
+            r = self.pending_migrations.popleft()
+            if r.stage == "migrating" and r.id in self.reqs:
+                await self._start_migration(r)
+
+    async def _start_migration(self, r: RouterRequest) -> None:
+        inst = self._pick("decode")
+        if inst is None:
+            self.pending_migrations.append(r)
+            return
+        r.decode_rank = inst.rank
+        inst.num_assigned += 1
+        inst.idle_since = None
+        await self._send(
+            inst.rank,
+            RecvKVMsg(
+                request_id=r.id,
+                src_rank=r.prefill_rank,
+                token_ids=r.token_ids,  # type: ignore[arg-type]
+                num_prompt_tokens=len(r.prompt),
+                num_emitted_chars=len(r.text),
+                params=r.sampling_msg(),
+            ),
+        )
+
+    # --- worker messages ----------------------------------------------------------------
+
+    async def _recv_loop(self) -> None:
+        while True:
+            _ident, data = await self.data.recv_multipart()
+            try:
+                msg = decode(data)
+            except Exception:
+                log.exception("undecodable message on the data socket")
+                continue
+            if isinstance(msg, OutputsMsg):
+                await self._on_outputs(msg)
+            elif isinstance(msg, EventMsg):
+                await self._on_event(msg)
+            elif isinstance(msg, StatsMsg):
+                self._on_stats(msg)
+            elif isinstance(msg, HelloMsg):
+                self.connected.add(msg.rank)
+                self._wake.set()
+
+    async def _on_outputs(self, msg: OutputsMsg) -> None:
+        for o in msg.outputs:
+            r = self.reqs.get(o.request_id)
+            if r is None:
+                continue
+            inst = self.instances.get(msg.rank)
+            if r.stage == "prefill" and inst is not None and r.first_token_at is None:
+                inst.outstanding_tokens -= len(r.prompt)
+                if self.on_ttft is not None:
+                    self.on_ttft(time.monotonic() - r.arrival)
+            if o.finish_reason == "migrate":
+                await r.out.put(r.accept(o, finished=False))
+                r.stage = "migrating"
+                await self._start_migration(r)
+            else:
+                await r.out.put(r.accept(o, finished=o.finished))
+                if o.finished:
+                    self._finish(r)
+
+    async def _on_event(self, ev: EventMsg) -> None:
+        r = self.reqs.get(ev.request_id)
+        if r is None:
+            return
+        if ev.kind == "kv_ready":
+            await self._send(r.prefill_rank, SendKVMsg(request_id=r.id, dst_rank=ev.rank))  # type: ignore[arg-type]
+        elif ev.kind == "kv_sent":
+            self._unassign(r.prefill_rank)
+            r.prefill_rank = None
+            r.stage = "decode"
+        elif ev.kind == "kv_failed" and ev.rank == r.decode_rank:  # no room there: try again later
+            self._unassign(r.decode_rank)
+            r.decode_rank = None
+            self.pending_migrations.append(r)
+        elif ev.kind in ("kv_failed", "rejected"):
+            err = InvalidRequestError(ev.error) if ev.kind == "rejected" else BlitzScaleError(ev.error)
+            await r.out.put(err)
+            self._finish(r)
+
+    def _on_stats(self, s: StatsMsg) -> None:
+        inst = self.instances.get(s.rank)
+        if inst is None:
+            return
+        inst.stats = s
+        if inst.is_idle and inst.idle_since is None:
+            inst.idle_since = time.monotonic()
+        elif not inst.is_idle:
+            inst.idle_since = None
+
+    def _fail_dead_instances(self) -> None:
+        dead = {r for r, p in enumerate(self.cluster.procs) if not p.is_alive()}
+        for r in list(self.reqs.values()):
+            if {r.prefill_rank, r.decode_rank} & dead:
+                r.out.put_nowait(BlitzScaleError(f"instance on rank {sorted(dead)} died"))
+                self._finish(r)
+        for rank in dead:
+            inst = self.instances.get(rank)
+            if inst is not None and inst.state is not InstanceState.INACTIVE:
+                inst.set_state(InstanceState.INACTIVE, "(worker died)")
+                self.connected.discard(rank)
+
+    # --- bookkeeping --------------------------------------------------------------------
+
+    def _finish(self, r: RouterRequest) -> None:
+        self._release_assignment(r)
+        r.stage = "done"
+        self.reqs.pop(r.id, None)
+        self._wake.set()
+
+    def _release_assignment(self, r: RouterRequest) -> None:
+        if r.stage == "prefill" and r.prefill_rank in self.instances and r.first_token_at is None:
+            self.instances[r.prefill_rank].outstanding_tokens -= len(r.prompt)
+        for rank in (r.prefill_rank, r.decode_rank):
+            self._unassign(rank)
+        r.prefill_rank = r.decode_rank = None
+
+    def _unassign(self, rank: int | None) -> None:
+        inst = self.instances.get(rank) if rank is not None else None
+        if inst is not None and inst.num_assigned > 0:
+            inst.num_assigned -= 1
+
+    async def _send(self, rank: int, msg: Message) -> None:
+        await self.data.send_multipart([f"w{rank}".encode(), encode(msg)])

@@ -1,0 +1,312 @@
+"""The scale loop: snapshot -> planner -> policy actions -> cluster operations.
+
+The decisions are the pure functions of `blitzscale.control`; this module only executes
+them against the live cluster and keeps instance states truthful. An action whose ranks
+are still busy with an earlier action is skipped this round (the planner will ask again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from blitzscale.cluster.local import LocalCluster
+from blitzscale.control.config import PlannerConfig, PolicyConfig
+from blitzscale.control.host_cache import HostCacheState
+from blitzscale.control.planner import desired_counts
+from blitzscale.control.policies import (
+    DrainAction,
+    LoadAction,
+    MutateAction,
+    ReleaseAction,
+    ReviveAction,
+    ScaleAction,
+    next_host_cache,
+    scale_actions,
+)
+from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
+from blitzscale.errors import BlitzScaleError
+from blitzscale.messages import ActivateMsg, DeactivateMsg, SetRoleMsg
+from blitzscale.serve.instances import Instance
+from blitzscale.serve.metrics import ClusterMetrics
+from blitzscale.serve.router import Router
+
+log = logging.getLogger("blitzscale.scaler")
+ROLE_STATE = {
+    "prefill": InstanceState.PREFILL,
+    "decode": InstanceState.DECODE,
+    "colocated": InstanceState.COLOCATED,
+}
+DRAINING = {InstanceState.SHUTTING_PREFILL, InstanceState.SHUTTING_DECODE}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every activated instance's engine gets."""
+
+    block_size: int = 16
+    num_kv_blocks: int = 512  # per instance; 0: sized from memory (1 GiB on CPU)
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+
+
+class Scaler:
+    def __init__(
+        self,
+        router: Router,
+        planner: PlannerConfig,
+        policy: PolicyConfig,
+        model: str,
+        source: str,
+        disk_source: str,
+        engine: EngineSettings,
+        metrics: ClusterMetrics,
+    ) -> None:
+        self.router = router
+        self.cluster: LocalCluster = router.cluster
+        self.planner = planner
+        self.policy = policy
+        self.model = model
+        self.source = source  # spec every worker can resolve (tokenizer, config)
+        self.disk_source = disk_source  # our-format folder for disk loads
+        self.engine = engine
+        self.metrics = metrics
+        self.host_cache = HostCacheState(ttl_s=policy.sllm_ttl_s)
+        self.busy: set[int] = set()  # instances with an action in flight
+        self.events: list[dict[str, Any]] = []  # scale events, for the demo and tests
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def pd_mode(self) -> bool:
+        return self.router.cfg.mode == "pd"
+
+    # --- bring-up -----------------------------------------------------------------------
+
+    async def bootstrap(self, num_prefill: int, num_decode: int, keep_host_copy: bool) -> None:
+        """First instances: rank 0 from disk, the rest over the network from it."""
+        first = self._instance(0)
+        res = await self.router.cluster_call(self.cluster.load, self.model, 0, self.disk_source)
+        self._record("up", "disk", [0], res.get("seconds", 0.0), int(res.get("bytes", 0)), [])
+        if keep_host_copy:  # the cluster's one host copy, for scaling from zero
+            await self.router.cluster_call(self.cluster.cache_on_host, self.model, 0)
+        roles = (
+            ["prefill"] * num_prefill + ["decode"] * num_decode
+            if self.pd_mode
+            else ["colocated"] * num_prefill
+        )
+        await self._activate(first, roles[0])
+        others = list(range(1, len(roles)))
+        if others:
+            await self._load_network((0,), tuple(others), multicast=True)
+            for rank, role in zip(others, roles[1:], strict=True):
+                await self._activate(self._instance(rank), role)
+
+    def _instance(self, rank: int) -> Instance:
+        inst = self.router.instances.get(rank)
+        if inst is None:
+            inst = self.router.instances[rank] = Instance(id=rank, ranks=(rank,))
+        return inst
+
+    async def _activate(self, inst: Instance, role: str) -> None:
+        e = self.engine
+        msg = ActivateMsg(
+            op_id=self.cluster.next_op(),
+            model=self.model,
+            source=self.source,
+            role=role,
+            block_size=e.block_size,
+            num_kv_blocks=e.num_kv_blocks,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            max_num_seqs=e.max_num_seqs,
+            max_model_len=e.max_model_len,
+        )
+        await self.router.cluster_call(self.cluster.command, inst.rank, msg)
+        inst.set_state(ROLE_STATE[role], "(activated)")
+        self.router._wake.set()
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def snapshot(self) -> ClusterSnapshot:
+        r = self.router
+        now = time.monotonic()
+        instances = tuple(i.view() for i in r.instances.values() if i.state is not InstanceState.INACTIVE)
+        used = {rank for i in instances for rank in i.ranks}
+        return ClusterSnapshot(
+            now=now,
+            instances=instances,
+            queued_prompt_tokens=sum(len(q.prompt) for q in r.queue)
+            + sum(i.outstanding_tokens for i in r.instances.values()),
+            live_target_tokens=0,
+            migrating_tokens=sum(len(q.prompt) for q in r.pending_migrations),
+            free_ranks=tuple(x for x in r.cluster.alive_ranks() if x not in used),
+            gpu_holders=tuple(self.cluster.pool.gpu_holders(self.model)),
+            host_holder=self.cluster.pool.host_holder(self.model),
+            pd_mode=self.pd_mode,
+        )
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.planner.interval_s)
+            try:
+                await self.step()
+            except Exception:  # a failed round must not stop scaling for good
+                log.exception("scale round failed")
+
+    async def step(self) -> list[ScaleAction]:
+        self._advance_transitions()
+        snap = self.snapshot()
+        desired = desired_counts(snap, self.planner)
+        actions = scale_actions(snap, desired, self.policy, self.planner, self.host_cache)
+        self.host_cache = next_host_cache(self.host_cache, snap, actions)
+        for a in actions:
+            self._launch(a)
+        return actions
+
+    def _advance_transitions(self) -> None:
+        """States that change on their own: drained instances go warm, mutations complete."""
+        for inst in list(self.router.instances.values()):
+            if inst.id in self.busy:
+                continue
+            if inst.state in DRAINING and inst.is_idle:
+                inst.set_state(InstanceState.SHUTTING_NULL, "(drained)")
+                inst.idle_since = time.monotonic()
+            elif inst.state is InstanceState.MUTATING_TO_DECODE and inst.outstanding_tokens == 0:
+                self._spawn(inst.id, self._finish_mutation(inst))
+
+    def _launch(self, a: ScaleAction) -> None:
+        if isinstance(a, LoadAction):
+            targets = tuple(t for t in a.target_ranks if t not in self.busy and self._is_free(t))
+            if targets != a.target_ranks:
+                return
+            for t in targets:
+                self._instance(t).set_state(InstanceState.LOADING, f"({a.path})")
+            self._spawn(targets, self._load(a))
+            return
+        inst = self.router.instances.get(a.instance_id)
+        if inst is None or inst.id in self.busy:
+            return
+        if isinstance(a, ReviveAction):
+            inst.set_state(ROLE_STATE[a.role], "(revived)")
+            self.router._wake.set()
+        elif isinstance(a, DrainAction):
+            state = (
+                InstanceState.SHUTTING_DECODE if inst.accepts == "decode" else InstanceState.SHUTTING_PREFILL
+            )
+            inst.set_state(state, "(draining)")
+        elif isinstance(a, MutateAction):
+            inst.set_state(InstanceState.MUTATING_TO_DECODE, "(mutating)")
+        elif isinstance(a, ReleaseAction):
+            self._spawn(inst.id, self._release(inst))
+
+    def _is_free(self, rank: int) -> bool:
+        inst = self.router.instances.get(rank)
+        return inst is None or inst.state is InstanceState.INACTIVE
+
+    def _spawn(self, ids: int | tuple[int, ...], coro: Any) -> None:
+        keys = (ids,) if isinstance(ids, int) else ids
+        self.busy.update(keys)
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self.busy.difference_update(keys)
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("scale action failed: %s", t.exception())
+
+        task.add_done_callback(done)
+
+    # --- actions ------------------------------------------------------------------------
+
+    async def _load(self, a: LoadAction) -> None:
+        role = "prefill" if self.pd_mode else "colocated"
+        try:
+            if a.path == "network":
+                await self._load_network(a.sources, a.target_ranks, a.multicast)
+            elif a.path == "host" and self.cluster.pool.host_holder(self.model) is not None:
+                await self._load_host(a.target_ranks)
+            else:
+                await self._load_disk(a.target_ranks)
+        except BlitzScaleError as e:
+            log.error("load onto %s failed: %s", a.target_ranks, e)
+            for t in a.target_ranks:
+                if t not in self.cluster.pool.gpu_holders(self.model):
+                    self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
+            return
+        for t in a.target_ranks:
+            await self._activate(self._instance(t), role)
+
+    async def _load_network(
+        self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool
+    ) -> None:
+        groups = [targets] if multicast else [(t,) for t in targets]
+        for group in groups:
+            t0 = time.monotonic()
+            report = await self.router.cluster_call(
+                self.cluster.transfer, self.model, self.source, list(sources), list(group)
+            )
+            nbytes = sum(v["bytes"] for v in report.values())
+            self._record("up", "network", list(group), time.monotonic() - t0, nbytes, list(sources))
+
+    async def _load_host(self, targets: tuple[int, ...]) -> None:
+        holder = self.cluster.pool.host_holder(self.model)
+        t0 = time.monotonic()
+        report = await self.router.cluster_call(
+            self.cluster.transfer, self.model, self.source, [holder], list(targets), from_host=True
+        )
+        nbytes = sum(v["bytes"] for v in report.values())
+        self._record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder])
+
+    async def _load_disk(self, targets: tuple[int, ...]) -> None:
+        for t in targets:
+            t0 = time.monotonic()
+            res = await self.router.cluster_call(self.cluster.load, self.model, t, self.disk_source)
+            self._record("up", "disk", [t], time.monotonic() - t0, int(res.get("bytes", 0)), [])
+
+    async def _finish_mutation(self, inst: Instance) -> None:
+        await self.router.cluster_call(
+            self.cluster.command, inst.rank, SetRoleMsg(op_id=self.cluster.next_op(), role="decode")
+        )
+        inst.set_state(InstanceState.DECODE, "(mutated)")
+        self.router._wake.set()
+
+    async def _release(self, inst: Instance) -> None:
+        if inst.state is not InstanceState.SHUTTING_NULL or not inst.is_idle:
+            return
+        await self.router.cluster_call(
+            self.cluster.command, inst.rank, DeactivateMsg(op_id=self.cluster.next_op())
+        )
+        res = await self.router.cluster_call(self.cluster.release, self.model, inst.rank)
+        inst.set_state(InstanceState.INACTIVE, "(released)")
+        inst.stats = None
+        self._record("down", "release", [inst.rank], 0.0, int(res.get("freed_bytes", 0)), [])
+
+    def _record(
+        self, direction: str, path: str, ranks: list[int], seconds: float, nbytes: int, sources: list[int]
+    ) -> None:
+        self.metrics.scale_events.labels(direction=direction, path=path).inc()
+        if direction == "up":
+            self.metrics.transfer_bytes.labels(path=path).inc(nbytes)
+        event = {
+            "time": time.monotonic(),
+            "direction": direction,
+            "path": path,
+            "ranks": ranks,
+            "sources": sources,
+            "seconds": round(seconds, 4),
+            "bytes": nbytes,
+        }
+        self.events.append(event)
+        log.info(
+            "scale %s via %s: ranks %s from %s in %.3f s (%d bytes)",
+            direction,
+            path,
+            ranks,
+            sources,
+            seconds,
+            nbytes,
+        )

@@ -1,0 +1,118 @@
+"""Putting the serving cluster together: workers, router, scaler and the HTTP edge.
+
+`ServingCluster` is the whole service in one object: `start()` launches the workers and
+brings up the first instances, `app` is the FastAPI application, `stop()` ends everything.
+`run_server` serves it with uvicorn until Ctrl-C / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
+from blitzscale.checkpoint.convert import convert
+from blitzscale.checkpoint.native import is_native_folder
+from blitzscale.cluster.local import LocalCluster
+from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.metrics import ClusterMetrics
+from blitzscale.serve.router import Router
+from blitzscale.serve.scaler import Scaler
+
+log = logging.getLogger("blitzscale.serve")
+
+
+def prepare_model(name: str, cache_dir: str = "") -> str:
+    """Our-format folder of the model (converted once and kept), so every load is one read."""
+    src = resolve_model(name)
+    if src.kind == "native":
+        return str(src.path)
+    root = Path(cache_dir or os.environ.get("BLITZSCALE_CACHE", "~/.cache/blitzscale")).expanduser()
+    folder = root / "models" / name.replace(":", "_").replace("/", "_")
+    if not is_native_folder(folder):
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        convert(name, tmp)
+        tmp.rename(folder)
+    return str(folder)
+
+
+class ServingCluster:
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.registry = CollectorRegistry()
+        self.cluster: LocalCluster | None = None
+        self.router: Router | None = None
+        self.scaler: Scaler | None = None
+        self._scale_task: asyncio.Task[None] | None = None
+        self._ctx = zmq.asyncio.Context()
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        folder = await asyncio.to_thread(prepare_model, cfg.model.name, cfg.model.cache_dir)
+        data = self._ctx.socket(zmq.ROUTER)
+        data.setsockopt(zmq.LINGER, 0)
+        port = data.bind_to_random_port(f"tcp://{cfg.cluster.host}")
+        self.cluster = LocalCluster(cfg.cluster, data_addr=f"tcp://{cfg.cluster.host}:{port}")
+        await asyncio.to_thread(self.cluster.start)
+        src = resolve_model(folder)
+        mcfg = load_config(src)
+        max_len = min(cfg.engine.max_model_len, mcfg.max_position_embeddings)
+        self.router = Router(
+            cfg.router, self.cluster, data, load_tokenizer(src), cfg.model.name, mcfg.vocab_size, max_len
+        )
+        await self.router.start()
+        self.metrics = ClusterMetrics(self.registry, self.router)
+        self.scaler = Scaler(
+            self.router, cfg.planner, cfg.policy, cfg.model.name, folder, folder, cfg.engine, self.metrics
+        )
+        fixed = cfg.policy.name == "fixed"
+        n_pre = cfg.policy.fixed_prefill if fixed else cfg.planner.min_prefill
+        n_dec = (
+            (cfg.policy.fixed_decode if fixed else cfg.planner.min_decode) if cfg.router.mode == "pd" else 0
+        )
+        if n_pre + n_dec > self.cluster.world_size:
+            raise ValueError(
+                f"{n_pre + n_dec} first instances need as many workers, have {self.cluster.world_size}"
+            )
+        keep_host = cfg.policy.name != "fixed"
+        await self.scaler.bootstrap(n_pre, n_dec, keep_host_copy=keep_host)
+        if not fixed:
+            self._scale_task = asyncio.create_task(self.scaler.run())
+
+    def app(self) -> Any:
+        from blitzscale.api.app import create_app
+
+        assert self.router is not None
+        return create_app(self.router, api_key=self.cfg.server.api_key or None, registry=self.registry)
+
+    async def stop(self) -> None:
+        if self._scale_task is not None:
+            self._scale_task.cancel()
+            await asyncio.gather(self._scale_task, return_exceptions=True)
+        if self.router is not None:
+            await self.router.stop()
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.stop)
+        self._ctx.destroy(linger=0)
+
+
+async def run_server(cfg: ServeConfig) -> None:
+    import uvicorn
+
+    service = ServingCluster(cfg)
+    try:
+        await service.start()
+        server = uvicorn.Server(
+            uvicorn.Config(service.app(), host=cfg.server.host, port=cfg.server.port, log_level="warning")
+        )
+        log.info("serving %s on http://%s:%d", cfg.model.name, cfg.server.host, cfg.server.port)
+        await server.serve()  # returns on SIGINT / SIGTERM
+    finally:
+        await service.stop()

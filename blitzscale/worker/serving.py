@@ -1,0 +1,236 @@
+"""A worker's serving side: its engine, the data-plane messages, and KV migrations.
+
+Runs on the worker's main thread between control messages: each `tick` advances pending
+KV migrations, runs one engine step and ships the outputs. KV moves over its own process
+group, so it never interleaves with weight transfers on the same communicator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from blitzscale.engine import EngineConfig, LLMEngine
+from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.errors import BlitzScaleError
+from blitzscale.messages import (
+    AbortMsg,
+    ActivateMsg,
+    EventMsg,
+    GenerateMsg,
+    Message,
+    OutputMsg,
+    OutputsMsg,
+    RecvKVMsg,
+    SamplingMsg,
+    SendKVMsg,
+    StatsMsg,
+)
+from blitzscale.model.weights import ModelWeights
+
+STATS_INTERVAL_S = 0.05
+MIGRATION_TIMEOUT_S = 30.0
+
+
+def to_params(m: SamplingMsg) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=m.max_tokens,
+        temperature=m.temperature,
+        top_p=m.top_p,
+        top_k=m.top_k,
+        seed=m.seed,
+        stop=tuple(m.stop),
+        stop_token_ids=tuple(m.stop_token_ids),
+        ignore_eos=m.ignore_eos,
+    )
+
+
+@dataclass
+class _Migration:
+    done: Future[None]  # completes when the p2p op has (gloo reports nothing until waited on)
+    buf: torch.Tensor
+    started: float
+
+
+def _wait(work: dist.Work, device: torch.device) -> None:
+    work.wait(timeout=timedelta(seconds=MIGRATION_TIMEOUT_S))
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+class ServingLoop:
+    def __init__(self, rank: int, kv_group: Any, send: Callable[[Message], None]) -> None:
+        self.rank = rank
+        self.kv_group = kv_group
+        self.send = send
+        self.engine: LLMEngine | None = None
+        self.role = ""
+        self._recvs: dict[str, _Migration] = {}
+        self._sends: dict[str, _Migration] = {}
+        self._orphans: list[_Migration] = []  # timed-out receives: their buffers must stay alive
+        self._last_stats = 0.0
+        self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
+
+    @property
+    def is_active(self) -> bool:
+        return self.engine is not None
+
+    @property
+    def is_idle(self) -> bool:
+        e = self.engine
+        return e is None or not (e.has_unfinished() or e.held or e.importing or self._recvs or self._sends)
+
+    def activate(self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg) -> dict[str, Any]:
+        if self.engine is not None:
+            raise BlitzScaleError(f"rank {self.rank} is already serving")
+        cfg = EngineConfig(
+            block_size=msg.block_size,
+            num_kv_blocks=msg.num_kv_blocks or None,
+            max_num_batched_tokens=msg.max_num_batched_tokens,
+            max_num_seqs=msg.max_num_seqs,
+            max_model_len=msg.max_model_len,
+        )
+        self.engine = LLMEngine(weights, tokenizer, cfg)
+        self.role = msg.role
+        return {"num_kv_blocks": self.engine.pool.num_blocks, "max_model_len": self.engine.max_model_len}
+
+    def deactivate(self) -> None:
+        if not self.is_idle:
+            raise BlitzScaleError(f"rank {self.rank} still has requests; drain it first")
+        self.engine = None
+        self.role = ""
+
+    # --- data-plane messages ------------------------------------------------------------
+
+    def handle(self, msg: Message) -> None:
+        e = self.engine
+        rid = getattr(msg, "request_id", "")
+        if e is None:
+            self.send(EventMsg(rank=self.rank, request_id=rid, kind="rejected", error="rank is not serving"))
+            return
+        try:
+            if isinstance(msg, GenerateMsg):
+                e.add_request(
+                    msg.prompt_token_ids, to_params(msg.params), msg.request_id, hold_kv=msg.hold_kv
+                )
+            elif isinstance(msg, AbortMsg):
+                self._abort(msg.request_id)
+            elif isinstance(msg, RecvKVMsg):
+                self._start_recv(msg)
+            elif isinstance(msg, SendKVMsg):
+                self._start_send(msg)
+        except BlitzScaleError as err:
+            kind = "kv_failed" if isinstance(msg, RecvKVMsg | SendKVMsg) else "rejected"
+            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=str(err)))
+
+    def _abort(self, request_id: str) -> None:
+        e = self.engine
+        assert e is not None
+        if not e.abort(request_id) and request_id in e.held and request_id not in self._sends:
+            e.release_held(request_id)
+
+    def _start_recv(self, msg: RecvKVMsg) -> None:
+        e = self.engine
+        assert e is not None
+        req = e.reserve_import(
+            msg.request_id, msg.token_ids, msg.num_prompt_tokens, to_params(msg.params), msg.num_emitted_chars
+        )
+        buf = torch.empty(
+            e.kv_cache.packed_shape(len(req.block_ids)),
+            dtype=e.kv_cache.data.dtype,
+            device=e.kv_cache.data.device,
+        )
+        work = dist.irecv(buf, src=msg.src_rank, group=self.kv_group)
+        done = self._waiters.submit(_wait, work, buf.device)
+        self._recvs[msg.request_id] = _Migration(done, buf, time.monotonic())
+        self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="kv_ready"))
+
+    def _start_send(self, msg: SendKVMsg) -> None:
+        e = self.engine
+        assert e is not None
+        req = e.held.get(msg.request_id)
+        if req is None:
+            raise BlitzScaleError(f"request {msg.request_id!r} holds no KV here")
+        buf = e.kv_cache.gather_blocks(req.block_ids)
+        work = dist.isend(buf, dst=msg.dst_rank, group=self.kv_group)
+        done = self._waiters.submit(_wait, work, buf.device)
+        self._sends[msg.request_id] = _Migration(done, buf, time.monotonic())
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def tick(self) -> bool:
+        """Advance migrations, run one engine step; True if there was anything to do."""
+        e = self.engine
+        if e is None:
+            return False
+        self._poll_migrations(e)
+        busy = e.has_unfinished()
+        if busy:
+            outs = e.step()
+            if outs:
+                self.send(OutputsMsg(rank=self.rank, outputs=[_to_msg(o) for o in outs]))
+        now = time.monotonic()
+        if now - self._last_stats >= STATS_INTERVAL_S:
+            self._last_stats = now
+            self.send(self.stats())
+        return busy or bool(self._recvs or self._sends)
+
+    def stats(self) -> StatsMsg:
+        e = self.engine
+        if e is None:
+            return StatsMsg(
+                rank=self.rank, num_running=0, num_waiting=0, num_held=0, used_blocks=0, total_blocks=0
+            )
+        return StatsMsg(
+            rank=self.rank,
+            num_running=len(e.scheduler.running),
+            num_waiting=len(e.scheduler.waiting),
+            num_held=len(e.held),
+            used_blocks=e.pool.num_used_blocks,
+            total_blocks=e.pool.num_blocks,
+        )
+
+    def _poll_migrations(self, e: LLMEngine) -> None:
+        for rid, m in list(self._recvs.items()):
+            if not m.done.done():
+                continue
+            del self._recvs[rid]
+            err = m.done.exception()
+            if err is None:
+                req = e.importing[rid]
+                e.kv_cache.scatter_blocks(req.block_ids, m.buf)
+                e.commit_import(rid)
+                self.send(EventMsg(rank=self.rank, request_id=rid, kind="kv_received"))
+            else:
+                self._orphans.append(m)
+                e.cancel_import(rid)
+                self.send(EventMsg(rank=self.rank, request_id=rid, kind="kv_failed", error=f"receive: {err}"))
+        for rid, m in list(self._sends.items()):
+            if not m.done.done():
+                continue
+            del self._sends[rid]
+            err = m.done.exception()
+            if err is not None:
+                self._orphans.append(m)
+            e.release_held(rid)
+            kind, text = ("kv_sent", "") if err is None else ("kv_failed", f"send: {err}")
+            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=text))
+
+
+def _to_msg(o: RequestOutput) -> OutputMsg:
+    return OutputMsg(
+        request_id=o.request_id,
+        new_token_ids=list(o.new_token_ids),
+        text_delta=o.text_delta,
+        finished=o.finished,
+        finish_reason=o.finish_reason,
+        num_prompt_tokens=o.num_prompt_tokens,
+        num_output_tokens=len(o.token_ids),
+    )
