@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from blitzscale.control.snapshot import InstanceState, InstanceView
+from blitzscale.control.states import check_transition
 from blitzscale.messages import StatsMsg
 
 log = logging.getLogger("blitzscale.instances")
@@ -48,8 +49,10 @@ class Instance:
         return not busy and self.num_assigned == 0
 
     def set_state(self, new: InstanceState, why: str = "") -> None:
+        """Move along the design's state machine (an illegal move raises ValueError)."""
         if new is self.state:
             return
+        check_transition(self.state, new)
         log.info("instance %d: %s -> %s %s", self.id, self.state.value, new.value, why)
         self.transitions.append((time.monotonic(), self.state.value, new.value))
         self.state = new

@@ -89,6 +89,7 @@ class Scaler:
     async def bootstrap(self, num_prefill: int, num_decode: int, keep_host_copy: bool) -> None:
         """First instances: rank 0 from disk, the rest over the network from it."""
         first = self._instance(0)
+        first.set_state(InstanceState.LOADING, "(disk)")
         res = await self.router.cluster_call(self.cluster.load, self.model, 0, self.disk_source)
         self._record("up", "disk", [0], res.get("seconds", 0.0), int(res.get("bytes", 0)), [])
         if keep_host_copy:  # the cluster's one host copy, for scaling from zero
@@ -100,6 +101,8 @@ class Scaler:
         )
         await self._activate(first, roles[0])
         others = list(range(1, len(roles)))
+        for rank in others:
+            self._instance(rank).set_state(InstanceState.LOADING, "(network)")
         if others:
             await self._load_network((0,), tuple(others), multicast=True)
             for rank, role in zip(others, roles[1:], strict=True):
@@ -125,6 +128,9 @@ class Scaler:
             max_model_len=e.max_model_len,
         )
         await self.router.cluster_call(self.cluster.command, inst.rank, msg)
+        if role == "decode":  # decode instances are made from prefill ones (design §4)
+            inst.set_state(InstanceState.PREFILL, "(activated)")
+            inst.set_state(InstanceState.MUTATING_TO_DECODE, "(bootstrap)")
         inst.set_state(ROLE_STATE[role], "(activated)")
         self.router._wake.set()
 
@@ -193,9 +199,9 @@ class Scaler:
             inst.set_state(ROLE_STATE[a.role], "(revived)")
             self.router._wake.set()
         elif isinstance(a, DrainAction):
-            state = (
-                InstanceState.SHUTTING_DECODE if inst.accepts == "decode" else InstanceState.SHUTTING_PREFILL
-            )
+            # colocated instances hold running requests, so they drain like decode ones
+            prefill = inst.accepts == "prefill"
+            state = InstanceState.SHUTTING_PREFILL if prefill else InstanceState.SHUTTING_DECODE
             inst.set_state(state, "(draining)")
         elif isinstance(a, MutateAction):
             inst.set_state(InstanceState.MUTATING_TO_DECODE, "(mutating)")
