@@ -154,6 +154,7 @@ class RecvKVMsg(Msg):
     num_prompt_tokens: int
     num_emitted_chars: int
     params: SamplingMsg
+    rng_state: bytes = b""  # the seeded generator's state, so sampling continues unchanged
 
 
 class SendKVMsg(Msg):
@@ -171,6 +172,7 @@ class OutputMsg(Msg):
     finish_reason: str | None
     num_prompt_tokens: int
     num_output_tokens: int
+    rng_state: bytes = b""  # with finish_reason "migrate": the request's generator state
 
 
 class OutputsMsg(Msg):

@@ -336,7 +336,12 @@ class LocalCluster:
 
     def command(self, rank: int, msg: Message) -> dict[str, Any]:
         """Any other command to one worker; raises ClusterOpError if it fails."""
-        return self._call_ok({rank: msg}, f"{type(msg).__name__} on rank {rank}")[rank].result
+        return self.command_many({rank: msg})[rank]
+
+    def command_many(self, msgs: dict[int, Message]) -> dict[int, dict[str, Any]]:
+        """Commands to several workers at once (they run concurrently)."""
+        what = f"{type(next(iter(msgs.values()))).__name__} on ranks {sorted(msgs)}"
+        return {r: m.result for r, m in self._call_ok(msgs, what).items()}
 
     def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         msg = ChecksumMsg(op_id=self.next_op(), model=model, host_copy=host_copy)

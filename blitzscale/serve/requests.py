@@ -23,6 +23,8 @@ class RouterRequest:
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     first_token_at: float | None = None
+    dispatched_at: float | None = None
+    rng_state: bytes = b""  # a seeded request's generator, carried from prefill to decode
 
     @property
     def token_ids(self) -> list[int]:

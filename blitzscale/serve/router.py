@@ -145,6 +145,11 @@ class Router:
         self._release_assignment(r)
         r.stage = "done"
 
+    def queue_time_s(self, request_id: str) -> float | None:
+        """Seconds the request waited in the global queue (the API's x-queue-time)."""
+        r = self.reqs.get(request_id)
+        return None if r is None or r.dispatched_at is None else r.dispatched_at - r.arrival
+
     def health(self) -> dict[str, Any]:
         return {
             "status": "ok",
@@ -196,7 +201,7 @@ class Router:
             if inst is None:
                 return  # FCFS: the head waits, and so does everyone behind it
             self.queue.popleft()
-            r.stage, r.prefill_rank = "prefill", inst.rank
+            r.stage, r.prefill_rank, r.dispatched_at = "prefill", inst.rank, time.monotonic()
             inst.outstanding_tokens += len(r.prompt)
             inst.num_assigned += 1
             inst.idle_since = None
@@ -231,6 +236,7 @@ class Router:
                 num_prompt_tokens=len(r.prompt),
                 num_emitted_chars=len(r.text),
                 params=r.sampling_msg(),
+                rng_state=r.rng_state,
             ),
         )
 
@@ -265,6 +271,7 @@ class Router:
                 if self.on_ttft is not None:
                     self.on_ttft(time.monotonic() - r.arrival)
             if o.finish_reason == "migrate":
+                r.rng_state = o.rng_state
                 await r.out.put(r.accept(o, finished=False))
                 r.stage = "migrating"
                 await self._start_migration(r)

@@ -29,7 +29,7 @@ from blitzscale.control.policies import (
 )
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, DeactivateMsg, SetRoleMsg
+from blitzscale.messages import ActivateMsg, DeactivateMsg, Message, SetRoleMsg
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.router import Router
@@ -115,23 +115,31 @@ class Scaler:
         return inst
 
     async def _activate(self, inst: Instance, role: str) -> None:
+        await self._activate_many([inst], role)
+
+    async def _activate_many(self, insts: list[Instance], role: str) -> None:
+        """Start engines on freshly loaded instances, all at once."""
         e = self.engine
-        msg = ActivateMsg(
-            op_id=self.cluster.next_op(),
-            model=self.model,
-            source=self.source,
-            role=role,
-            block_size=e.block_size,
-            num_kv_blocks=e.num_kv_blocks,
-            max_num_batched_tokens=e.max_num_batched_tokens,
-            max_num_seqs=e.max_num_seqs,
-            max_model_len=e.max_model_len,
-        )
-        await self.router.cluster_call(self.cluster.command, inst.rank, msg)
-        if role == "decode":  # decode instances are made from prefill ones (design §4)
-            inst.set_state(InstanceState.PREFILL, "(activated)")
-            inst.set_state(InstanceState.MUTATING_TO_DECODE, "(bootstrap)")
-        inst.set_state(ROLE_STATE[role], "(activated)")
+        msgs: dict[int, Message] = {
+            inst.rank: ActivateMsg(
+                op_id=self.cluster.next_op(),
+                model=self.model,
+                source=self.source,
+                role=role,
+                block_size=e.block_size,
+                num_kv_blocks=e.num_kv_blocks,
+                max_num_batched_tokens=e.max_num_batched_tokens,
+                max_num_seqs=e.max_num_seqs,
+                max_model_len=e.max_model_len,
+            )
+            for inst in insts
+        }
+        await self.router.cluster_call(self.cluster.command_many, msgs)
+        for inst in insts:
+            if role == "decode":  # decode instances are made from prefill ones (design §4)
+                inst.set_state(InstanceState.PREFILL, "(activated)")
+                inst.set_state(InstanceState.MUTATING_TO_DECODE, "(bootstrap)")
+            inst.set_state(ROLE_STATE[role], "(activated)")
         self.router._wake.set()
 
     # --- the loop -----------------------------------------------------------------------
@@ -243,8 +251,7 @@ class Scaler:
                 if t not in self.cluster.pool.gpu_holders(self.model):
                     self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
             return
-        for t in a.target_ranks:
-            await self._activate(self._instance(t), role)
+        await self._activate_many([self._instance(t) for t in a.target_ranks], role)
 
     async def _load_network(
         self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool

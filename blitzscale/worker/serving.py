@@ -142,11 +142,13 @@ class ServingLoop:
         req = e.reserve_import(
             msg.request_id, msg.token_ids, msg.num_prompt_tokens, to_params(msg.params), msg.num_emitted_chars
         )
-        buf = torch.empty(
-            e.kv_cache.packed_shape(len(req.block_ids)),
-            dtype=e.kv_cache.data.dtype,
-            device=e.kv_cache.data.device,
-        )
+        if msg.rng_state and req.generator is not None:
+            req.generator.set_state(torch.frombuffer(bytearray(msg.rng_state), dtype=torch.uint8))
+        # The sender holds exactly the blocks of the computed tokens; we may have one more
+        # (room for the next token), which stays as it is.
+        n = e.pool.blocks_for_tokens(req.num_computed_tokens)
+        kv = e.kv_cache
+        buf = torch.empty(kv.packed_shape(n), dtype=kv.data.dtype, device=kv.data.device)
         work = dist.irecv(buf, src=msg.src_rank, group=self.kv_group)
         done = self._waiters.submit(_wait, work, buf.device)
         self._recvs[msg.request_id] = _Migration(done, buf, time.monotonic())
@@ -175,12 +177,19 @@ class ServingLoop:
         if busy:
             outs = e.step()
             if outs:
-                self.send(OutputsMsg(rank=self.rank, outputs=[_to_msg(o) for o in outs]))
+                self.send(OutputsMsg(rank=self.rank, outputs=[self._output(e, o) for o in outs]))
         now = time.monotonic()
         if now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self.send(self.stats())
         return busy or bool(self._recvs or self._sends)
+
+    @staticmethod
+    def _output(e: LLMEngine, o: RequestOutput) -> OutputMsg:
+        held = e.held.get(o.request_id) if o.finish_reason == "migrate" else None
+        if held is not None and held.generator is not None:
+            return _to_msg(o, bytes(held.generator.get_state().numpy()))
+        return _to_msg(o)
 
     def stats(self) -> StatsMsg:
         e = self.engine
@@ -205,7 +214,7 @@ class ServingLoop:
             err = m.done.exception()
             if err is None:
                 req = e.importing[rid]
-                e.kv_cache.scatter_blocks(req.block_ids, m.buf)
+                e.kv_cache.scatter_blocks(req.block_ids[: m.buf.shape[2]], m.buf)
                 e.commit_import(rid)
                 self.send(EventMsg(rank=self.rank, request_id=rid, kind="kv_received"))
             else:
@@ -224,8 +233,9 @@ class ServingLoop:
             self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=text))
 
 
-def _to_msg(o: RequestOutput) -> OutputMsg:
+def _to_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:
     return OutputMsg(
+        rng_state=rng_state,
         request_id=o.request_id,
         new_token_ids=list(o.new_token_ids),
         text_delta=o.text_delta,

@@ -1,0 +1,138 @@
+"""Every error leaves the API as an OpenAI-style body: `{"error": {message, type, param, code}}`.
+
+FastAPI's defaults (422 with a list of pydantic errors, `{"detail": ...}` for 404s) are
+replaced here, so a client sees one shape and the status OpenAI's own API would give. The
+TGI routes use the same shape (one format to parse; TGI's own is `{"error": str}`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from blitzscale.errors import InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+# The status nginx logs for "client closed the connection before the response": nobody reads
+# it, but the request counter shows how many requests were abandoned.
+CLIENT_CLOSED_STATUS = 499
+
+_TYPE_BY_STATUS = {401: "authentication_error", 404: "not_found_error"}
+
+
+class ApiError(Exception):
+    """An error the API answers on purpose, with its HTTP status and OpenAI error fields."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection while the request was still being served."""
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    """The JSON body of an error response (also the payload of an SSE error event)."""
+    kind = "server_error" if status >= 500 else _TYPE_BY_STATUS.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> Response:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+def _field_path(loc: Sequence[Any]) -> str:
+    """`messages[0].content` from pydantic's loc, without "body" and union member tags."""
+    parts = [p for p in loc if p != "body" and not (isinstance(p, str) and _is_type_tag(p))]
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
+
+
+def _is_type_tag(part: str) -> bool:
+    return not part.isidentifier() or part in {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def describe_validation_error(errors: Sequence[dict[str, Any]]) -> tuple[str, str | None]:
+    """(message, param) for pydantic's errors: the first field that failed, named as `a.b[0]`;
+    a union field lists what each of its alternatives expected."""
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return f"malformed JSON body: {detail}".rstrip(": "), None
+    param = _field_path(first.get("loc", ()))
+    msgs = dict.fromkeys(
+        e.get("msg", "invalid value") for e in errors if _field_path(e.get("loc", ())) == param
+    )
+    text = " or ".join(msgs)
+    if not param:
+        return f"request body: {text}", None
+    return f"{param}: {text}", param
+
+
+def stream_error(exc: Exception, request_id: str) -> dict:
+    """The error event for a failure after a stream started, when the status is already sent."""
+    if isinstance(exc, InvalidRequestError):
+        return error_body(400, str(exc))
+    log.error("request %s failed mid-stream: %r", request_id, exc)
+    return error_body(500, f"internal server error ({type(exc).__name__})")
+
+
+async def _api_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.message, exc.param, exc.code)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    message, param = describe_validation_error(exc.errors())
+    return error_response(400, message, param)
+
+
+async def _invalid_request(_request: Request, exc: Exception) -> Response:
+    return error_response(400, str(exc))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Routing errors (unknown path, wrong method) and any HTTPException raised by FastAPI."""
+    assert isinstance(exc, StarletteHTTPException)
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        message = f"{where}: no such endpoint"
+    elif exc.status_code == 405:
+        message = f"{where}: method not allowed"
+    else:
+        message = str(exc.detail)
+    return error_response(exc.status_code, message)
+
+
+async def _client_gone(_request: Request, _exc: Exception) -> Response:
+    return Response(status_code=CLIENT_CLOSED_STATUS)
+
+
+async def _unexpected(_request: Request, exc: Exception) -> Response:
+    """Starlette still re-raises after this, so the server logs the traceback."""
+    log.error("unhandled %s in the API: %s", type(exc).__name__, exc)
+    return error_response(500, f"internal server error ({type(exc).__name__})")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(InvalidRequestError, _invalid_request)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnected, _client_gone)
+    app.add_exception_handler(Exception, _unexpected)

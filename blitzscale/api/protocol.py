@@ -1,0 +1,262 @@
+"""Bodies of the OpenAI (`/v1/...`) and TGI (`/generate...`) HTTP APIs, validated by pydantic.
+
+Only the fields we act on are declared; others a client sends (`user`, `logit_bias`, TGI's
+`watermark`...) are ignored, as OpenAI-compatible servers commonly do. Most optional fields
+accept an explicit `null` as "not given", because several clients send one. Range checks
+(max_tokens >= 1, 0 < top_p <= 1, ...) are left to the backend, which names the bad value
+in an `InvalidRequestError`, so the rules live in one place (`SamplingParams.validate`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- OpenAI requests -------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """What completions and chat completions share, including vLLM's `top_k` and `ignore_eos`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def unsupported_field(self) -> str | None:
+        """The first field asking for something this server does not do: refused with a 400
+        rather than ignored, since ignoring it would change what the client gets."""
+        return None
+
+
+class CompletionRequest(SamplingFields):
+    # a text; token ids; or a batch of one of either (batches of more are refused at the route)
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported_field(self) -> str | None:
+        asked = {"echo": self.echo, "logprobs": self.logprobs is not None, "suffix": bool(self.suffix)}
+        asked["best_of"] = self.best_of not in (None, 1)
+        return next((name for name, is_set in asked.items() if is_set), None)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins if both
+    logprobs: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported_field(self) -> str | None:
+        asked = {"logprobs": bool(self.logprobs), "tools": bool(self.tools)}
+        asked["response_format"] = (self.response_format or {}).get("type", "text") != "text"
+        return next((name for name, is_set in asked.items() if is_set), None)
+
+
+# --- OpenAI responses ------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    """A whole completion, and also each streamed chunk (OpenAI uses the same object)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: dict[str, str]  # {"role": ..., "content": ...}, either, or empty on the last chunk
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "blitzscale"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# --- TGI -------------------------------------------------------------------------------
+
+TGI_DEFAULT_MAX_NEW_TOKENS = 100  # TGI's documented default
+TgiFinishReason = Literal["length", "eos_token", "stop_sequence"]
+
+
+class TgiParameters(BaseModel):
+    """TGI samples when `do_sample` is set or any of temperature/top_p/top_k changes the
+    distribution; otherwise it decodes greedily. `ignore_eos` is our extension."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    do_sample: bool = False
+    details: bool = False
+    return_full_text: bool = False
+    ignore_eos: bool = False
+
+    @property
+    def is_sampling(self) -> bool:
+        changes = (
+            self.temperature not in (None, 1.0)
+            or self.top_p not in (None, 1.0)
+            or self.top_k not in (None, 0, -1)
+        )
+        return self.do_sample or changes
+
+
+class TgiRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: str
+    parameters: TgiParameters = Field(default_factory=TgiParameters)
+
+
+class TgiToken(BaseModel):
+    id: int
+    text: str
+    logprob: float | None = None
+    special: bool = False
+
+
+class TgiTimings(BaseModel):
+    """The `x-*-time` headers of the response, in milliseconds, for clients that read the
+    final stream event rather than headers (a stream's headers go out before its end)."""
+
+    queue_time: int | None = None
+    first_token_time: int | None = None
+    total_time: int | None = None
+    inference_time: int | None = None
+    max_time_between_tokens: int | None = None
+    avg_time_between_tokens: int | None = None
+    p99_time_between_tokens: int | None = None
+    output_length: int
+
+
+class TgiDetails(BaseModel):
+    finish_reason: TgiFinishReason
+    generated_tokens: int
+    input_length: int
+    seed: int | None = None
+    timings: TgiTimings
+
+
+class TgiResponse(BaseModel):
+    generated_text: str
+    details: TgiDetails | None = None
+
+
+class TgiStreamEvent(BaseModel):
+    index: int
+    token: TgiToken
+    generated_text: str | None = None  # set on the last event only
+    details: TgiDetails | None = None  # set on the last event only

@@ -1,0 +1,147 @@
+"""Hugging Face TGI-compatible routes: `/generate` and `/generate_stream`, with timing headers.
+
+Both answer with `x-request-id` and TGI's timing headers in integer milliseconds, measured
+at this API (see `timing.Timing`). `/generate` sends them all. `/generate_stream` sends its
+headers once the first output arrived, before later tokens exist, so as a rule it can only
+send `x-queue-time`, `x-first-token-time` and `x-request-id` (every header when the request
+had already finished by then); the final event's `details.timings` carries the complete set.
+TGI's own errors are `{"error": str}`; ours keep the OpenAI shape on every route.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from blitzscale.api import generation
+from blitzscale.api.backend import ServingBackend
+from blitzscale.api.errors import ApiError, error_body, stream_error
+from blitzscale.api.generation import Generation
+from blitzscale.api.metrics import ApiMetrics
+from blitzscale.api.protocol import (
+    TGI_DEFAULT_MAX_NEW_TOKENS,
+    TgiDetails,
+    TgiFinishReason,
+    TgiParameters,
+    TgiRequest,
+    TgiResponse,
+    TgiStreamEvent,
+    TgiTimings,
+    TgiToken,
+)
+from blitzscale.api.sse import EventStreamResponse, sse_event
+from blitzscale.engine.request import RequestOutput, SamplingParams
+
+ABORTED_MESSAGE = "the server aborted the request before it finished"
+
+
+def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
+    router = APIRouter()
+
+    async def start(body: TgiRequest, request: Request) -> tuple[Generation, RequestOutput]:
+        arrival = time.perf_counter()
+        if not body.inputs:
+            raise ApiError(400, "inputs is empty", param="inputs")
+        prompt_ids = backend.encode(body.inputs)
+        params = tgi_sampling_params(body.parameters)
+        request_id = f"gen-{uuid.uuid4().hex}"
+        return await generation.start(
+            request.receive, backend, metrics, request_id, prompt_ids, params, arrival
+        )
+
+    @router.post("/generate")
+    async def generate(body: TgiRequest, request: Request) -> Response:
+        gen, first = await start(body, request)
+        final = await generation.finish(request.receive, gen, first)
+        if final.finish_reason == "abort":
+            raise ApiError(503, ABORTED_MESSAGE)
+        prefix = body.inputs if body.parameters.return_full_text else ""
+        details = tgi_details(final, gen) if body.parameters.details else None
+        response = TgiResponse(generated_text=prefix + final.text, details=details)
+        content = response.model_dump_json(exclude={"details"} if details is None else None)
+        headers = gen.timing.tgi_headers(gen.request_id)
+        return Response(content, media_type="application/json", headers=headers)
+
+    @router.post("/generate_stream")
+    async def generate_stream(body: TgiRequest, request: Request) -> Response:
+        gen, first = await start(body, request)
+        prefix = body.inputs if body.parameters.return_full_text else ""
+        headers = gen.timing.tgi_headers(gen.request_id)
+        return EventStreamResponse(tgi_events(gen, first, prefix), gen.close, headers)
+
+    return router
+
+
+def tgi_sampling_params(p: TgiParameters) -> SamplingParams:
+    stop = (p.stop,) if isinstance(p.stop, str) else tuple(p.stop or ())
+    max_tokens = p.max_new_tokens if p.max_new_tokens is not None else TGI_DEFAULT_MAX_NEW_TOKENS
+    if not p.is_sampling:
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop, ignore_eos=p.ignore_eos)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if p.temperature is None else p.temperature,
+        top_p=1.0 if p.top_p is None else p.top_p,
+        top_k=p.top_k or 0,
+        seed=p.seed,
+        stop=stop,
+        ignore_eos=p.ignore_eos,
+    )
+
+
+def tgi_finish_reason(out: RequestOutput, params: SamplingParams) -> TgiFinishReason:
+    """TGI tells EOS from a stop string; our outputs say "stop" for both, so a "stop" of a
+    request that had stop strings is reported as `stop_sequence` (it may have been EOS)."""
+    if out.finish_reason == "length":
+        return "length"
+    return "stop_sequence" if params.stop or params.stop_token_ids else "eos_token"
+
+
+def tgi_details(final: RequestOutput, gen: Generation) -> TgiDetails:
+    return TgiDetails(
+        finish_reason=tgi_finish_reason(final, gen.params),
+        generated_tokens=len(final.token_ids),
+        input_length=final.num_prompt_tokens,
+        seed=gen.params.seed,
+        timings=TgiTimings(**gen.timing.tgi_timings_ms()),
+    )
+
+
+def token_events(out: RequestOutput, gen: Generation, prefix: str, index: int) -> list[TgiStreamEvent]:
+    """TGI sends one event per token. An output of k tokens becomes k events, its text on the
+    last (the text of one token alone may not decode); the last event of the request carries
+    `generated_text` and `details`. Text that came without a token (only possible at the end)
+    goes out on a placeholder `special` token with id -1."""
+    tokens = [TgiToken(id=t, text="") for t in out.new_token_ids]
+    if not tokens and (out.text_delta or out.finished):
+        tokens = [TgiToken(id=-1, text="", special=True)]
+    if not tokens:
+        return []
+    tokens[-1].text = out.text_delta
+    events = [TgiStreamEvent(index=index + i + 1, token=tok) for i, tok in enumerate(tokens)]
+    if out.finished:
+        events[-1].generated_text = prefix + out.text
+        events[-1].details = tgi_details(out, gen)
+    return events
+
+
+async def tgi_events(gen: Generation, first: RequestOutput, prefix: str) -> AsyncIterator[str]:
+    """The token events of a request; a failure after the start is one `{"error": ...}` event."""
+    index = 0
+    out = first
+    try:
+        while True:
+            if out.finished and out.finish_reason == "abort":
+                yield sse_event(error_body(503, ABORTED_MESSAGE))
+                return
+            for event in token_events(out, gen, prefix, index):
+                index = event.index
+                yield sse_event(event)
+            if out.finished:
+                return
+            out = await gen.next()
+    except Exception as e:
+        yield sse_event(stream_error(e, gen.request_id))

@@ -1,0 +1,151 @@
+"""/v1/completions over the fake backend: bodies, parameter mapping, stop handling, streams."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from blitzscale.engine.request import SamplingParams
+
+from .fake_backend import FakeBackend
+from .helpers import assert_error, sse_json
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_completion_body_and_usage(client: httpx.AsyncClient, fake: FakeBackend) -> None:
+    r = await client.post(
+        "/v1/completions", json={"model": "fake-model", "prompt": "hello world", "max_tokens": 5}
+    )
+    assert r.status_code == 200
+    body = r.json()
+    assert body["id"].startswith("cmpl-") and len(body["id"]) == len("cmpl-") + 32
+    assert r.headers["x-request-id"] == body["id"] == fake.calls[0].request_id
+    assert body["object"] == "text_completion"
+    assert body["model"] == "fake-model"
+    assert abs(body["created"] - time.time()) < 60
+    assert body["choices"] == [{"index": 0, "text": "hello", "logprobs": None, "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}
+    assert fake.aborted == []  # a request that finished is not aborted
+
+
+async def test_defaults_map_to_sampling_params(client: httpx.AsyncClient, fake: FakeBackend) -> None:
+    r = await client.post("/v1/completions", json={"prompt": "abc"})  # no model: accepted
+    assert r.status_code == 200
+    assert fake.calls[0].params == SamplingParams(max_tokens=16, temperature=1.0, top_p=1.0, top_k=0)
+    assert r.json()["usage"]["completion_tokens"] == 16
+
+
+async def test_all_parameters_map_to_sampling_params(client: httpx.AsyncClient, fake: FakeBackend) -> None:
+    body = {
+        "prompt": "abc",
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 40,
+        "seed": 123,
+        "stop": ["zz", "yy"],
+        "stop_token_ids": [5],
+        "ignore_eos": True,
+        "n": 1,
+        "user": "ignored",
+        "presence_penalty": 0,
+    }
+    assert (await client.post("/v1/completions", json=body)).status_code == 200
+    assert fake.calls[0].params == SamplingParams(
+        max_tokens=7, temperature=0.5, top_p=0.9, top_k=40, seed=123, stop=("zz", "yy"),
+        stop_token_ids=(5,), ignore_eos=True,
+    )  # fmt: skip
+
+
+async def test_null_means_default(client: httpx.AsyncClient, fake: FakeBackend) -> None:
+    body = {"prompt": "abc", "max_tokens": None, "temperature": None, "top_p": None, "stop": None, "n": None}
+    assert (await client.post("/v1/completions", json=body)).status_code == 200
+    assert fake.calls[0].params == SamplingParams(max_tokens=16)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "hi there",
+        [104, 105, 32, 116, 104, 101, 114, 101],
+        ["hi there"],
+        [[104, 105, 32, 116, 104, 101, 114, 101]],
+    ],
+)
+async def test_prompt_forms(client: httpx.AsyncClient, fake: FakeBackend, prompt: object) -> None:
+    r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8})
+    assert r.status_code == 200
+    assert fake.calls[0].prompt_token_ids == [ord(c) for c in "hi there"]
+    assert r.json()["choices"][0]["text"] == "hi there"
+
+
+async def test_a_batch_of_prompts_is_refused(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/completions", json={"prompt": ["a", "b"]})
+    assert_error(r, 400, param="prompt", says="one prompt per request")
+
+
+async def test_stop_string_cuts_and_finishes(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/completions", json={"prompt": "hello world", "max_tokens": 20, "stop": "wor"})
+    choice = r.json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == ("hello ", "stop")
+    assert r.json()["usage"]["completion_tokens"] == 9  # the tokens of "wor" were generated
+
+
+async def test_first_of_several_stop_strings(client: httpx.AsyncClient) -> None:
+    r = await client.post(
+        "/v1/completions", json={"prompt": "abcdefgh", "max_tokens": 20, "stop": ["fg", "cd"]}
+    )
+    assert r.json()["choices"][0]["text"] == "ab"
+
+
+async def test_eos_finishes_unless_ignored(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/completions", json={"prompt": "ab#", "max_tokens": 10})
+    assert r.json()["choices"][0] == {"index": 0, "text": "ab", "logprobs": None, "finish_reason": "stop"}
+    assert r.json()["usage"]["completion_tokens"] == 3
+    r = await client.post("/v1/completions", json={"prompt": "ab#", "max_tokens": 5, "ignore_eos": True})
+    assert r.json()["choices"][0]["text"] == "ab#ab"
+
+
+async def test_stream_chunks(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "stream": True})
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    chunks = sse_json(r.text)
+    assert [c["choices"][0]["text"] for c in chunks] == ["h", "e", "l", "l"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "length"]
+    ids = {c["id"] for c in chunks}
+    assert len(ids) == 1 and ids.pop() == r.headers["x-request-id"]
+    for c in chunks:
+        assert c["object"] == "text_completion" and c["model"] == "fake-model"
+        assert c["usage"] is None  # no usage chunk unless asked
+
+
+async def test_stream_usage_chunk(client: httpx.AsyncClient) -> None:
+    body = {"prompt": "hello", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = sse_json((await client.post("/v1/completions", json=body)).text)
+    *text_chunks, last = chunks
+    assert last["choices"] == []
+    assert last["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert all(c["usage"] is None for c in text_chunks)
+
+
+async def test_stream_text_equals_non_stream_text_with_stop(
+    client: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    """Deltas never show a stop string that is still forming (the backend holds it back)."""
+    body = {"prompt": "one two three", "max_tokens": 30, "stop": ["thr", "xyz"]}
+    whole = (await client.post("/v1/completions", json=body)).json()["choices"][0]
+    chunks = sse_json((await client.post("/v1/completions", json=body | {"stream": True})).text)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"] == "one two "
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"] == "stop"
+
+
+async def test_outputs_of_several_tokens(client: httpx.AsyncClient, fake: FakeBackend) -> None:
+    fake.tokens_per_output = 3
+    body = {"prompt": "abcdefg", "max_tokens": 7, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = sse_json((await client.post("/v1/completions", json=body)).text)
+    assert [c["choices"][0]["text"] for c in chunks[:-1]] == ["abc", "def", "g"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 7

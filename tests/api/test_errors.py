@@ -1,0 +1,139 @@
+"""Every error answers with the right status and an OpenAI-style body, and the server goes on
+serving: each case is followed by a good request on the same app."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from blitzscale.api.app import create_app
+
+from .conftest import BASE_URL
+from .fake_backend import FakeBackend
+from .helpers import assert_error, sse_json
+
+pytestmark = pytest.mark.anyio
+
+GOOD = {"prompt": "hello", "max_tokens": 2}
+
+COMPLETION_CASES = [
+    # (raw body, status, param, words the message must contain)
+    ("{not json", 400, None, "malformed JSON"),
+    ('{"prompt": 5}', 400, "prompt", "valid string"),
+    ('{"max_tokens": 3}', 400, "prompt", "field required"),
+    ('{"prompt": "x", "max_tokens": "many"}', 400, "max_tokens", "valid integer"),
+    ('{"prompt": "x", "stop": [1]}', 400, "stop", "valid string"),
+    ('{"prompt": "x", "max_tokens": -1}', 400, None, "max_tokens must be at least 1, got -1"),
+    ('{"prompt": "x", "max_tokens": 0}', 400, None, "max_tokens must be at least 1, got 0"),
+    ('{"prompt": "x", "temperature": -0.5}', 400, None, "temperature must be >= 0"),
+    ('{"prompt": "x", "top_p": 0}', 400, None, "top_p must be in (0, 1]"),
+    ('{"prompt": "x", "stop": [""]}', 400, None, "stop strings must not be empty"),
+    ('{"prompt": ""}', 400, "prompt", "prompt is empty"),
+    ('{"prompt": []}', 400, None, "prompt is empty"),
+    ('{"prompt": "' + "x" * 128 + '"}', 400, None, "prompt has 128 tokens but the context is 128"),
+    ('{"prompt": "x", "model": "gpt-4"}', 404, "model", "gpt-4"),
+    ('{"prompt": "x", "n": 2}', 400, "n", "n must be 1"),
+    ("[1, 2]", 400, None, "valid dictionary"),
+    ('{"prompt": "x", "echo": true}', 400, "echo", "not supported"),
+    ('{"prompt": "x", "logprobs": 2}', 400, "logprobs", "not supported"),
+    ('{"prompt": "x", "best_of": 3}', 400, "best_of", "not supported"),
+]
+
+
+@pytest.mark.parametrize(("raw", "status", "param", "says"), COMPLETION_CASES)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_completion_errors(
+    client: httpx.AsyncClient,
+    fake: FakeBackend,
+    raw: str,
+    status: int,
+    param: str | None,
+    says: str,
+    stream: bool,
+) -> None:
+    if stream and raw.startswith('{"'):
+        raw = raw[:-1] + ', "stream": true}'
+    r = await client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    error = assert_error(r, status, param=param, says=says)
+    assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    good = await client.post("/v1/completions", json=GOOD)
+    assert good.status_code == 200 and good.json()["choices"][0]["text"] == "he"
+    assert fake.aborted == []  # rejected before they ran: nothing to free
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "says"),
+    [
+        ({"messages": []}, 400, "messages", "at least 1"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", "input should be"),
+        ({"messages": [{"content": "x"}]}, 400, "messages[0].role", "field required"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3}, 400, None, "got -3"),
+        ({"messages": [{"role": "user", "content": "x"}], "model": "other"}, 404, "model", "other"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n", "n must be 1"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400,
+         "tools", "not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, 400,
+         "response_format", "not supported"),
+    ],
+)  # fmt: skip
+async def test_chat_errors(
+    client: httpx.AsyncClient, body: dict, status: int, param: str | None, says: str
+) -> None:
+    assert_error(await client.post("/v1/chat/completions", json=body), status, param=param, says=says)
+    good = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    assert (await client.post("/v1/chat/completions", json=good)).status_code == 200
+
+
+async def test_unknown_path_and_method(client: httpx.AsyncClient) -> None:
+    assert_error(await client.get("/v1/engines"), 404, says="no such endpoint")
+    assert_error(await client.get("/v1/completions"), 405, says="method not allowed")
+    assert (await client.post("/v1/completions", json=GOOD)).status_code == 200
+
+
+async def test_unexpected_exception_is_a_500_json(fake: FakeBackend) -> None:
+    def broken_encode(text: str) -> list[int]:
+        raise RuntimeError("tokenizer exploded")
+
+    app = create_app(fake)
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+        fake.encode = broken_encode  # type: ignore[method-assign]
+        error = assert_error(await client.post("/v1/completions", json=GOOD), 500, says="RuntimeError")
+        assert error["type"] == "server_error"
+        assert "exploded" not in error["message"]  # internals stay in the server log
+        del fake.encode
+        assert (await client.post("/v1/completions", json=GOOD)).status_code == 200
+
+
+async def test_backend_failure_before_the_first_output_is_a_500(fake: FakeBackend) -> None:
+    async def failing_generate(*args: object) -> object:
+        raise RuntimeError("no instance")
+        yield  # an async generator
+
+    fake.generate = failing_generate  # type: ignore[method-assign,assignment]
+    transport = httpx.ASGITransport(create_app(fake), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+        assert_error(await client.post("/v1/completions", json=GOOD | {"stream": True}), 500)
+    assert len(fake.aborted) == 1  # an unexpected failure still frees what the request held
+
+
+async def test_failure_mid_stream_is_an_error_event(client: httpx.AsyncClient, fake: FakeBackend) -> None:
+    fake.fail_after = 2
+    r = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 10, "stream": True})
+    assert r.status_code == 200  # already sent when the failure came
+    *chunks, error = sse_json(r.text)
+    assert [c["choices"][0]["text"] for c in chunks] == ["h", "e"]
+    assert error["error"]["type"] == "server_error"
+    assert fake.aborted == [chunks[0]["id"]]
+    fake.fail_after = None
+    assert (await client.post("/v1/completions", json=GOOD)).status_code == 200
+
+
+async def test_failure_mid_tgi_stream_is_an_error_event(client: httpx.AsyncClient, fake: FakeBackend) -> None:
+    fake.fail_after = 1
+    r = await client.post("/generate_stream", json={"inputs": "hello", "parameters": {"max_new_tokens": 5}})
+    events = [json.loads(e[len("data: ") :]) for e in r.text.strip().split("\n\n")]
+    assert events[0]["token"]["text"] == "h"
+    assert events[-1]["error"]["type"] == "server_error"

@@ -1,0 +1,69 @@
+"""The API over the real SmolLM2-135M engine: greedy text over HTTP equals `engine.generate`.
+
+Builds the engine from the session's shared SmolLM2 weights and tokenizer (what
+`LLMEngine.from_model("smollm2-135m")` loads), with a small KV cache.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from blitzscale.api.app import create_app
+from blitzscale.engine.config import EngineConfig
+from blitzscale.engine.engine import LLMEngine
+from blitzscale.engine.request import SamplingParams
+
+from .conftest import BASE_URL
+from .engine_backend import EngineBackend
+from .helpers import assert_error, sse_data, sse_json
+
+pytestmark = [pytest.mark.real_model, pytest.mark.anyio]
+
+PROMPT = "The capital of France is"
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+MAX_TOKENS = 10
+
+
+@pytest.fixture
+def engine(smollm2_weights: Any, smollm2_tokenizer: Any) -> LLMEngine:
+    return LLMEngine(smollm2_weights, smollm2_tokenizer, EngineConfig(num_kv_blocks=16, max_model_len=512))
+
+
+async def test_greedy_over_http_equals_the_engine(engine: LLMEngine) -> None:
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    backend = EngineBackend(engine, "smollm2-135m")  # only to encode, before the loop runs
+    [direct] = engine.generate([backend.encode(PROMPT)], greedy)
+    [direct_chat] = engine.generate([backend.encode_chat(MESSAGES)], greedy)
+    assert direct.text and direct_chat.text
+
+    async with (
+        EngineBackend.running(engine, "smollm2-135m") as backend,
+        httpx.AsyncClient(transport=httpx.ASGITransport(create_app(backend)), base_url=BASE_URL) as client,
+    ):
+        body = {"model": "smollm2-135m", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
+        r = await client.post("/v1/completions", json=body)
+        assert r.json()["choices"][0]["text"] == direct.text
+        assert r.json()["usage"]["completion_tokens"] == len(direct.token_ids)
+
+        chunks = sse_json((await client.post("/v1/completions", json=body | {"stream": True})).text)
+        assert "".join(c["choices"][0]["text"] for c in chunks) == direct.text
+
+        tgi = {"inputs": PROMPT, "parameters": {"max_new_tokens": MAX_TOKENS}}
+        events = [json.loads(e) for e in sse_data((await client.post("/generate_stream", json=tgi)).text)]
+        assert [e["token"]["id"] for e in events] == direct.token_ids
+        assert events[-1]["generated_text"] == direct.text
+
+        chat = {"messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0}
+        r = await client.post("/v1/chat/completions", json=chat)
+        assert r.json()["choices"][0]["message"]["content"] == direct_chat.text
+
+        r = await client.post("/v1/completions", json={"prompt": "word " * 600})
+        assert_error(r, 400, says="but the context is 512 tokens")
+        r = await client.post("/v1/completions", json=body | {"max_tokens": 0})
+        assert_error(r, 400, says="max_tokens must be at least 1, got 0")
+        assert (await client.post("/v1/completions", json=body)).json()["choices"][0]["text"] == direct.text
+    assert not engine.has_unfinished()
