@@ -52,3 +52,51 @@ FAST_PLANNER = {"scale_down_idle_s": 0.3, "shutting_null_keep_s": 0.3, "tokens_p
 pd_service = pytest.fixture(scope="module")(
     make_service(cluster={"num_workers": 4}, router={"mode": "pd"}, planner=FAST_PLANNER)
 )
+
+colocated_service = pytest.fixture(scope="module")(
+    make_service(cluster={"num_workers": 1}, router={"mode": "colocated"}, policy={"name": "fixed"})
+)
+
+
+def start_http(service: ServingCluster, lt: LoopThread, api_key: str | None = None) -> tuple[str, Any]:
+    """Serve `service` over HTTP on a free loopback port; returns (base url, uvicorn server)."""
+    import uvicorn
+    from prometheus_client import CollectorRegistry
+
+    from blitzscale.api.app import create_app
+
+    assert service.router is not None
+    registry = service.registry if api_key is None else CollectorRegistry()
+    app = create_app(service.router, api_key=api_key, registry=registry)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+
+    async def start() -> int:
+        asyncio.get_running_loop().create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.02)
+        return server.servers[0].sockets[0].getsockname()[1]
+
+    port = lt.run(start())
+    return f"http://127.0.0.1:{port}", server
+
+
+def stop_http(server: Any, lt: LoopThread) -> None:
+    async def stop() -> None:
+        server.should_exit = True
+        while server.started and not getattr(server, "_stopped", False):
+            await asyncio.sleep(0.02)
+            if not server.servers or all(not s.is_serving() for s in server.servers):
+                break
+
+    lt.run(stop())
+
+
+@pytest.fixture(scope="module")
+def smollm2_engine_texts() -> list[str]:
+    """What a local engine produces for test_http's PROMPTS (greedy, 16 tokens)."""
+    from blitzscale.engine import LLMEngine, SamplingParams
+    from tests.serve.test_http import PROMPTS
+
+    engine = LLMEngine.from_model("smollm2-135m")
+    ids = [engine.tokenizer(p).input_ids for p in PROMPTS]
+    return [o.text for o in engine.generate(ids, SamplingParams(max_tokens=16, temperature=0))]

@@ -1,0 +1,108 @@
+"""The serving cluster through its HTTP API, as a user runs it: the official openai client,
+pd mode against colocated mode against a local engine, and bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from blitzscale.serve.server import ServingCluster
+from tests.serve.conftest import LoopThread, start_http, stop_http
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a dragon"]
+CHAT = [{"role": "user", "content": "What is the tallest mountain on Earth?"}]
+
+
+@pytest.fixture(scope="module")
+def pd_url(pd_service: tuple[ServingCluster, LoopThread]) -> Iterator[str]:
+    url, server = start_http(*pd_service)
+    yield url
+    stop_http(server, pd_service[1])
+
+
+@pytest.fixture(scope="module")
+def colocated_url(colocated_service: tuple[ServingCluster, LoopThread]) -> Iterator[str]:
+    url, server = start_http(*colocated_service)
+    yield url
+    stop_http(server, colocated_service[1])
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _completions(url: str) -> list[str]:
+    c = _client(url)
+    return [
+        c.completions.create(model="smollm2-135m", prompt=p, max_tokens=16, temperature=0).choices[0].text
+        for p in PROMPTS
+    ]
+
+
+def test_openai_client_chat_and_completions_streaming_and_not(pd_url: str, smollm2_engine_texts) -> None:
+    c = _client(pd_url)
+    done = c.completions.create(model="smollm2-135m", prompt=PROMPTS[0], max_tokens=16, temperature=0)
+    assert done.choices[0].text == smollm2_engine_texts[0]
+    assert done.usage.completion_tokens == 16 and done.usage.prompt_tokens == 5
+    streamed = c.completions.create(
+        model="smollm2-135m", prompt=PROMPTS[0], max_tokens=16, temperature=0, stream=True
+    )
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == done.choices[0].text
+    chat = c.chat.completions.create(model="smollm2-135m", messages=CHAT, max_tokens=24, temperature=0)
+    text = chat.choices[0].message.content
+    assert "Everest" in text
+    chunks = c.chat.completions.create(
+        model="smollm2-135m", messages=CHAT, max_tokens=24, temperature=0, stream=True
+    )
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == text
+    assert [m.id for m in c.models.list()] == ["smollm2-135m"]
+
+
+def test_pd_mode_with_kv_migration_equals_colocated_and_the_engine(
+    pd_url: str, colocated_url: str, smollm2_engine_texts: list[str]
+) -> None:
+    assert _completions(pd_url) == _completions(colocated_url) == smollm2_engine_texts
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"{not json", 400, ""),
+        (b'{"model": "gpt-4", "prompt": "hi"}', 404, "gpt-4"),
+        (b'{"prompt": "hi", "max_tokens": -3}', 400, "max_tokens"),
+        (b'{"prompt": "' + b"word " * 3000 + b'", "max_tokens": 4}', 400, "context"),
+        (b'{"prompt": "", "max_tokens": 4}', 400, "empty"),
+    ],
+)
+def test_bad_input_gets_its_4xx_and_the_server_keeps_serving(
+    pd_url: str, body: bytes, status: int, needle: str, smollm2_engine_texts: list[str]
+) -> None:
+    r = httpx.post(f"{pd_url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert needle in r.json()["error"]["message"]
+    assert _completions(pd_url)[0] == smollm2_engine_texts[0]
+
+
+def test_wrong_api_key_is_401(pd_service: tuple[ServingCluster, LoopThread]) -> None:
+    url, server = start_http(*pd_service, api_key="secret")
+    try:
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi"}, headers={"Authorization": "Bearer no"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        ok = openai.OpenAI(base_url=f"{url}/v1", api_key="secret", max_retries=0).completions.create(
+            model="smollm2-135m", prompt="Hi", max_tokens=2
+        )
+        assert len(ok.choices[0].text) > 0
+    finally:
+        stop_http(server, pd_service[1])
+
+
+def test_metrics_expose_instances_queue_and_latency(pd_url: str) -> None:
+    _completions(pd_url)
+    text = httpx.get(f"{pd_url}/metrics").text
+    for name in ("blitzscale_instances{", "blitzscale_queue_requests", "blitzscale_scale_events_total",
+                 "blitzscale_transfer_bytes_total", "blitzscale_ttft_seconds_bucket",
+                 "blitzscale_tbt_seconds_bucket"):
+        assert name in text, name
