@@ -8,8 +8,10 @@ brings up the first instances, `app` is the FastAPI application, `stop()` ends e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,13 +105,33 @@ class ServingCluster:
         self._ctx.destroy(linger=0)
 
 
+def _quiet_server(config: Any) -> Any:
+    """A uvicorn server that stops on SIGINT / SIGTERM and then returns normally (uvicorn
+    re-raises the signal after its shutdown, which would cut our own shutdown short)."""
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+    return Server(config)
+
+
 async def run_server(cfg: ServeConfig) -> None:
     import uvicorn
 
     service = ServingCluster(cfg)
     try:
         await service.start()
-        server = uvicorn.Server(
+        server = _quiet_server(
             uvicorn.Config(service.app(), host=cfg.server.host, port=cfg.server.port, log_level="warning")
         )
         log.info("serving %s on http://%s:%d", cfg.model.name, cfg.server.host, cfg.server.port)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -113,7 +114,10 @@ class Worker:
         if self.data is not None:
             poller.register(self.data, zmq.POLLIN)
         busy = False
+        parent = os.getppid()
         while True:
+            if os.getppid() != parent:  # the controller is gone: never linger as an orphan
+                return
             events = dict(poller.poll(0 if busy else 2))
             if self.sock in events:
                 msg = decode(self.sock.recv())
@@ -302,6 +306,8 @@ def _sync(device: torch.device) -> None:
 def worker_main(cfg: WorkerConfig) -> None:
     """Process entry point (multiprocessing spawn target)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # Ctrl-C reaches the whole process group; the controller decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     worker = Worker(cfg)
     try:
