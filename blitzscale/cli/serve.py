@@ -23,6 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=None, help="HTTP port (default 8000)")
     p.add_argument("--api-key", default=None, help="require this bearer token")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--print-config", action="store_true", help="print the full configuration as TOML, then exit"
+    )
     p.set_defaults(func=run)
 
 
@@ -48,5 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise InvalidRequestError(f"--workers must be at least 1, got {args.workers}")
     cfg = load_serve_config(args.config).with_overrides(**overrides(args))
+    if args.print_config:
+        print(cfg.to_toml())
+        return 0
     asyncio.run(run_server(cfg))
     return 0

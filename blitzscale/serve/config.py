@@ -60,6 +60,23 @@ class ServeConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def to_toml(self) -> str:
+        """Every section and knob with its value: a complete, loadable cluster file."""
+        lines = []
+        for name, values in self.to_dict().items():
+            lines.append(f"[{name}]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(v)
+
 
 _SECTIONS = {f.name for f in dataclasses.fields(ServeConfig)}
 

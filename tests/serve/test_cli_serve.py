@@ -53,7 +53,9 @@ def test_sigterm_stops_everything_without_orphans(tmp_path: Path) -> None:
     cfg.write_text("[cluster]\nnum_workers = 2\n[router]\nmode = 'colocated'\n")
     proc = subprocess.Popen(
         [*CLI, "serve", "--config", str(cfg), "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -84,3 +86,10 @@ def _alive(pid: int) -> bool:
         return False
     return state != "Z"
 
+
+def test_example_config_lists_every_knob_with_its_default() -> None:
+    from blitzscale.serve.config import ServeConfig, load_serve_config
+
+    example = Path(__file__).parents[2] / "configs" / "cluster.example.toml"
+    assert load_serve_config(example) == ServeConfig()
+    assert example.read_text().strip() == ServeConfig().to_toml().strip()

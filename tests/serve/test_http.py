@@ -102,7 +102,44 @@ def test_wrong_api_key_is_401(pd_service: tuple[ServingCluster, LoopThread]) -> 
 def test_metrics_expose_instances_queue_and_latency(pd_url: str) -> None:
     _completions(pd_url)
     text = httpx.get(f"{pd_url}/metrics").text
-    for name in ("blitzscale_instances{", "blitzscale_queue_requests", "blitzscale_scale_events_total",
-                 "blitzscale_transfer_bytes_total", "blitzscale_ttft_seconds_bucket",
-                 "blitzscale_tbt_seconds_bucket"):
+    for name in (
+        "blitzscale_instances{",
+        "blitzscale_queue_requests",
+        "blitzscale_scale_events_total",
+        "blitzscale_transfer_bytes_total",
+        "blitzscale_ttft_seconds_bucket",
+        "blitzscale_tbt_seconds_bucket",
+    ):
         assert name in text, name
+
+
+def test_client_disconnect_aborts_and_frees_blocks(
+    pd_url: str, pd_service: tuple[ServingCluster, LoopThread]
+) -> None:
+    import time
+
+    service, _ = pd_service
+    assert service.router is not None
+    body = {
+        "prompt": PROMPTS[2],
+        "max_tokens": 1500,  # over a minute unless aborted
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{pd_url}/v1/completions", json=body, timeout=60) as r:
+        for n, _line in enumerate(r.iter_lines()):
+            if n > 6:
+                break  # leave mid-stream
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        stats = [i.stats for i in service.router.instances.values() if i.stats is not None]
+        if (
+            not service.router.reqs
+            and stats
+            and all(s.used_blocks == 0 and s.num_running == 0 for s in stats)
+        ):
+            break
+        time.sleep(0.1)
+    assert not service.router.reqs
+    assert all(i.stats.used_blocks == 0 for i in service.router.instances.values() if i.stats is not None)
