@@ -47,6 +47,7 @@ class LoadMsg(Msg):
     tp_rank: int = 0
     parallel_readers: int = 8
     direct_io: bool = False  # O_DIRECT reads (bypass the page cache) where possible
+    max_bytes_per_s: float = 0.0  # cap the read rate (0: none), to reproduce a slower disk
 
 
 class TransferMsg(Msg):

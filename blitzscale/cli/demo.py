@@ -1,45 +1,81 @@
-"""`blitzscale demo`: for now, a generation with the default model (serving demo comes later)."""
+"""`blitzscale demo`: a local CPU cluster with SmolLM2 replays a burst of the Azure LLM
+2023 code trace under BlitzScale's policy, then under ServerlessLLM's, and compares them."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from blitzscale.checkpoint.resolve import DEFAULT_MODEL
+from blitzscale.serve.config import ServeConfig
 
-DEMO_PROMPTS = ("The capital of France is", "What is the tallest mountain on Earth?")
+DEFAULT_POLICIES = "blitz,sllm"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the demo on the embedded default model")
+    p = sub.add_parser("demo", help="replay a real burst on a local CPU cluster and compare policies")
     p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=3, help="CPU workers (one serves at first)")
+    p.add_argument("--rate-scale", type=float, default=0.07, help="share of the trace's requests kept")
+    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where reports go")
+    p.add_argument(
+        "--disk-mbps",
+        type=float,
+        default=36.0,
+        help="cap on scale-up disk reads, MB/s (default %(default)s: the paper's 10:1 ratio of RDMA to SSD "
+        "bandwidth applied to CPU workers' ~360 MB/s loopback network)",
+    )
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    import time
+def demo_config(model: str, policy: str, workers: int, disk_mbps: float = 36.0) -> ServeConfig:
+    return ServeConfig().with_overrides(
+        model={"name": model},
+        # one host per worker, as in the paper's testbeds; disk reads at an SSD-like share
+        cluster={"num_workers": workers, "ranks_per_host": 1, "disk_bytes_per_s": disk_mbps * 1e6},
+        router={"mode": "colocated"},
+        engine={"max_model_len": 1024, "num_kv_blocks": 256, "max_num_batched_tokens": 1024},
+        planner={"tokens_prefilled_per_sec": 600.0, "scale_down_idle_s": 2.0, "shutting_null_keep_s": 2.0},
+        policy={"name": policy},
+    )
 
+
+def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from blitzscale.cli.generate import encode_prompt
-    from blitzscale.engine import LLMEngine, SamplingParams
+    from blitzscale.control.config import POLICY_NAMES
+    from blitzscale.demo.compare import comparison_table
+    from blitzscale.demo.runner import run_policy
+    from blitzscale.demo.workload import Workload
+    from blitzscale.errors import InvalidRequestError
 
+    policies = [p for p in args.policies.split(",") if p]
+    bad = [p for p in policies if p not in POLICY_NAMES]
+    if bad or not policies:
+        raise InvalidRequestError(f"--policies: unknown policy {bad or args.policies!r}; use {POLICY_NAMES}")
+    if args.workers < 2:
+        raise InvalidRequestError(f"--workers must be at least 2 to show scaling, got {args.workers}")
+    if args.disk_mbps < 0:
+        raise InvalidRequestError(f"--disk-mbps must be >= 0 (0: no cap), got {args.disk_mbps}")
+    if not 0 < args.rate_scale <= 1:
+        raise InvalidRequestError(f"--rate-scale must be in (0, 1], got {args.rate_scale}")
     console = Console()
-    with console.status(f"loading {args.model} on CPU"):
-        t0 = time.perf_counter()
-        engine = LLMEngine.from_model(args.model, device="cpu")
-        load_s = time.perf_counter() - t0
+    requests = Workload(rate_scale=args.rate_scale).requests()
     console.print(
-        f"[bold]{args.model}[/] loaded in {load_s:.1f} s "
-        f"({engine.pool.num_blocks} KV blocks of {engine.pool.block_size} tokens)"
+        f"[bold]BlitzScale demo[/]: {len(requests)} requests from a burst of the Azure LLM 2023 code trace "
+        f"(CC-BY-4.0), prompts <= 192 tokens, {args.workers} CPU workers, policies {', '.join(policies)}"
     )
-    prompts = [encode_prompt(engine.tokenizer, DEMO_PROMPTS[0], chat=False)]
-    prompts += [encode_prompt(engine.tokenizer, p, chat=True) for p in DEMO_PROMPTS[1:]]
-    params = SamplingParams(max_tokens=48, temperature=0)
-    t0 = time.perf_counter()
-    outs = engine.generate(prompts, params)
-    gen_s = time.perf_counter() - t0
-    for prompt, out in zip(DEMO_PROMPTS, outs, strict=True):
-        console.print(f"[cyan]{prompt}[/] -> {out.text.strip()!r} [dim]({out.finish_reason})[/]")
-    n = sum(len(o.token_ids) for o in outs)
-    console.print(f"{len(outs)} requests batched together, {n} tokens in {gen_s:.2f} s")
+    if args.disk_mbps:
+        console.print(
+            f"scale-up disk reads are capped at {args.disk_mbps:g} MB/s (--disk-mbps) to keep "
+            "the paper's network:SSD bandwidth ratio on CPU workers"
+        )
+    results = []
+    for policy in policies:
+        cfg = demo_config(args.model, policy, args.workers, args.disk_mbps)
+        res = run_policy(cfg, requests, args.out / policy, console, slo_from=results[0] if results else None)
+        console.print(f"[{policy}] report: {res.report}")
+        results.append(res)
+    console.print(comparison_table(results))
     return 0

@@ -17,6 +17,8 @@ class ClusterConfig:
     op_timeout_s: float = 120.0  # a command's reply must come within this
     transfer_timeout_s: float = 30.0  # a transfer piece must land within this
     piece_bytes: int = 0  # 0: one piece per segment stripe
+    ranks_per_host: int = 0  # topology for per-host policies (sllm); 0: all ranks on one host
+    disk_bytes_per_s: float = 0.0  # cap scale-up disk reads (0: none), to reproduce a slower disk
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:

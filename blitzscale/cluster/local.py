@@ -201,12 +201,23 @@ class LocalCluster:
     # --- operations ---------------------------------------------------------------------
 
     def load(
-        self, model: str, rank: int, source: str, readers: int = 8, direct_io: bool = False
+        self,
+        model: str,
+        rank: int,
+        source: str,
+        readers: int = 8,
+        direct_io: bool = False,
+        max_bytes_per_s: float = 0.0,
     ) -> dict[str, Any]:
         """Load from a local source (disk, HF folder, random weights) onto one rank."""
         self.pool.begin_load(model, [rank])
         msg = LoadMsg(
-            op_id=self.next_op(), model=model, source=source, parallel_readers=readers, direct_io=direct_io
+            op_id=self.next_op(),
+            model=model,
+            source=source,
+            parallel_readers=readers,
+            direct_io=direct_io,
+            max_bytes_per_s=max_bytes_per_s,
         )
         try:
             reply = self._call_ok({rank: msg}, f"load {model} on rank {rank}")[rank]

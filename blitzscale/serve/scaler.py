@@ -11,8 +11,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from blitzscale.checkpoint.native import rank_file
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.host_cache import HostCacheState
@@ -33,6 +35,7 @@ from blitzscale.messages import ActivateMsg, DeactivateMsg, Message, SetRoleMsg
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.router import Router
+from blitzscale.transfer.disk import drop_page_cache
 
 log = logging.getLogger("blitzscale.scaler")
 ROLE_STATE = {
@@ -160,7 +163,12 @@ class Scaler:
             gpu_holders=tuple(self.cluster.pool.gpu_holders(self.model)),
             host_holder=self.cluster.pool.host_holder(self.model),
             pd_mode=self.pd_mode,
+            host_of_rank=self._hosts(),
         )
+
+    def _hosts(self) -> tuple[int, ...]:
+        per = self.cluster.cfg.ranks_per_host
+        return tuple(r // per for r in range(self.cluster.world_size)) if per else ()
 
     async def run(self) -> None:
         while True:
@@ -275,9 +283,17 @@ class Scaler:
         self._record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder])
 
     async def _load_disk(self, targets: tuple[int, ...]) -> None:
+        """A cold read, as from an SSD: the page cache is dropped first."""
         for t in targets:
+            await asyncio.to_thread(drop_page_cache, rank_file(Path(self.disk_source), 0))
             t0 = time.monotonic()
-            res = await self.router.cluster_call(self.cluster.load, self.model, t, self.disk_source)
+            res = await self.router.cluster_call(
+                self.cluster.load,
+                self.model,
+                t,
+                self.disk_source,
+                max_bytes_per_s=self.cluster.cfg.disk_bytes_per_s,
+            )
             self._record("up", "disk", [t], time.monotonic() - t0, int(res.get("bytes", 0)), [])
 
     async def _finish_mutation(self, inst: Instance) -> None:

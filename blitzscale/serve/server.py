@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,9 @@ def _quiet_server(config: Any) -> Any:
     class Server(uvicorn.Server):
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield  # signals belong to the main thread's owner
+                return
             old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
             try:
                 yield

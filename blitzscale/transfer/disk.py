@@ -25,6 +25,23 @@ CHUNK_BYTES = 64 << 20
 _PAGE = 4096
 
 
+class Pacer:
+    """Sleeps so that bytes pass at no more than `bytes_per_s` (0: no limit)."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.rate = bytes_per_s
+        self.start = time.perf_counter()
+        self.done = 0
+
+    def __call__(self, nbytes: int) -> None:
+        if self.rate <= 0:
+            return
+        self.done += nbytes
+        delay = self.start + self.done / self.rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+
 def drop_page_cache(path: Path) -> None:
     """Ask the kernel to forget the file's cached pages (a cold read next time)."""
     fd = os.open(path, os.O_RDONLY)
@@ -73,7 +90,9 @@ def load_native(
     readers: int = 8,
     chunk_bytes: int = CHUNK_BYTES,
     direct: bool = False,
+    max_bytes_per_s: float = 0.0,
 ) -> tuple[ModelWeights, dict[str, float | int | str]]:
+    """`max_bytes_per_s` caps the read rate (0: none), to reproduce a slower disk."""
     path = native.rank_file(folder, rank)
     header = native.read_header(path)
     device = torch.device(device)
@@ -97,13 +116,16 @@ def load_native(
         aligned = all(s.data_ptr() % _PAGE == 0 for s in slots)
     else:
         slots, aligned = [], weights.buffer.data_ptr() % _PAGE == 0
+    pace = Pacer(max_bytes_per_s)
     fd, used_direct = _open(path, direct and aligned)
     try:
         with ThreadPoolExecutor(max_workers=readers) as pool:
             if slots:
-                _load_via_pinned(fd, header["data_offset"], weights, chunks, last_of_segment, pool, slots)
+                _load_via_pinned(
+                    fd, header["data_offset"], weights, chunks, last_of_segment, pool, slots, pace
+                )
             else:
-                _load_direct(fd, header["data_offset"], weights, chunks, last_of_segment, pool)
+                _load_direct(fd, header["data_offset"], weights, chunks, last_of_segment, pool, pace)
     finally:
         os.close(fd)
     first_layer_at = weights.readiness.first_ready_at(1)
@@ -130,12 +152,14 @@ def _load_direct(
     chunks: list[tuple[int, int, int]],
     last_of_segment: dict[int, int],
     pool: ThreadPoolExecutor,
+    pace: Pacer,
 ) -> None:
     """CPU target: read straight into the weight buffer."""
     raw = weights.buffer.view(torch.uint8)
     futures = [pool.submit(_read_into, fd, raw[off : off + n], data_offset + off) for _, off, n in chunks]
-    for i, (si, _, _) in enumerate(chunks):
+    for i, (si, _, n) in enumerate(chunks):
         futures[i].result()
+        pace(n)
         if last_of_segment[si] == i:
             weights.readiness.add(si)
 
@@ -148,6 +172,7 @@ def _load_via_pinned(
     last_of_segment: dict[int, int],
     pool: ThreadPoolExecutor,
     slots: list[torch.Tensor],
+    pace: Pacer,
 ) -> None:
     """GPU target: readers fill pinned slots; the copy stream drains them in file order."""
     num_slots = len(slots)
@@ -167,6 +192,7 @@ def _load_via_pinned(
         submit(i)
     for i, (si, off, n) in enumerate(chunks):
         futures.pop(i).result()
+        pace(n)
         slot = i % num_slots
         with torch.cuda.stream(stream):
             raw[off : off + n].copy_(slots[slot][:n], non_blocking=True)

@@ -17,12 +17,19 @@ def load_local(
     tp_rank: int,
     readers: int,
     direct_io: bool = False,
+    max_bytes_per_s: float = 0.0,
 ) -> tuple[ModelWeights, dict[str, float | int | str]]:
     """Weights on `device`, and how they came (path, bytes, seconds)."""
     src = resolve_model(spec)
     if src.kind == "native":
         weights, stats = load_native(
-            src.path, tp_rank, device, dtype=dtype, readers=readers, direct=direct_io
+            src.path,
+            tp_rank,
+            device,
+            dtype=dtype,
+            readers=readers,
+            direct=direct_io,
+            max_bytes_per_s=max_bytes_per_s,
         )
         return weights, {"path": "disk", **stats}
     weights = load_weights(src, dtype=dtype, device=device, tp_size=tp_size, tp_rank=tp_rank)

@@ -199,6 +199,7 @@ class Worker:
             msg.tp_rank,
             msg.parallel_readers,
             msg.direct_io,
+            msg.max_bytes_per_s,
         )
         _sync(self.device)
         self.models[msg.model] = weights
