@@ -4,32 +4,14 @@ so synchronous tests (and the openai client) can drive it."""
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
-
-T = TypeVar("T")
-
-
-class LoopThread:
-    """An asyncio loop in a daemon thread; `run(coro)` waits for the result."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 300) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
 
 
 def make_service(**sections: dict[str, Any]) -> Callable[[], Iterator[tuple[ServingCluster, LoopThread]]]:

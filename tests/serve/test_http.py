@@ -9,8 +9,9 @@ import httpx
 import openai
 import pytest
 
+from blitzscale.serve.background import LoopThread
 from blitzscale.serve.server import ServingCluster
-from tests.serve.conftest import LoopThread, start_http, stop_http
+from tests.serve.conftest import start_http, stop_http
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a dragon"]
 CHAT = [{"role": "user", "content": "What is the tallest mountain on Earth?"}]

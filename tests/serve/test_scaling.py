@@ -8,8 +8,8 @@ import time
 
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.engine.request import SamplingParams
+from blitzscale.serve.background import LoopThread
 from blitzscale.serve.server import ServingCluster
-from tests.serve.conftest import LoopThread
 
 PARAMS = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
