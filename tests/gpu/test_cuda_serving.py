@@ -31,8 +31,11 @@ def test_pd_mode_over_nccl_matches_a_local_engine(tmp_path) -> None:
     prompts = [list(range(3 + i, 40 + 7 * i)) for i in range(4)]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     from blitzscale.checkpoint import load_weights, resolve_model
+    from blitzscale.serve.server import prepare_model
 
-    w = load_weights(resolve_model(MODEL), dtype=default_dtype("cuda"), device="cuda")
+    # the exact weights the workers load (random weights depend on the generating device)
+    folder = prepare_model(MODEL, str(tmp_path))
+    w = load_weights(resolve_model(folder), dtype=default_dtype("cuda"), device="cuda")
     ref = [o.token_ids for o in LLMEngine(w, None, EngineConfig(block_size=16)).generate(prompts, params)]
     del w
 
