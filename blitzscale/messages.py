@@ -6,6 +6,7 @@ A message is a tagged struct; `encode` / `decode` are the only way onto a socket
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
@@ -123,6 +124,8 @@ class SetRoleMsg(Msg):
 
 
 class SamplingMsg(Msg):
+    """`blitzscale.engine.request.SamplingParams` on the wire (same field names)."""
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -131,6 +134,17 @@ class SamplingMsg(Msg):
     stop: list[str] = []
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+
+
+def sampling_msg(params: Any) -> SamplingMsg:
+    """A SamplingParams dataclass as its message (tuples become lists)."""
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(params).items()}
+    return SamplingMsg(**fields)
+
+
+def sampling_fields(m: SamplingMsg) -> dict[str, Any]:
+    """The message's fields, ready for SamplingParams(**...) (lists become tuples)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in msgspec.structs.asdict(m).items()}
 
 
 class GenerateMsg(Msg):

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from blitzscale.engine.request import RequestOutput, SamplingParams
-from blitzscale.messages import OutputMsg, SamplingMsg
+from blitzscale.messages import OutputMsg, SamplingMsg, sampling_msg
 
 
 @dataclass
@@ -31,17 +31,7 @@ class RouterRequest:
         return self.prompt + self.output_ids
 
     def sampling_msg(self) -> SamplingMsg:
-        p = self.params
-        return SamplingMsg(
-            max_tokens=p.max_tokens,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            top_k=p.top_k,
-            seed=p.seed,
-            stop=list(p.stop),
-            stop_token_ids=list(p.stop_token_ids),
-            ignore_eos=p.ignore_eos,
-        )
+        return sampling_msg(self.params)
 
     def accept(self, o: OutputMsg, finished: bool) -> RequestOutput:
         """Fold a worker's output into the request and make the client's delta."""

@@ -32,6 +32,7 @@ from blitzscale.messages import (
     SamplingMsg,
     SendKVMsg,
     StatsMsg,
+    sampling_fields,
 )
 from blitzscale.model.weights import ModelWeights
 
@@ -40,16 +41,7 @@ MIGRATION_TIMEOUT_S = 30.0
 
 
 def to_params(m: SamplingMsg) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=m.max_tokens,
-        temperature=m.temperature,
-        top_p=m.top_p,
-        top_k=m.top_k,
-        seed=m.seed,
-        stop=tuple(m.stop),
-        stop_token_ids=tuple(m.stop_token_ids),
-        ignore_eos=m.ignore_eos,
-    )
+    return SamplingParams(**sampling_fields(m))
 
 
 @dataclass
