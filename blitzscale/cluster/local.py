@@ -242,7 +242,8 @@ class LocalCluster:
 
         Targets that complete enter the pool; the others do not, whatever happened."""
         shard = _ShardPlan(sources, targets, 0)
-        return self._transfer([shard], model, source, 1, from_host, max_bytes_per_s, piece_bytes)
+        rate = max_bytes_per_s or self.cfg.transfer_bytes_per_s
+        return self._transfer([shard], model, source, 1, from_host, rate, piece_bytes)
 
     def transfer_instances(
         self,
@@ -260,7 +261,8 @@ class LocalCluster:
         if any(len(i) != tp for i in sources + targets):
             raise BlitzScaleError(f"all instances must have tp={tp}: {sources} -> {targets}")
         shards = [_ShardPlan([s[k] for s in sources], [t[k] for t in targets], k) for k in range(tp)]
-        return self._transfer(shards, model, source, tp, False, max_bytes_per_s, piece_bytes)
+        rate = max_bytes_per_s or self.cfg.transfer_bytes_per_s
+        return self._transfer(shards, model, source, tp, False, rate, piece_bytes)
 
     def _transfer(
         self,

@@ -131,3 +131,13 @@ def test_tensor_parallel_instances_move_shard_k_to_shard_k(cluster: LocalCluster
     assert [cluster.checksum(model, r) for r in (2, 3)] == refs
     for r in range(4):
         cluster.release(model, r)
+
+
+def test_configured_bandwidth_cap_slows_a_transfer_to_its_rate(smollm2_dir: Path) -> None:
+    rate = 200e6  # bytes/s: 540 MB take about 2.7 s
+    with LocalCluster(ClusterConfig(num_workers=2, transfer_bytes_per_s=rate)) as c:
+        c.load(M, 0, str(smollm2_dir))
+        report = c.transfer(M, str(smollm2_dir), [0], [1], piece_bytes=8 << 20)
+        nbytes = report[1]["bytes"]
+        assert report[1]["seconds"] >= 0.9 * nbytes / rate
+        assert c.checksum(M, 1) == c.checksum(M, 0)
