@@ -18,6 +18,7 @@ from blitzscale.client.options import API_KEY_ENV, ReplayOptions, UsageError, op
 from blitzscale.client.protocols import PROTOCOLS
 from blitzscale.client.record import write_records
 from blitzscale.client.report import write_report
+from blitzscale.client.server_watch import ServerWatch
 from blitzscale.client.summary import Summary, summarize
 from blitzscale.client.traces import (
     FORMATS,
@@ -126,16 +127,20 @@ def run_replay(args: argparse.Namespace) -> int:
         show_progress=options.show_progress,
     )
     _raise_open_file_limit()
+    watch = ServerWatch(options.url, options.api_key).start()  # instance counts, if the server says
     try:
         records = replay.run(requests, config)
     except KeyboardInterrupt:
         return _fail("interrupted; no results written", 130)
-    summary = summarize(records, options.slo_ttft_s, options.slo_tbt_s)
+    finally:
+        watch.stop()
+    samples = watch.samples or None
+    summary = summarize(records, options.slo_ttft_s, options.slo_tbt_s, instance_samples=samples)
     options.out.mkdir(parents=True, exist_ok=True)
     write_records(options.out / "requests.jsonl", records)
     summary_json = {**summary.to_json(), "options": options.to_json()}
     (options.out / "summary.json").write_text(json.dumps(summary_json, indent=2) + "\n", encoding="utf-8")
-    page = write_report(options.out, records, summary)
+    page = write_report(options.out, records, summary, samples, watch.events)
     print(_one_line(summary))
     print(f"results in {options.out}; report {page}")
     if not summary.num_ok:
