@@ -10,13 +10,13 @@ import itertools
 import multiprocessing as mp
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
+from blitzscale.cluster.shards import ShardPlan, transfer_report
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     ChecksumMsg,
@@ -31,7 +31,6 @@ from blitzscale.messages import (
     decode,
     encode,
 )
-from blitzscale.transfer.plan import chains_for
 from blitzscale.worker.worker import WorkerConfig, worker_main
 
 
@@ -241,7 +240,7 @@ class LocalCluster:
         """Stream a model from `sources` (device copies, or the one host copy) to `targets`.
 
         Targets that complete enter the pool; the others do not, whatever happened."""
-        shard = _ShardPlan(sources, targets, 0)
+        shard = ShardPlan(sources, targets, 0)
         rate = max_bytes_per_s or self.cfg.transfer_bytes_per_s
         return self._transfer([shard], model, source, 1, from_host, rate, piece_bytes)
 
@@ -260,13 +259,13 @@ class LocalCluster:
         tp = len(sources[0])
         if any(len(i) != tp for i in sources + targets):
             raise BlitzScaleError(f"all instances must have tp={tp}: {sources} -> {targets}")
-        shards = [_ShardPlan([s[k] for s in sources], [t[k] for t in targets], k) for k in range(tp)]
+        shards = [ShardPlan([s[k] for s in sources], [t[k] for t in targets], k) for k in range(tp)]
         rate = max_bytes_per_s or self.cfg.transfer_bytes_per_s
         return self._transfer(shards, model, source, tp, False, rate, piece_bytes)
 
     def _transfer(
         self,
-        shards: list[_ShardPlan],
+        shards: list[ShardPlan],
         model: str,
         source: str,
         tp_size: int,
@@ -307,7 +306,7 @@ class LocalCluster:
         if len(done) < len(receivers) or not all(m.ok for m in replies.values()):
             what = " ".join(f"{s.sources} -> {s.targets}" for s in shards)
             raise ClusterOpError(f"transfer {model} {what}", replies)
-        return _transfer_report(replies, receivers, chains_of)
+        return transfer_report(replies, receivers, chains_of)
 
     def load_instance(self, model: str, ranks: list[int], source: str) -> None:
         """Load a tensor-parallel instance: rank k of `ranks` gets shard k."""
@@ -359,38 +358,3 @@ class LocalCluster:
     def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         msg = ChecksumMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
         return self._call_ok({rank: msg}, f"checksum {model} on rank {rank}")[rank].result["checksum"]
-
-
-@dataclass(frozen=True)
-class _ShardPlan:
-    sources: list[int]
-    targets: list[int]
-    tp_rank: int
-
-    def chains(self) -> list[list[int]]:
-        """A host-source head that is also a target loads itself and heads the chain."""
-        chain_targets = [t for t in self.targets if t not in self.sources]
-        return chains_for(self.sources, chain_targets) if chain_targets else [[self.sources[0]]]
-
-
-def _transfer_report(
-    replies: dict[int, ReplyMsg], receivers: list[int], chains_of: dict[int, list[list[int]]]
-) -> dict[int, dict[str, Any]]:
-    """Per receiver: seconds to completion and to the first layer, counted from the moment
-    it and every rank upstream of it in its chains had its buffers ready (so one slow
-    allocation elsewhere is not charged to the link). `alloc_s` is its own preparation."""
-    out = {}
-    for r in receivers:
-        upstream = {r} | {c[k] for c in chains_of[r] if r in c for k in range(c.index(r))}
-        t0 = max(replies[u].result["start"] for u in upstream)
-        res = replies[r].result
-        seconds = res["done_at"] - t0
-        out[r] = {
-            "seconds": seconds,
-            "first_layer_s": (res["first_layer_at"] or res["done_at"]) - t0,
-            "alloc_s": res["start"] - res["received_at"],
-            "ready_order": res["ready_order"],
-            "bytes": res["bytes_received"],
-            "GBps": res["bytes_received"] / seconds / 1e9 if seconds > 0 else float("inf"),
-        }
-    return out
