@@ -52,6 +52,12 @@ class RouterConfig:
     max_requests_per_instance: int = 64
     health_check_s: float = 0.5
 
+    def __post_init__(self) -> None:
+        if self.mode not in ("pd", "colocated"):
+            raise ValueError(f"mode must be 'pd' or 'colocated', got {self.mode!r}")
+        if self.prefill_budget_tokens < 1 or self.max_requests_per_instance < 1:
+            raise ValueError("prefill_budget_tokens and max_requests_per_instance must be >= 1")
+
 
 class Router:
     def __init__(

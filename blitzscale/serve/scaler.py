@@ -170,6 +170,12 @@ class Scaler:
         per = self.cluster.cfg.ranks_per_host
         return tuple(r // per for r in range(self.cluster.world_size)) if per else ()
 
+    async def stop(self) -> None:
+        """Cancel actions in flight (the cluster is about to go away under them)."""
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.planner.interval_s)

@@ -99,6 +99,8 @@ class ServingCluster:
         if self._scale_task is not None:
             self._scale_task.cancel()
             await asyncio.gather(self._scale_task, return_exceptions=True)
+        if self.scaler is not None:
+            await self.scaler.stop()
         if self.router is not None:
             await self.router.stop()
         if self.cluster is not None:

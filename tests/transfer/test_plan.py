@@ -39,8 +39,12 @@ def test_chain_per_source_visits_every_target_from_a_rotated_start() -> None:
 
 @pytest.mark.parametrize(
     ("sources", "targets", "match"),
-    [([], [1], "at least one"), ([0], [], "at least one"), ([0], [0, 1], "both source and target"),
-     ([0], [1, 1], "twice")],
+    [
+        ([], [1], "at least one"),
+        ([0], [], "at least one"),
+        ([0], [0, 1], "both source and target"),
+        ([0], [1, 1], "twice"),
+    ],
 )
 def test_bad_plans_are_refused(sources: list[int], targets: list[int], match: str) -> None:
     with pytest.raises(ValueError, match=match):

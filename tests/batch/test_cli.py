@@ -1,0 +1,80 @@
+"""`blitzscale batch` from the command line: --dry-run starts nothing, bad input exits 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from blitzscale.batch import runner
+from blitzscale.cli import batch
+from blitzscale.errors import InvalidRequestError
+from tests.batch.conftest import TRACE_CSV, FakeExecutor, write
+
+TEMPLATE = """
+[experiment]
+name = "cli"
+policies = ["blitz", "sllm"]
+traces = [{ path = "trace.csv", format = "processed" }]
+[router]
+mode = ["pd", "colocated"]
+"""
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="blitzscale")
+    batch.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def setup(tmp_path: Path, text: str = TEMPLATE) -> Path:
+    write(tmp_path / "trace.csv", TRACE_CSV)
+    return write(tmp_path / "batch.toml", text)
+
+
+def test_dry_run_writes_configs_and_runs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_cluster(*_: object) -> None:
+        raise AssertionError("a dry run must not start anything")
+
+    monkeypatch.setattr(runner, "live_executor", no_cluster)
+    out = tmp_path / "out"
+    args = parse(["batch", str(setup(tmp_path)), "--dry-run", "--out", str(out)])
+    assert args.func(args) == 0
+    listed = json.loads((out / "batch.json").read_text())["runs"]
+    assert len(listed) == 4 and {r["status"] for r in listed} == {"planned"}
+    assert all((out / r["id"] / "config.toml").is_file() for r in listed)
+    assert not any((out / r["id"] / "status.json").exists() for r in listed)
+
+
+def test_run_reports_failures_in_its_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "live_executor", lambda console: FakeExecutor(fail_on=("sllm_mode-pd",)))
+    out = tmp_path / "out"
+    args = parse(["batch", str(setup(tmp_path)), "--out", str(out)])
+    assert args.func(args) == 1
+    assert sorted(json.loads((out / "batch.json").read_text())["runs"][i]["status"] for i in range(4)) == [
+        "done",
+        "done",
+        "done",
+        "failed",
+    ]
+    args = parse(["batch", str(setup(tmp_path)), "--resume", str(out)])  # --out defaults to DIR
+    monkeypatch.setattr(runner, "live_executor", lambda console: FakeExecutor())
+    assert args.func(args) == 0
+
+
+def test_bad_template_fails_before_anything_runs(tmp_path: Path) -> None:
+    args = parse(
+        ["batch", str(setup(tmp_path, TEMPLATE.replace('"sllm"', '"slm"'))), "--out", str(tmp_path / "o")]
+    )
+    with pytest.raises(InvalidRequestError, match="'slm'"):
+        args.func(args)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_shipped_example_expands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    example = Path(__file__).parents[2] / "configs" / "batch.example.toml"
+    args = parse(["batch", str(example), "--dry-run", "--out", str(tmp_path / "ex")])
+    assert args.func(args) == 0
+    assert len(json.loads((tmp_path / "ex" / "batch.json").read_text())["runs"]) == 4
