@@ -23,6 +23,7 @@ class HelloMsg(Msg):
     rank: int
     pid: int
     device: str
+    warmup_s: float = 0.0  # connecting to every other rank at start (paid once, not per scale)
 
 
 class ReplyMsg(Msg):

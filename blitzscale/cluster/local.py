@@ -7,6 +7,7 @@ pool only when the worker that holds it has said its load completed.
 from __future__ import annotations
 
 import itertools
+import logging
 import multiprocessing as mp
 import socket
 import time
@@ -32,6 +33,8 @@ from blitzscale.messages import (
     encode,
 )
 from blitzscale.worker.worker import WorkerConfig, worker_main
+
+log = logging.getLogger("blitzscale.cluster")
 
 
 class ClusterOpError(BlitzScaleError):
@@ -115,6 +118,13 @@ class LocalCluster:
             msg = self._recv(timeout_ms=100)
             if isinstance(msg, HelloMsg):
                 self.hellos[msg.rank] = msg
+                log.info(
+                    "worker %d up on %s (pid %d), pairs warmed in %.2f s",
+                    msg.rank,
+                    msg.device,
+                    msg.pid,
+                    msg.warmup_s,
+                )
 
     def stop(self) -> None:
         if self._sock is not None:

@@ -38,9 +38,6 @@ class ParameterPool:
     def models_on(self, rank: int) -> list[str]:
         return sorted(m for m, c in self._models.items() if rank in c.gpu or rank in c.loading)
 
-    def is_busy(self, rank: int) -> bool:
-        return bool(self.models_on(rank))
-
     def begin_load(self, model: str, ranks: list[int]) -> None:
         e = self._entry(model)
         clash = [r for r in ranks if r in e.gpu or r in e.loading]

@@ -59,15 +59,6 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    @property
-    def num_params(self) -> int:
-        h, i = self.hidden_size, self.intermediate_size
-        layer = 2 * h + h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i
-        if self.qkv_bias:
-            layer += self.q_size + 2 * self.kv_size
-        head = h + (0 if self.tie_word_embeddings else self.vocab_size * h)
-        return self.vocab_size * h + self.num_layers * layer + head
-
     # --- Hugging Face config.json ------------------------------------------------------
 
     @classmethod

@@ -71,10 +71,6 @@ class ServingLoop:
         self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
 
     @property
-    def is_active(self) -> bool:
-        return self.engine is not None
-
-    @property
     def is_idle(self) -> bool:
         e = self.engine
         return e is None or not (e.has_unfinished() or e.held or e.importing or self._recvs or self._sends)

@@ -82,7 +82,7 @@ class Worker:
         init_world(c.rank, c.world_size, c.dist_addr, c.dist_port, self.device, c.init_timeout_s)
         t = time.perf_counter()
         self.kv_group = new_world_group(self.device)
-        self.num_warm_pairs = warm_up_pairs(c.rank, c.world_size, self.device)
+        warm_up_pairs(c.rank, c.world_size, self.device)
         warm_up_pairs(c.rank, c.world_size, self.device, self.kv_group)
         self.warmup_s = time.perf_counter() - t
 
@@ -92,7 +92,8 @@ class Worker:
         self.sock.setsockopt(zmq.IDENTITY, f"w{self.rank}".encode())
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.connect(self.cfg.control_addr)
-        self.sock.send(encode(HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device))))
+        hello = HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device), warmup_s=self.warmup_s)
+        self.sock.send(encode(hello))
 
     def _init_serving(self) -> None:
         self.data: zmq.Socket | None = None
