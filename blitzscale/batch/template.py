@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import tomllib
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from blitzscale.checkpoint.resolve import DEFAULT_MODEL, resolve_model
 from blitzscale.control.config import POLICY_NAMES
 from blitzscale.errors import BlitzScaleError, InvalidRequestError
 from blitzscale.serve.config import ServeConfig
+from blitzscale.tomlfile import read_toml
 
 EXPERIMENT_KEYS = ("name", "models", "traces", "policies")
 ROUTER_MODES = ("pd", "colocated")  # RouterConfig takes any string; a typo would run colocated
@@ -75,13 +75,7 @@ class Template:
 
 
 def load_template(path: Path) -> Template:
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise InvalidRequestError(f"template {str(path)!r}: cannot read: {e.strerror}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise InvalidRequestError(f"template {str(path)!r}: not valid TOML: {e}") from e
-    return parse_template(data, Path(path))
+    return parse_template(read_toml(path, f"template {str(path)!r}"), Path(path))
 
 
 def parse_template(data: dict[str, Any], path: Path) -> Template:

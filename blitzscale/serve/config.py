@@ -14,7 +14,6 @@ Unknown sections or keys are errors that name them; command-line flags override 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.router import RouterConfig
 from blitzscale.serve.scaler import EngineSettings
+from blitzscale.tomlfile import read_toml
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,7 @@ def _section(cls: type[Any], name: str, values: dict[str, Any], base: Any = None
 def load_serve_config(path: Path | None) -> ServeConfig:
     if path is None:
         return ServeConfig()
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise InvalidRequestError(f"--config {path}: cannot read: {e.strerror}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise InvalidRequestError(f"--config {path}: not valid TOML: {e}") from e
+    data = read_toml(path, f"--config {path}")
     unknown = sorted(set(data) - _SECTIONS)
     if unknown:
         raise InvalidRequestError(
