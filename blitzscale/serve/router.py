@@ -82,7 +82,6 @@ class Router:
         self.reqs: dict[str, RouterRequest] = {}
         self.pending_migrations: deque[RouterRequest] = deque()
         self.connected: set[int] = set()
-        self.on_ttft: Callable[[float], None] | None = None
         self._wake = asyncio.Event()
         self._cluster_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -274,8 +273,6 @@ class Router:
             inst = self.instances.get(msg.rank)
             if r.stage == "prefill" and inst is not None and r.first_token_at is None:
                 inst.outstanding_tokens -= len(r.prompt)
-                if self.on_ttft is not None:
-                    self.on_ttft(time.monotonic() - r.arrival)
             if o.finish_reason == "migrate":
                 r.rng_state = o.rng_state
                 await r.out.put(r.accept(o, finished=False))
