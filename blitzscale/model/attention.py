@@ -39,9 +39,7 @@ class AttentionMetadata:
         """`context_lens[b]` counts sequence b's tokens including its `query_lens[b]` new ones."""
         num_seqs = len(query_lens)
         max_blocks = max(len(bt) for bt in block_tables)
-        bt = torch.zeros(num_seqs, max_blocks, dtype=torch.long)
-        for b, row in enumerate(block_tables):
-            bt[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+        bt = torch.tensor([row + [0] * (max_blocks - len(row)) for row in block_tables], dtype=torch.long)
         q_lens = torch.tensor(query_lens, dtype=torch.long)
         ctx = torch.tensor(context_lens, dtype=torch.long)
         start = ctx - q_lens
