@@ -98,16 +98,15 @@ def read_header(path: Path) -> dict[str, Any]:
     return header
 
 
-def load_rank(
-    path: Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu", verify: bool = True
-) -> ModelWeights:
-    """Read one rank file into a fresh CPU buffer (then cast / move if asked)."""
+def open_rank(path: Path, device: torch.device | str = "cpu") -> tuple[dict[str, Any], ModelWeights]:
+    """A rank file's checked header, and an empty buffer for its data (stored dtype) on
+    `device`: every loader starts here, so every loader refuses the same broken files."""
     header = read_header(path)
     try:
         cfg = ModelConfig.from_dict(header["config"])
         stored = parse_dtype(header["dtype"])
         lay = header["layout"]
-        weights = ModelWeights.empty(cfg, stored, "cpu", lay["tp_size"], lay["tp_rank"])
+        weights = ModelWeights.empty(cfg, stored, device, lay["tp_size"], lay["tp_rank"])
         crcs = list(header["segment_crc32"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: corrupt header: missing or bad field {e}") from e
@@ -119,6 +118,13 @@ def load_rank(
     size = path.stat().st_size
     if size != expect:
         raise CheckpointError(f"{path}: {size} bytes, expected {expect} (truncated or padded?)")
+    return header, weights
+
+
+def load_rank(path: Path, verify: bool = True) -> ModelWeights:
+    """Read one rank file into a fresh CPU buffer, checking every segment's CRC32."""
+    header, weights = open_rank(path)
+    crcs = header["segment_crc32"]
     with open(path, "rb") as f:
         f.seek(header["data_offset"])
         f.readinto(_bytes_of(weights.buffer))

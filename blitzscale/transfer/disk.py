@@ -18,7 +18,6 @@ import torch
 from blitzscale.checkpoint import native
 from blitzscale.checkpoint.pack import copy_weights
 from blitzscale.errors import CheckpointError
-from blitzscale.model.config import ModelConfig
 from blitzscale.model.weights import ModelWeights
 
 CHUNK_BYTES = 64 << 20
@@ -94,20 +93,8 @@ def load_native(
 ) -> tuple[ModelWeights, dict[str, float | int | str]]:
     """`max_bytes_per_s` caps the read rate (0: none), to reproduce a slower disk."""
     path = native.rank_file(folder, rank)
-    header = native.read_header(path)
     device = torch.device(device)
-    try:
-        cfg = ModelConfig.from_dict(header["config"])
-        stored = native.parse_dtype(header["dtype"])
-        lay = header["layout"]
-        weights = ModelWeights.empty(cfg, stored, device, lay["tp_size"], lay["tp_rank"])
-    except (KeyError, TypeError) as e:
-        raise CheckpointError(f"{path}: corrupt header: {e}") from e
-    if weights.layout.to_dict() != lay:
-        raise CheckpointError(f"{path}: layout does not match this version's layout of the model")
-    expect = header["data_offset"] + weights.layout.nbytes
-    if path.stat().st_size != expect:
-        raise CheckpointError(f"{path}: {path.stat().st_size} bytes, expected {expect} (truncated?)")
+    header, weights = native.open_rank(path, device)
     t0 = time.perf_counter()
     chunks = _chunks(weights, chunk_bytes)
     last_of_segment = {si: i for i, (si, _, _) in enumerate(chunks)}
@@ -138,8 +125,9 @@ def load_native(
         "direct_io": int(used_direct),
         "readers": readers,
     }
-    if dtype is not None and dtype != stored:
-        cast = ModelWeights.empty(cfg, dtype, device, lay["tp_size"], lay["tp_rank"])
+    if dtype is not None and dtype != weights.dtype:
+        lay = weights.layout
+        cast = ModelWeights.empty(weights.config, dtype, device, lay.tp_size, lay.tp_rank)
         copy_weights(weights, cast)
         weights = cast
     return weights, stats
