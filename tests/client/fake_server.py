@@ -7,16 +7,15 @@ uses, since both run in this process).
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tests.api.live_server import live_server
 
 
 @dataclass(frozen=True)
@@ -96,26 +95,6 @@ def _make_app(behaviour: Behaviour, received: list[Received]) -> FastAPI:
 
 @contextmanager
 def run_fake_server(behaviour: Behaviour) -> Iterator[FakeServer]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server_state = FakeServer(url=f"http://127.0.0.1:{port}")
-    config = uvicorn.Config(
-        _make_app(behaviour, server_state.received),
-        log_level="warning",
-        lifespan="off",
-        timeout_graceful_shutdown=1,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline and thread.is_alive():
-        time.sleep(0.01)
-    assert server.started, "fake server did not start"
-    try:
-        yield server_state
-    finally:
-        server.should_exit = True
-        thread.join(timeout=5)
-        sock.close()
+    received: list[Received] = []
+    with live_server(_make_app(behaviour, received)) as url:
+        yield FakeServer(url=url, received=received)
