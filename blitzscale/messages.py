@@ -106,6 +106,7 @@ class ActivateMsg(Msg):
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     max_model_len: int = 2048
+    live: bool = False  # a live target: serve while the weights are still arriving (ZigZag)
 
 
 class DeactivateMsg(Msg):
@@ -180,6 +181,41 @@ class SendKVMsg(Msg):
     dst_rank: int
 
 
+class RelayMsg(Msg):
+    """To a live target: hand a task (the head while loading) to its source `dst_rank`."""
+
+    dst_rank: int
+
+
+class RelayedMsg(Msg):
+    """From a live target: `request_id` stopped after `layer` layers and waits to be sent."""
+
+    rank: int
+    request_id: str
+    layer: int
+    live_layers: int  # of those, layers run while the weights were incomplete
+
+
+class RelayInMsg(Msg):
+    """To the source: reserve blocks for a relayed prompt and receive, from `src_rank`, its
+    hidden states after `layer` layers and the KV of layers [0, layer); then finish it."""
+
+    request_id: str
+    src_rank: int
+    layer: int
+    prompt_token_ids: list[int]
+    params: SamplingMsg
+    hold_kv: bool = False
+
+
+class SendRelayMsg(Msg):
+    """To the live target: send a relayed task to `dst_rank` (it is ready), or with
+    `dst_rank` -1 take the task back (the source could not take it)."""
+
+    request_id: str
+    dst_rank: int
+
+
 class OutputMsg(Msg):
     request_id: str
     new_token_ids: list[int]
@@ -189,6 +225,7 @@ class OutputMsg(Msg):
     num_prompt_tokens: int
     num_output_tokens: int
     rng_state: bytes = b""  # with finish_reason "migrate": the request's generator state
+    live_layers: int = 0  # layers of its prefill run on an instance still loading weights
 
 
 class OutputsMsg(Msg):
@@ -197,7 +234,11 @@ class OutputsMsg(Msg):
 
 
 class EventMsg(Msg):
-    """A data-plane event: kv_ready / kv_sent / kv_received / kv_failed / rejected."""
+    """A data-plane event about a request: kv_ready / kv_sent / kv_received / kv_failed /
+    rejected (bad request) / lost (the instance lost it before any output: run it again) /
+    relay_none / relay_ready / relay_failed / relay_sent; or, with no request, about a live
+    target: live_ready (first layers landed) / live_loaded / live_done (back to normal) /
+    live_failed (its weights will not all arrive)."""
 
     rank: int
     request_id: str
@@ -212,6 +253,7 @@ class StatsMsg(Msg):
     num_held: int
     used_blocks: int
     total_blocks: int
+    num_live: int = 0  # tasks in a live target's queue
 
 
 Message = (
@@ -230,6 +272,10 @@ Message = (
     | AbortMsg
     | RecvKVMsg
     | SendKVMsg
+    | RelayMsg
+    | RelayedMsg
+    | RelayInMsg
+    | SendRelayMsg
     | OutputsMsg
     | EventMsg
     | StatsMsg

@@ -11,6 +11,7 @@ import logging
 import multiprocessing as mp
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -177,25 +178,48 @@ class LocalCluster:
         self, msgs: dict[int, Message], what: str, timeout_s: float | None = None
     ) -> dict[int, ReplyMsg]:
         """Send each rank its message and wait for all replies; a dead rank answers as failed."""
-        op_ids = {}
-        for rank, msg in msgs.items():
+        replies = self.call_ops(list(msgs.items()), what, timeout_s)
+        return {rank: replies[rank, msg.op_id] for rank, msg in msgs.items()}  # type: ignore[union-attr]
+
+    def call_ops(
+        self,
+        ops: list[tuple[int, Message]],
+        what: str,
+        timeout_s: float | None = None,
+        on_reply: Callable[[ReplyMsg], None] | None = None,
+    ) -> dict[tuple[int, int], ReplyMsg]:
+        """Send every (rank, message) in order (a rank may get several, and one plan's
+        message goes to several ranks under one op id) and wait for all replies, keyed by
+        (rank, op id); `on_reply` sees each as it arrives."""
+        keys: list[tuple[int, int]] = []
+        for rank, msg in ops:
             if rank in self.dead:
                 raise BlitzScaleError(f"{what}: worker {rank} is dead")
-            op_ids[rank] = msg.op_id  # type: ignore[union-attr]
+            keys.append((rank, msg.op_id))  # type: ignore[union-attr]
             self._send(rank, msg)
-        replies: dict[int, ReplyMsg] = {}
+        replies: dict[tuple[int, int], ReplyMsg] = {}
+
+        def got(reply: ReplyMsg) -> None:
+            replies[reply.rank, reply.op_id] = reply
+            if on_reply is not None:
+                on_reply(reply)
+
         deadline = time.monotonic() + (timeout_s or self.cfg.op_timeout_s)
-        while len(replies) < len(msgs):
-            pending = set(msgs) - set(replies)
-            for r in self._check_alive(pending) + [r for r in pending if r in self.dead]:
-                replies.setdefault(r, ReplyMsg(op_id=op_ids[r], rank=r, ok=False, error="worker died"))
+        while len(replies) < len(keys):
+            pending = [k for k in keys if k not in replies]
+            ranks = {r for r, _ in pending}
+            died = set(self._check_alive(ranks)) | (ranks & self.dead)
+            for r, op in pending:
+                if r in died:
+                    got(ReplyMsg(op_id=op, rank=r, ok=False, error="worker died"))
             if time.monotonic() > deadline:
-                for r in pending - set(replies):
-                    replies[r] = ReplyMsg(op_id=op_ids[r], rank=r, ok=False, error="no reply in time")
+                for r, op in pending:
+                    if (r, op) not in replies:
+                        got(ReplyMsg(op_id=op, rank=r, ok=False, error="no reply in time"))
                 break
             msg = self._recv(timeout_ms=50)
-            if isinstance(msg, ReplyMsg) and msg.rank in pending and msg.op_id == op_ids[msg.rank]:
-                replies[msg.rank] = msg
+            if isinstance(msg, ReplyMsg) and (msg.rank, msg.op_id) in pending:
+                got(msg)
         return replies
 
     def _call_ok(self, msgs: dict[int, Message], what: str) -> dict[int, ReplyMsg]:
@@ -246,13 +270,18 @@ class LocalCluster:
         from_host: bool = False,
         max_bytes_per_s: float = 0.0,
         piece_bytes: int | None = None,
+        live: dict[int, Message] | None = None,
+        on_live: Callable[[ReplyMsg], None] | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Stream a model from `sources` (device copies, or the one host copy) to `targets`.
 
-        Targets that complete enter the pool; the others do not, whatever happened."""
+        Targets that complete enter the pool; the others do not, whatever happened.
+        `live`: messages (ActivateMsg with live=True) sent to targets right behind the
+        transfer, so they serve while weights arrive; `on_live` gets their replies as they
+        come, long before the transfer ends."""
         shard = ShardPlan(sources, targets, 0)
         rate = max_bytes_per_s or self.cfg.transfer_bytes_per_s
-        return self._transfer([shard], model, source, 1, from_host, rate, piece_bytes)
+        return self._transfer([shard], model, source, 1, from_host, rate, piece_bytes, live, on_live)
 
     def transfer_instances(
         self,
@@ -271,7 +300,7 @@ class LocalCluster:
             raise BlitzScaleError(f"all instances must have tp={tp}: {sources} -> {targets}")
         shards = [ShardPlan([s[k] for s in sources], [t[k] for t in targets], k) for k in range(tp)]
         rate = max_bytes_per_s or self.cfg.transfer_bytes_per_s
-        return self._transfer(shards, model, source, tp, False, rate, piece_bytes)
+        return self._transfer(shards, model, source, tp, False, rate, piece_bytes, None, None)
 
     def _transfer(
         self,
@@ -282,6 +311,8 @@ class LocalCluster:
         from_host: bool,
         max_bytes_per_s: float,
         piece_bytes: int | None,
+        live: dict[int, Message] | None,
+        on_live: Callable[[ReplyMsg], None] | None,
     ) -> dict[int, dict[str, Any]]:
         receivers = [t for s in shards for t in s.targets]
         msgs: dict[int, Message] = {}
@@ -309,7 +340,15 @@ class LocalCluster:
                 msgs[r] = msg
                 chains_of[r] = chains
         self.pool.begin_load(model, receivers)
-        replies = self.call(msgs, f"transfer {model}")
+        extra = list((live or {}).items())
+        live_ops = {m.op_id for _, m in extra}  # type: ignore[union-attr]
+
+        def seen(reply: ReplyMsg) -> None:
+            if reply.op_id in live_ops and on_live is not None:
+                on_live(reply)
+
+        by_op = self.call_ops([*msgs.items(), *extra], f"transfer {model}", on_reply=seen)
+        replies = {r: by_op[r, m.op_id] for r, m in msgs.items()}  # type: ignore[union-attr]
         done = [r for r in receivers if replies[r].ok]
         self.pool.commit_load(model, done)
         self.pool.abort_load(model, [r for r in receivers if r not in done])

@@ -39,7 +39,9 @@ class LoadAction:
     `sources` to all targets (several sources: one striped chain each) or, without multicast,
     one action per target with one source. host with `sources == (r,)`: stream from rank r's
     host copy; host with no sources: each target reads its own host's DRAM. disk: each
-    target reads its own disk. `live`: targets serve while weights arrive (ZigZag).
+    target reads its own disk. `live`: targets serve while weights arrive (ZigZag), and
+    `partner` (an instance id, or None) relays their tasks: it finishes the layers a target
+    does not have yet.
     """
 
     target_ranks: tuple[int, ...]
@@ -47,6 +49,7 @@ class LoadAction:
     sources: tuple[int, ...] = ()
     multicast: bool = False
     live: bool = False
+    partner: int | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,17 @@ def source_instances(
         spare = [i for i in able if _spares_links(i, snapshot.pd_mode) and i.id not in new_prefill]
         able = spare or able
     return sorted(able, key=lambda i: (not _is_idle(i), _load(i), i.id))
+
+
+def live_partner(snapshot: ClusterSnapshot, new_prefill: frozenset[int] = frozenset()) -> int | None:
+    """The instance that relays a live target's tasks (design §2.3): a serving prefill (or
+    colocated) instance, the most loaded first, as it is the one the new instance relieves.
+    It need not be a weight source: in PD mode those are usually decode instances."""
+    steady = S.PREFILL if snapshot.pd_mode else S.COLOCATED
+    able = [i for i in snapshot.instances if i.state is steady and i.id not in new_prefill]
+    if not able:
+        return None
+    return max(able, key=lambda i: (_load(i), -i.id)).id
 
 
 def _load(i: InstanceView) -> int:
@@ -262,7 +276,8 @@ def _loads(
     sources = source_instances(snapshot, cfg, new_prefill)
     if sources and cfg.multicast:
         chosen = _flat(i.ranks for i in sources[: cfg.max_sources])
-        return [LoadAction(_flat(slots), "network", chosen, multicast=True, live=cfg.live)]
+        partner = live_partner(snapshot, new_prefill) if cfg.live else None
+        return [LoadAction(_flat(slots), "network", chosen, multicast=True, live=cfg.live, partner=partner)]
     if sources:
         return [LoadAction(s, "network", sources[k % len(sources)].ranks) for k, s in enumerate(slots)]
     # Scale from zero: no GPU holds the model, so nothing can serve alongside a live target.

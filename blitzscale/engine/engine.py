@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from blitzscale.engine.config import EngineConfig
+from blitzscale.engine.live import LiveQueue, Relayed, RelayIn, finish_relayed
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
 from blitzscale.engine.request import Request, RequestOutput, RequestStatus, SamplingParams
@@ -88,6 +89,9 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.held: dict[str, Request] = {}  # prefilled, KV waiting to migrate out
         self.importing: dict[str, Request] = {}  # blocks reserved, KV migrating in
+        self.live: LiveQueue | None = None  # set while this is a live target (weights arriving)
+        self.relaying: dict[str, Relayed] = {}  # live tasks handed over, KV [0, k) not yet sent
+        self.relays: dict[str, RelayIn] = {}  # tasks relayed here, finishing layers [k, L)
         self._aborted: list[Request] = []
         self._ids = itertools.count()
 
@@ -124,7 +128,10 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
         self.requests[request_id] = req
-        self.scheduler.add(req)
+        if self.live is not None and not self.model.weights.readiness.all_ready:
+            self.live.add(req)
+        else:  # once loaded, new work skips the live queue, which only drains
+            self.scheduler.add(req)
         return request_id
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -141,7 +148,16 @@ class LLMEngine:
         req = self.requests.get(request_id)
         if req is None or req.is_finished:
             return False
-        self.scheduler.finish(req, "abort")
+        relay = self.relays.get(request_id)
+        if relay is not None and not relay.ready:
+            return False  # its KV is still arriving; the serving loop aborts it on arrival
+        if (self.live is not None and self.live.remove(req)) or self.relays.pop(request_id, None):
+            self.pool.free(req.block_ids)
+            req.block_ids = []
+            req.status = RequestStatus.FINISHED
+            req.finish_reason = "abort"
+        else:
+            self.scheduler.finish(req, "abort")
         self._aborted.append(req)
         return True
 
@@ -153,14 +169,38 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         results = [self._finalize(r) for r in self._aborted]
         self._aborted = []
+        if self.live is not None:
+            done = self.live.step()
+            if done:
+                results += self._complete_prompts([r for r, _ in done], torch.stack([x for _, x in done]))
+        ready = [t for t in self.relays.values() if t.ready]
+        if ready:
+            logits = finish_relayed(self.model, self.kv_cache, ready)
+            for t in ready:
+                del self.relays[t.request.request_id]
+                t.request.num_computed_tokens = t.request.num_tokens
+            results += self._complete_prompts([t.request for t in ready], logits)
+        if self.live is not None and not self.model.weights.readiness.all_ready:
+            return results  # nothing else can run on a partial model
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return results
         logits = self.runner.execute(sched)
         sampling = [s.request for s in sched.scheduled if s.completes_prompt]
-        tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
+        return results + self._sample(sampling, logits)
+
+    def _complete_prompts(self, reqs: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
+        """Requests whose whole prompt was computed outside the scheduler (live or relayed):
+        they join the running batch, then sample like any other."""
+        for r in reqs:
+            self.scheduler.add_running(r)
+        return self._sample(reqs, logits)
+
+    def _sample(self, sampling: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
+        results = []
+        tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
         for req, tok in zip(sampling, tokens, strict=True):
             req.token_ids.append(tok)
             reason = self.outputs.check_stop(req)
@@ -172,6 +212,92 @@ class LLMEngine:
             else:
                 results.append(self.outputs.make_output(req))
         return results
+
+    # --- live scaling (design §2.3): this engine as a live target, or as its source -----
+
+    def start_live(self) -> None:
+        """Serve while weights arrive: new requests go to the layer-by-layer live queue."""
+        if self.requests:
+            raise InvalidRequestError("live serving must start on an idle engine")
+        self.live = LiveQueue(self.model, self.kv_cache, self.pool, self.config.max_num_batched_tokens)
+
+    @property
+    def live_drained(self) -> bool:
+        """Fully loaded and no live task left: the engine can serve normally."""
+        live = self.live
+        return live is not None and self.model.weights.readiness.all_ready and not live and not self.relaying
+
+    def end_live(self) -> int:
+        """Back to normal serving; returns the layers run while loading."""
+        live, self.live = self.live, None
+        if live:
+            raise InvalidRequestError("the live queue is not empty")
+        return live.layers_run if live is not None else 0
+
+    def relay_out(self) -> Relayed | None:
+        """Hand a live task to the source: the head (oldest) while loading; once loaded, the
+        newest (the head finishes here soon). Its KV of layers [0, k) stays until sent."""
+        if self.live is None:
+            return None
+        r = self.live.relay_head(newest=self.model.weights.readiness.all_ready)
+        if r is not None:
+            self.requests.pop(r.request.request_id, None)
+            self.relaying[r.request.request_id] = r
+        return r
+
+    def relay_sent(self, request_id: str) -> None:
+        r = self.relaying.pop(request_id, None)
+        if r is not None:
+            self.pool.free(r.request.block_ids)
+            r.request.block_ids = []
+            r.request.status = RequestStatus.FINISHED
+
+    def relay_cancelled(self, request_id: str) -> None:
+        """The source could not take it: the task goes back to the head of the live queue."""
+        r = self.relaying.pop(request_id, None)
+        if r is None:
+            return
+        self.requests[request_id] = r.request
+        if self.live is None:  # loaded meanwhile: an ordinary request now
+            self.pool.free(r.request.block_ids)
+            r.request.block_ids = []
+            r.request.status = RequestStatus.WAITING
+            self.scheduler.waiting.appendleft(r.request)
+        else:
+            self.live.put_back(r)
+
+    def reserve_relay(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, layer: int, hold_kv: bool
+    ) -> RelayIn:
+        """Source side: blocks for a relayed prompt, before its hidden states and KV arrive."""
+        self.validate(prompt_token_ids, params)
+        if request_id in self.requests or request_id in self.held or request_id in self.relays:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if not 0 <= layer < self.model.num_layers:
+            raise InvalidRequestError(f"relay layer {layer} is outside [0, {self.model.num_layers})")
+        req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
+        need = self.pool.blocks_for_tokens(req.num_tokens)
+        if not self.pool.can_allocate(need):
+            raise InvalidRequestError(f"no room: {need} KV blocks needed, {self.pool.num_free_blocks} free")
+        req.block_ids = self.pool.allocate(need)
+        req.status = RequestStatus.RUNNING
+        task = RelayIn(req, layer)
+        self.relays[request_id] = task
+        self.requests[request_id] = req
+        return task
+
+    def commit_relay(self, request_id: str, hidden: torch.Tensor | None) -> None:
+        task = self.relays[request_id]
+        task.hidden = hidden
+        task.ready = True
+
+    def cancel_relay(self, request_id: str) -> None:
+        task = self.relays.pop(request_id, None)
+        if task is not None:
+            self.requests.pop(request_id, None)
+            self.pool.free(task.request.block_ids)
+            task.request.block_ids = []
+            task.request.status = RequestStatus.FINISHED
 
     # --- KV migration (prefill/decode disaggregation) ---------------------------------
 

@@ -52,6 +52,7 @@ class OutputProcessor:
             finished=req.is_finished,
             finish_reason=req.finish_reason,
             num_prompt_tokens=req.num_prompt_tokens,
+            live_layers=req.live_layers,
         )
 
     def _update_text(self, req: Request) -> None:

@@ -59,6 +59,7 @@ class Request:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     hold_kv: bool = False  # stop after the first token and keep the KV for migration
+    live_layers: int = 0  # layers of its prefill run while the weights were incomplete
     # output processing state
     text: str = ""
     num_emitted_tokens: int = 0
@@ -100,3 +101,4 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort"
     num_prompt_tokens: int
+    live_layers: int = 0  # layers of its prefill run while the weights were incomplete

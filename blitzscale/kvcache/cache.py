@@ -40,16 +40,21 @@ class KVCache:
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[i, 0], self.data[i, 1]
 
-    def gather_blocks(self, block_ids: list[int]) -> torch.Tensor:
-        """The given blocks of every layer, packed contiguously ([layers, 2, n, ...])."""
-        return self.data[:, :, block_ids].contiguous()
+    def gather_blocks(self, block_ids: list[int], layers: tuple[int, int] | None = None) -> torch.Tensor:
+        """The given blocks of every layer (or of layers [a, b)), packed contiguously
+        ([layers, 2, n, ...])."""
+        a, b = layers or (0, self.data.shape[0])
+        return self.data[a:b, :, block_ids].contiguous()
 
-    def scatter_blocks(self, block_ids: list[int], packed: torch.Tensor) -> None:
-        self.data[:, :, block_ids] = packed
+    def scatter_blocks(
+        self, block_ids: list[int], packed: torch.Tensor, layers: tuple[int, int] | None = None
+    ) -> None:
+        a, b = layers or (0, self.data.shape[0])
+        self.data[a:b, :, block_ids] = packed
 
-    def packed_shape(self, num_blocks: int) -> tuple[int, ...]:
+    def packed_shape(self, num_blocks: int, num_layers: int | None = None) -> tuple[int, ...]:
         d = self.data.shape
-        return (d[0], d[1], num_blocks, *d[3:])
+        return (d[0] if num_layers is None else num_layers, d[1], num_blocks, *d[3:])
 
     def write(self, i: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         k_cache, v_cache = self.layer(i)

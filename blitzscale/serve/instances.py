@@ -30,6 +30,7 @@ class Instance:
     stats: StatsMsg | None = None
     outstanding_tokens: int = 0  # prompt tokens dispatched and not yet prefilled
     num_assigned: int = 0  # requests it is responsible for now
+    live_ready: bool = False  # a live target whose first layers have landed
     idle_since: float | None = field(default_factory=time.monotonic)
     transitions: list[tuple[float, str, str]] = field(default_factory=list)
 
@@ -45,7 +46,7 @@ class Instance:
     @property
     def is_idle(self) -> bool:
         s = self.stats
-        busy = s is not None and (s.num_running or s.num_waiting or s.num_held)
+        busy = s is not None and (s.num_running or s.num_waiting or s.num_held or s.num_live)
         return not busy and self.num_assigned == 0
 
     def set_state(self, new: InstanceState, why: str = "") -> None:
@@ -65,7 +66,7 @@ class Instance:
             ranks=self.ranks,
             state=self.state,
             num_running=s.num_running if s else 0,
-            num_waiting=(s.num_waiting if s else 0) + (0 if s else self.num_assigned),
+            num_waiting=(s.num_waiting + s.num_live if s else self.num_assigned),
             used_blocks=s.used_blocks if s else 0,
             total_blocks=s.total_blocks if s else 0,
             idle_since=self.idle_since,

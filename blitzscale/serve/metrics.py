@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from blitzscale.control.snapshot import InstanceState
@@ -22,7 +22,7 @@ class _RouterCollector(Collector):
     def __init__(self, router: Router) -> None:
         self.router = router
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         inst = GaugeMetricFamily(
             "blitzscale_instances", "Instances by role and state", labels=["role", "state"]
         )
@@ -38,6 +38,21 @@ class _RouterCollector(Collector):
         live = GaugeMetricFamily("blitzscale_requests_in_flight", "Requests accepted and not finished")
         live.add_metric([], len(self.router.reqs))
         yield live
+        yield CounterMetricFamily(
+            "blitzscale_live_requests",
+            "Requests whose prefill ran partly on an instance still loading its weights",
+            value=self.router.live_requests_total,
+        )
+        yield CounterMetricFamily(
+            "blitzscale_live_layers",
+            "Layers run on instances still loading their weights",
+            value=self.router.live_layers_total,
+        )
+        yield CounterMetricFamily(
+            "blitzscale_live_relays",
+            "Partly prefilled tasks a live target handed to its source to finish",
+            value=self.router.relays_total,
+        )
 
 
 class ClusterMetrics:

@@ -25,6 +25,8 @@ class RouterRequest:
     first_token_at: float | None = None
     dispatched_at: float | None = None
     rng_state: bytes = b""  # a seeded request's generator, carried from prefill to decode
+    relay_from: int | None = None  # live target sending this request's prefill to prefill_rank
+    live: bool = False  # part of its prefill ran on an instance still loading weights
 
     @property
     def token_ids(self) -> list[int]:

@@ -33,7 +33,11 @@ from blitzscale.messages import (
     Message,
     OutputsMsg,
     RecvKVMsg,
+    RelayedMsg,
+    RelayInMsg,
+    RelayMsg,
     SendKVMsg,
+    SendRelayMsg,
     StatsMsg,
     decode,
     encode,
@@ -82,6 +86,14 @@ class Router:
         self.reqs: dict[str, RouterRequest] = {}
         self.pending_migrations: deque[RouterRequest] = deque()
         self.connected: set[int] = set()
+        # Live scaling: live target rank -> its source's rank (None: no source to relay to),
+        # relays in flight (request id -> [target, source, sent]), sources asked to relay.
+        self.live_pairs: dict[int, int | None] = {}
+        self._relays: dict[str, list[Any]] = {}
+        self._relay_asked: set[int] = set()
+        self.live_requests_total = 0  # requests whose prefill ran partly on a loading instance
+        self.live_layers_total = 0  # layers run on loading instances
+        self.relays_total = 0  # tasks a live target handed to its source
         self._wake = asyncio.Event()
         self._cluster_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -145,7 +157,7 @@ class Router:
             return
         if r.stage == "queued":
             self.queue.remove(r)
-        for rank in {r.prefill_rank, r.decode_rank} - {None}:
+        for rank in {r.prefill_rank, r.decode_rank, r.relay_from} - {None}:
             await self._send(rank, AbortMsg(request_id=request_id))  # type: ignore[arg-type]
         self._release_assignment(r)
         r.stage = "done"
@@ -174,21 +186,50 @@ class Router:
             self._wake.clear()
             await self._dispatch_queue()
             await self._retry_migrations()
+            await self._relay_round()
             if time.monotonic() - last_check > self.cfg.health_check_s:
                 last_check = time.monotonic()
                 self._fail_dead_instances()
 
+    def _accepts(self, inst: Instance) -> str | None:
+        """The role `inst` takes work in now (live states serve the mode's first role).
+
+        ZigZag: a live target takes new prompts once its first layers have landed; from then
+        on its source takes none from the queue: it finishes its own, then pulls the target's
+        partly run tasks (relays), so the two work as one pipeline on the target's queue."""
+        if inst.state is InstanceState.NEW_PREFILL and not inst.live_ready:
+            return None  # no layer has landed yet
+        if inst.state is InstanceState.OLD_PREFILL and self._has_live_target(inst.rank):
+            return None
+        role = inst.accepts
+        if role == "prefill" and self.cfg.mode == "colocated":
+            return "colocated"
+        return role
+
+    def _has_live_target(self, source: int) -> bool:
+        return any(
+            src == source and (t := self.instances.get(target)) is not None and t.live_ready
+            for target, src in self.live_pairs.items()
+        )
+
+    def _budget(self, inst: Instance) -> int:
+        """Prompt tokens an instance may have outstanding; a live target with a source holds
+        the queue of both."""
+        if self.live_pairs.get(inst.rank) is not None:
+            return 2 * self.cfg.prefill_budget_tokens
+        return self.cfg.prefill_budget_tokens
+
     def _pick(self, role: str, need_tokens: int = 0) -> Instance | None:
         best: Instance | None = None
         for inst in self.instances.values():
-            if inst.accepts != role or inst.rank not in self.connected:
+            if self._accepts(inst) != role or inst.rank not in self.connected:
                 continue
             if inst.num_assigned >= self.cfg.max_requests_per_instance:
                 continue
             if (
                 role != "decode"
                 and inst.outstanding_tokens
-                and (inst.outstanding_tokens + need_tokens > self.cfg.prefill_budget_tokens)
+                and (inst.outstanding_tokens + need_tokens > self._budget(inst))
             ):
                 continue
             if best is None or (inst.outstanding_tokens, inst.num_assigned) < (
@@ -245,6 +286,152 @@ class Router:
             ),
         )
 
+    # --- live scaling (design §2.3) -----------------------------------------------------
+
+    def begin_live(self, targets: tuple[int, ...], source: int | None) -> None:
+        for t in targets:
+            self.live_pairs[t] = source
+
+    def end_live(self, target: int) -> None:
+        """`target` serves normally (or is gone); its source returns to normal when it has
+        no other live target."""
+        source = self.live_pairs.pop(target, None)
+        inst = self.instances.get(target)
+        steady = InstanceState.PREFILL if self.cfg.mode == "pd" else InstanceState.COLOCATED
+        if inst is not None and inst.state in (InstanceState.NEW_PREFILL, InstanceState.REFRACTORY_PREFILL):
+            inst.set_state(steady, "(live queue drained)")
+        src = self.instances.get(source) if source is not None else None
+        if src is not None and source not in self.live_pairs.values():
+            self._relay_asked.discard(source)  # type: ignore[arg-type]
+            if src.state is InstanceState.OLD_PREFILL:
+                src.set_state(steady, "(its live target is loaded)")
+        self._wake.set()
+
+    async def _relay_round(self) -> None:
+        """An idle source pulls a task from its live target (ZigZag): the target stops its
+        head task where it is and the source finishes the remaining layers."""
+        for target, source in self.live_pairs.items():
+            if source is None or source in self._relay_asked or source not in self.connected:
+                continue
+            src, tgt = self.instances.get(source), self.instances.get(target)
+            if src is None or tgt is None or src.state is not InstanceState.OLD_PREFILL:
+                continue
+            if src.outstanding_tokens > 0 or tgt.outstanding_tokens <= 0:
+                continue  # the source has prompts of its own, or the target has none queued
+            self._relay_asked.add(source)
+            await self._send(target, RelayMsg(dst_rank=source))
+
+    async def _on_relayed(self, m: RelayedMsg) -> None:
+        source = self.live_pairs.get(m.rank)
+        if source is not None:
+            self._relay_asked.discard(source)
+        r = self.reqs.get(m.request_id)
+        src = self.instances.get(source) if source is not None else None
+        if r is None or src is None or r.prefill_rank != m.rank:
+            await self._send(m.rank, SendRelayMsg(request_id=m.request_id, dst_rank=-1))
+            if r is None:
+                await self._send(m.rank, AbortMsg(request_id=m.request_id))
+            return
+        self._relays[r.id] = [m.rank, source, False]
+        self.relays_total += 1
+        tgt = self.instances.get(m.rank)
+        if tgt is not None:
+            tgt.outstanding_tokens -= len(r.prompt)
+        src.outstanding_tokens += len(r.prompt)
+        src.num_assigned += 1
+        r.prefill_rank, r.relay_from = source, m.rank
+        self._count_live(r, m.live_layers)
+        await self._send(
+            source,  # type: ignore[arg-type]
+            RelayInMsg(
+                request_id=r.id,
+                src_rank=m.rank,
+                layer=m.layer,
+                prompt_token_ids=r.prompt,
+                params=r.sampling_msg(),
+                hold_kv=self.cfg.mode == "pd",
+            ),
+        )
+
+    async def _on_relay_event(self, ev: EventMsg) -> None:
+        relay = self._relays.get(ev.request_id)
+        if ev.kind == "relay_none":
+            self._relay_asked.discard(self.live_pairs.get(ev.rank))  # type: ignore[arg-type]
+        elif relay is None:
+            return
+        elif ev.kind == "relay_ready":  # the source's receives are posted: the target sends
+            relay[2] = True
+            await self._send(relay[0], SendRelayMsg(request_id=ev.request_id, dst_rank=ev.rank))
+        elif ev.kind == "relay_sent":
+            del self._relays[ev.request_id]
+            self._unassign(relay[0])
+            r = self.reqs.get(ev.request_id)
+            if r is not None:
+                r.relay_from = None
+        elif ev.kind == "relay_lost":  # a side died mid-relay
+            del self._relays[ev.request_id]
+            r = self.reqs.get(ev.request_id)
+            if r is not None:
+                self._lost(r, f"relay between ranks {relay[0]} and {relay[1]} failed ({ev.error})")
+        elif ev.kind == "relay_failed":  # the source had no room: the target keeps the task
+            del self._relays[ev.request_id]
+            await self._send(relay[0], SendRelayMsg(request_id=ev.request_id, dst_rank=-1))
+            r = self.reqs.get(ev.request_id)
+            if r is None:
+                await self._send(relay[0], AbortMsg(request_id=ev.request_id))
+            else:
+                self._take_back(r, relay)
+
+    def _take_back(self, r: RouterRequest, relay: list[Any]) -> None:
+        """A relay that did not happen: the request is the target's again."""
+        target, source = relay[0], relay[1]
+        src, tgt = self.instances.get(source), self.instances.get(target)
+        if src is not None:
+            src.outstanding_tokens -= len(r.prompt)
+        self._unassign(source)
+        if tgt is not None:
+            tgt.outstanding_tokens += len(r.prompt)
+        r.prefill_rank, r.relay_from = target, None
+
+    def _count_live(self, r: RouterRequest, layers: int) -> None:
+        if layers <= 0:
+            return
+        self.live_layers_total += layers
+        if not r.live:
+            r.live = True
+            self.live_requests_total += 1
+
+    def _on_live_event(self, ev: EventMsg) -> None:
+        inst = self.instances.get(ev.rank)
+        if inst is None or ev.rank not in self.live_pairs:
+            return
+        if ev.kind == "live_ready":
+            inst.live_ready = True
+        elif ev.kind == "live_loaded" and inst.state is InstanceState.NEW_PREFILL:
+            inst.set_state(InstanceState.REFRACTORY_PREFILL, "(fully loaded)")
+        elif ev.kind == "live_done":
+            self.end_live(ev.rank)
+        elif ev.kind == "live_failed":  # its weights will not all arrive: it serves no more
+            inst.set_state(InstanceState.INACTIVE, "(live load failed)")
+            self.end_live(ev.rank)
+        self._wake.set()
+
+    def _lost(self, r: RouterRequest, why: str) -> None:
+        """An instance lost `r`: run it again if the client has seen nothing yet, else fail it."""
+        if r.first_token_at is None and r.stage == "prefill":
+            log.warning("request %s: %s; running it again", r.id, why)
+            self._requeue(r)
+        else:
+            r.out.put_nowait(BlitzScaleError(why))
+            self._finish(r)
+
+    def _requeue(self, r: RouterRequest) -> None:
+        """Run a request again from the front of the queue (it has no output yet)."""
+        self._release_assignment(r)
+        r.stage = "queued"
+        self.queue.appendleft(r)
+        self._wake.set()
+
     # --- worker messages ----------------------------------------------------------------
 
     async def _recv_loop(self) -> None:
@@ -261,6 +448,8 @@ class Router:
                 await self._on_event(msg)
             elif isinstance(msg, StatsMsg):
                 self._on_stats(msg)
+            elif isinstance(msg, RelayedMsg):
+                await self._on_relayed(msg)
             elif isinstance(msg, HelloMsg):
                 self.connected.add(msg.rank)
                 self._wake.set()
@@ -273,6 +462,7 @@ class Router:
             inst = self.instances.get(msg.rank)
             if r.stage == "prefill" and inst is not None and r.first_token_at is None:
                 inst.outstanding_tokens -= len(r.prompt)
+                self._count_live(r, o.live_layers)
             if o.finish_reason == "migrate":
                 r.rng_state = o.rng_state
                 await r.out.put(r.accept(o, finished=False))
@@ -284,8 +474,17 @@ class Router:
                     self._finish(r)
 
     async def _on_event(self, ev: EventMsg) -> None:
+        if ev.kind in ("live_ready", "live_loaded", "live_done", "live_failed"):
+            self._on_live_event(ev)
+            return
+        if ev.kind.startswith("relay_"):
+            await self._on_relay_event(ev)
+            return
         r = self.reqs.get(ev.request_id)
         if r is None:
+            return
+        if ev.kind == "lost":
+            self._lost(r, f"rank {ev.rank} lost it: {ev.error}")
             return
         if ev.kind == "kv_ready":
             await self._send(r.prefill_rank, SendKVMsg(request_id=r.id, dst_rank=ev.rank))  # type: ignore[arg-type]
@@ -314,15 +513,32 @@ class Router:
 
     def _fail_dead_instances(self) -> None:
         dead = {r for r, p in enumerate(self.cluster.procs) if not p.is_alive()}
+        if not dead:
+            return
+        for rid, (target, source, sent) in list(self._relays.items()):
+            if not {target, source} & dead:
+                continue
+            del self._relays[rid]
+            r = self.reqs.get(rid)
+            if source in dead and target not in dead and not sent:  # the target still has it
+                self._send_nowait(target, SendRelayMsg(request_id=rid, dst_rank=-1))
+                if r is not None:
+                    self._take_back(r, [target, source])
         for r in list(self.reqs.values()):
-            if {r.prefill_rank, r.decode_rank} & dead:
-                r.out.put_nowait(BlitzScaleError(f"instance on rank {sorted(dead)} died"))
-                self._finish(r)
+            ranks = {r.prefill_rank, r.decode_rank, r.relay_from} & dead
+            if ranks:  # run again if nothing was produced yet (no client can tell), else fail
+                self._lost(r, f"instance on rank {sorted(ranks)} died")
         for rank in dead:
             inst = self.instances.get(rank)
             if inst is not None and inst.state is not InstanceState.INACTIVE:
                 inst.set_state(InstanceState.INACTIVE, "(worker died)")
                 self.connected.discard(rank)
+            if rank in self.live_pairs:
+                self.end_live(rank)
+            for t, src in list(self.live_pairs.items()):
+                if src == rank:  # the target goes on alone
+                    self.live_pairs[t] = None
+                    self._relay_asked.discard(rank)
 
     # --- bookkeeping --------------------------------------------------------------------
 
@@ -335,9 +551,9 @@ class Router:
     def _release_assignment(self, r: RouterRequest) -> None:
         if r.stage == "prefill" and r.prefill_rank in self.instances and r.first_token_at is None:
             self.instances[r.prefill_rank].outstanding_tokens -= len(r.prompt)
-        for rank in (r.prefill_rank, r.decode_rank):
+        for rank in (r.prefill_rank, r.decode_rank, r.relay_from):
             self._unassign(rank)
-        r.prefill_rank = r.decode_rank = None
+        r.prefill_rank = r.decode_rank = r.relay_from = None
 
     def _unassign(self, rank: int | None) -> None:
         inst = self.instances.get(rank) if rank is not None else None
@@ -346,3 +562,6 @@ class Router:
 
     async def _send(self, rank: int, msg: Message) -> None:
         await self.data.send_multipart([f"w{rank}".encode(), encode(msg)])
+
+    def _send_nowait(self, rank: int, msg: Message) -> None:
+        self.data.send_multipart([f"w{rank}".encode(), encode(msg)])  # queued by zmq, sent by the loop

@@ -31,7 +31,7 @@ from blitzscale.control.policies import (
 )
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, DeactivateMsg, Message, SetRoleMsg
+from blitzscale.messages import ActivateMsg, DeactivateMsg, Message, ReplyMsg, SetRoleMsg
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.router import Router
@@ -120,23 +120,24 @@ class Scaler:
     async def _activate(self, inst: Instance, role: str) -> None:
         await self._activate_many([inst], role)
 
+    def _activate_msg(self, role: str, live: bool = False) -> ActivateMsg:
+        e = self.engine
+        return ActivateMsg(
+            op_id=self.cluster.next_op(),
+            model=self.model,
+            source=self.source,
+            role=role,
+            block_size=e.block_size,
+            num_kv_blocks=e.num_kv_blocks,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            max_num_seqs=e.max_num_seqs,
+            max_model_len=e.max_model_len,
+            live=live,
+        )
+
     async def _activate_many(self, insts: list[Instance], role: str) -> None:
         """Start engines on freshly loaded instances, all at once."""
-        e = self.engine
-        msgs: dict[int, Message] = {
-            inst.rank: ActivateMsg(
-                op_id=self.cluster.next_op(),
-                model=self.model,
-                source=self.source,
-                role=role,
-                block_size=e.block_size,
-                num_kv_blocks=e.num_kv_blocks,
-                max_num_batched_tokens=e.max_num_batched_tokens,
-                max_num_seqs=e.max_num_seqs,
-                max_model_len=e.max_model_len,
-            )
-            for inst in insts
-        }
+        msgs: dict[int, Message] = {inst.rank: self._activate_msg(role) for inst in insts}
         await self.router.cluster_call(self.cluster.command_many, msgs)
         for inst in insts:
             if role == "decode":  # decode instances are made from prefill ones (design §4)
@@ -156,8 +157,10 @@ class Scaler:
             now=now,
             instances=instances,
             queued_prompt_tokens=sum(len(q.prompt) for q in r.queue)
-            + sum(i.outstanding_tokens for i in r.instances.values()),
-            live_target_tokens=0,
+            + sum(i.outstanding_tokens for i in r.instances.values() if i.rank not in r.live_pairs),
+            live_target_tokens=sum(
+                i.outstanding_tokens for i in r.instances.values() if i.rank in r.live_pairs
+            ),
             migrating_tokens=sum(len(q.prompt) for q in r.pending_migrations),
             free_ranks=tuple(x for x in r.cluster.alive_ranks() if x not in used),
             gpu_holders=tuple(self.cluster.pool.gpu_holders(self.model)),
@@ -210,9 +213,12 @@ class Scaler:
             targets = tuple(t for t in a.target_ranks if t not in self.busy and self._is_free(t))
             if targets != a.target_ranks:
                 return
+            live = a.live and a.path == "network"
             for t in targets:
-                self._instance(t).set_state(InstanceState.LOADING, f"({a.path})")
-            self._spawn(targets, self._load(a))
+                inst = self._instance(t)
+                inst.live_ready = False
+                inst.set_state(InstanceState.NEW_PREFILL if live else InstanceState.LOADING, f"({a.path})")
+            self._spawn(targets, self._load_live(a) if live else self._load(a))
             return
         inst = self.router.instances.get(a.instance_id)
         if inst is None or inst.id in self.busy:
@@ -266,6 +272,53 @@ class Scaler:
                     self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
             return
         await self._activate_many([self._instance(t) for t in a.target_ranks], role)
+
+    async def _load_live(self, a: LoadAction) -> None:
+        """ZigZag (design §2.3): targets start serving as soon as their first layers land,
+        and `a.partner` (now OLD_PREFILL) relays their tasks when it is idle."""
+        role = "prefill" if self.pd_mode else "colocated"
+        partner = self.router.instances.get(a.partner) if a.partner is not None else None
+        if partner is not None and partner.state in (InstanceState.PREFILL, InstanceState.COLOCATED):
+            partner.set_state(InstanceState.OLD_PREFILL, f"(relays for {list(a.target_ranks)})")
+        else:
+            partner = None
+        self.router.begin_live(a.target_ranks, partner.rank if partner is not None else None)
+        loop = asyncio.get_running_loop()
+        activated: set[int] = set()
+
+        def on_live(reply: ReplyMsg) -> None:  # on the cluster thread
+            if reply.ok:
+                activated.add(reply.rank)
+            else:
+                log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
+            loop.call_soon_threadsafe(self.router._wake.set)
+
+        live = {t: self._activate_msg(role, live=True) for t in a.target_ranks}
+        t0 = time.monotonic()
+        try:
+            report = await self.router.cluster_call(
+                self.cluster.transfer,
+                self.model,
+                self.source,
+                list(a.sources),
+                list(a.target_ranks),
+                live=live,
+                on_live=on_live,
+            )
+        except BlitzScaleError as e:
+            log.error("live load onto %s failed: %s", a.target_ranks, e)
+            for t in a.target_ranks:
+                if t not in self.cluster.pool.gpu_holders(self.model):
+                    self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
+                self.router.end_live(t)
+            return
+        nbytes = sum(v["bytes"] for v in report.values())
+        self._record("up", "network", list(a.target_ranks), time.monotonic() - t0, nbytes, list(a.sources))
+        missed = [self._instance(t) for t in a.target_ranks if t not in activated]
+        if missed:  # loaded, but never started live: start them the ordinary way
+            for inst in missed:
+                self.router.end_live(inst.rank)
+            await self._activate_many(missed, role)
 
     async def _load_network(
         self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool

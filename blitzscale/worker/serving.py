@@ -29,8 +29,12 @@ from blitzscale.messages import (
     OutputMsg,
     OutputsMsg,
     RecvKVMsg,
+    RelayedMsg,
+    RelayInMsg,
+    RelayMsg,
     SamplingMsg,
     SendKVMsg,
+    SendRelayMsg,
     StatsMsg,
     sampling_fields,
 )
@@ -49,6 +53,13 @@ class _Migration:
     done: Future[None]  # completes when the p2p op has (gloo reports nothing until waited on)
     buf: torch.Tensor
     started: float
+    hidden: torch.Tensor | None = None  # a relay: the hidden states that come with the KV
+    aborted: bool = False  # the request was aborted while its data was on the wire
+
+
+def _wait_all(works: list[dist.Work], device: torch.device) -> None:
+    for w in works:
+        _wait(w, device)
 
 
 def _wait(work: dist.Work, device: torch.device) -> None:
@@ -67,13 +78,26 @@ class ServingLoop:
         self._recvs: dict[str, _Migration] = {}
         self._sends: dict[str, _Migration] = {}
         self._orphans: list[_Migration] = []  # timed-out receives: their buffers must stay alive
+        self._relay_recvs: dict[str, _Migration] = {}  # source side of live scaling
+        self._relay_sends: dict[str, _Migration] = {}  # target side
+        self._live_events: set[str] = set()  # live-target events already sent
+        self.live_failed = ""  # set (from the transfer thread) when a live target's load fails
         self._last_stats = 0.0
         self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
 
     @property
     def is_idle(self) -> bool:
         e = self.engine
-        return e is None or not (e.has_unfinished() or e.held or e.importing or self._recvs or self._sends)
+        return e is None or not (
+            e.has_unfinished()
+            or e.held
+            or e.importing
+            or e.relaying
+            or self._recvs
+            or self._sends
+            or self._relay_recvs
+            or self._relay_sends
+        )
 
     def activate(self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg) -> dict[str, Any]:
         if self.engine is not None:
@@ -87,6 +111,10 @@ class ServingLoop:
         )
         self.engine = LLMEngine(weights, tokenizer, cfg)
         self.role = msg.role
+        self._live_events = set()
+        self.live_failed = ""
+        if msg.live:
+            self.engine.start_live()
         return {"num_kv_blocks": self.engine.pool.num_blocks, "max_model_len": self.engine.max_model_len}
 
     def deactivate(self) -> None:
@@ -100,8 +128,12 @@ class ServingLoop:
     def handle(self, msg: Message) -> None:
         e = self.engine
         rid = getattr(msg, "request_id", "")
-        if e is None:
-            self.send(EventMsg(rank=self.rank, request_id=rid, kind="rejected", error="rank is not serving"))
+        if e is None:  # not the request's fault: it can run elsewhere
+            self.send(
+                EventMsg(
+                    rank=self.rank, request_id=rid, kind="lost", error=f"rank {self.rank} is not serving"
+                )
+            )
             return
         try:
             if isinstance(msg, GenerateMsg):
@@ -114,15 +146,160 @@ class ServingLoop:
                 self._start_recv(msg)
             elif isinstance(msg, SendKVMsg):
                 self._start_send(msg)
+            elif isinstance(msg, RelayMsg):
+                self._relay_out(msg)
+            elif isinstance(msg, RelayInMsg):
+                self._start_relay_recv(msg)
+            elif isinstance(msg, SendRelayMsg):
+                self._start_relay_send(msg)
         except BlitzScaleError as err:
-            kind = "kv_failed" if isinstance(msg, RecvKVMsg | SendKVMsg) else "rejected"
+            if isinstance(msg, RelayInMsg):
+                kind = "relay_failed"
+            elif isinstance(msg, SendRelayMsg):
+                kind = "relay_lost"
+            elif isinstance(msg, RecvKVMsg | SendKVMsg):
+                kind = "kv_failed"
+            else:
+                kind = "rejected"
             self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=str(err)))
+        except RuntimeError as err:  # torch.distributed: the peer is gone
+            if isinstance(msg, RelayInMsg):
+                e.cancel_relay(rid)
+            kind = "relay_lost" if isinstance(msg, RelayInMsg | SendRelayMsg) else "kv_failed"
+            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=_short(err)))
 
     def _abort(self, request_id: str) -> None:
         e = self.engine
         assert e is not None
-        if not e.abort(request_id) and request_id in e.held and request_id not in self._sends:
+        if request_id in self._relay_recvs:  # finish receiving (the stream stays in order), then drop
+            self._relay_recvs[request_id].aborted = True
+        elif not e.abort(request_id) and request_id in e.held and request_id not in self._sends:
             e.release_held(request_id)
+
+    # --- live scaling -------------------------------------------------------------------
+
+    def _relay_out(self, msg: RelayMsg) -> None:
+        """Target: stop a live task where it is and report it; it is sent when the source
+        has posted its receives (SendRelayMsg), so every stream between the two stays in order."""
+        e = self.engine
+        assert e is not None
+        r = e.relay_out()
+        if r is None:
+            self.send(EventMsg(rank=self.rank, request_id="", kind="relay_none"))
+            return
+        self.send(
+            RelayedMsg(
+                rank=self.rank,
+                request_id=r.request.request_id,
+                layer=r.layer,
+                live_layers=r.request.live_layers,
+            )
+        )
+
+    def _start_relay_recv(self, msg: RelayInMsg) -> None:
+        e = self.engine
+        assert e is not None
+        task = e.reserve_relay(
+            msg.request_id, msg.prompt_token_ids, to_params(msg.params), msg.layer, msg.hold_kv
+        )
+        if msg.layer == 0:  # nothing computed there: this instance runs the whole prompt
+            e.commit_relay(msg.request_id, None)
+        else:
+            kv = e.kv_cache
+            n = len(task.request.block_ids)
+            hidden = torch.empty(
+                (task.request.num_tokens, e.model_config.hidden_size),
+                dtype=kv.data.dtype,
+                device=kv.data.device,
+            )
+            buf = torch.empty(kv.packed_shape(n, msg.layer), dtype=kv.data.dtype, device=kv.data.device)
+            works = [
+                dist.irecv(hidden, src=msg.src_rank, group=self.kv_group),
+                dist.irecv(buf, src=msg.src_rank, group=self.kv_group),
+            ]
+            done = self._waiters.submit(_wait_all, works, buf.device)
+            self._relay_recvs[msg.request_id] = _Migration(done, buf, time.monotonic(), hidden)
+        self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="relay_ready"))
+
+    def _start_relay_send(self, msg: SendRelayMsg) -> None:
+        e = self.engine
+        assert e is not None
+        if msg.dst_rank < 0:
+            e.relay_cancelled(msg.request_id)
+            return
+        r = e.relaying.get(msg.request_id)
+        if r is None:
+            raise BlitzScaleError(f"request {msg.request_id!r} is not being relayed here")
+        if r.layer == 0:
+            e.relay_sent(msg.request_id)
+            self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="relay_sent"))
+            return
+        assert r.hidden is not None
+        buf = e.kv_cache.gather_blocks(r.request.block_ids, (0, r.layer))
+        hidden = r.hidden.contiguous()
+        works = [
+            dist.isend(hidden, dst=msg.dst_rank, group=self.kv_group),
+            dist.isend(buf, dst=msg.dst_rank, group=self.kv_group),
+        ]
+        done = self._waiters.submit(_wait_all, works, buf.device)
+        self._relay_sends[msg.request_id] = _Migration(done, buf, time.monotonic(), hidden)
+
+    def _poll_relays(self, e: LLMEngine) -> None:
+        for rid, m in list(self._relay_recvs.items()):
+            if not m.done.done():
+                continue
+            del self._relay_recvs[rid]
+            err = m.done.exception()
+            if err is None and not m.aborted:
+                task = e.relays[rid]
+                e.kv_cache.scatter_blocks(task.request.block_ids, m.buf, (0, task.layer))
+                e.commit_relay(rid, m.hidden)
+                continue
+            if err is not None:
+                self._orphans.append(m)
+            e.cancel_relay(rid)
+            if err is not None:
+                text = f"relay from a live target failed: {_short(err)}"
+                self.send(EventMsg(rank=self.rank, request_id=rid, kind="relay_lost", error=text))
+        for rid, m in list(self._relay_sends.items()):
+            if not m.done.done():
+                continue
+            del self._relay_sends[rid]
+            err = m.done.exception()
+            if err is not None:
+                self._orphans.append(m)
+            e.relay_sent(rid)
+            kind, text = ("relay_sent", "") if err is None else ("relay_lost", f"relay send: {_short(err)}")
+            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=text))
+
+    def _live_progress(self, e: LLMEngine) -> None:
+        """Tell the router how a live target is doing: first layers in, fully loaded, and
+        back to normal once its live queue is drained."""
+        if self.live_failed and not self._relay_sends:
+            self._fail_live(e, self.live_failed)
+            return
+        ready = e.model.weights.readiness
+        if "live_ready" not in self._live_events and ready.num_ready_prefix >= 2:
+            self._live_event("live_ready")
+        if "live_loaded" not in self._live_events and ready.all_ready:
+            self._live_event("live_loaded")
+        if e.live_drained:
+            e.end_live()
+            self._live_event("live_done")
+
+    def _live_event(self, kind: str) -> None:
+        self._live_events.add(kind)
+        self.send(EventMsg(rank=self.rank, request_id="", kind=kind))
+
+    def _fail_live(self, e: LLMEngine, error: str) -> None:
+        """The weights will never all arrive: every request here is lost (the router runs
+        again those that have no output yet), and the engine goes."""
+        self._live_event("live_failed")
+        for rid in [*e.requests, *e.held, *e.relaying]:
+            self.send(EventMsg(rank=self.rank, request_id=rid, kind="lost", error=error))
+        self.engine = None
+        self.role = ""
+        self.live_failed = ""
 
     def _start_recv(self, msg: RecvKVMsg) -> None:
         e = self.engine
@@ -161,6 +338,11 @@ class ServingLoop:
         if e is None:
             return False
         self._poll_migrations(e)
+        self._poll_relays(e)
+        if e.live is not None:
+            self._live_progress(e)
+            if self.engine is None:
+                return False
         busy = e.has_unfinished()
         if busy:
             outs = e.step()
@@ -170,7 +352,7 @@ class ServingLoop:
         if now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self.send(self.stats())
-        return busy or bool(self._recvs or self._sends)
+        return busy or bool(self._recvs or self._sends or self._relay_recvs or self._relay_sends)
 
     @staticmethod
     def _output(e: LLMEngine, o: RequestOutput) -> OutputMsg:
@@ -192,6 +374,7 @@ class ServingLoop:
             num_held=len(e.held),
             used_blocks=e.pool.num_used_blocks,
             total_blocks=e.pool.num_blocks,
+            num_live=len(e.live) if e.live is not None else 0,
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:
@@ -221,6 +404,12 @@ class ServingLoop:
             self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=text))
 
 
+def _short(err: BaseException) -> str:
+    """The first line of a (often very long) torch.distributed error."""
+    line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
 def _to_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:
     return OutputMsg(
         rng_state=rng_state,
@@ -231,4 +420,5 @@ def _to_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:
         finish_reason=o.finish_reason,
         num_prompt_tokens=o.num_prompt_tokens,
         num_output_tokens=len(o.token_ids),
+        live_layers=o.live_layers,
     )

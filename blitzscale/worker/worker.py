@@ -63,6 +63,7 @@ class Worker:
         self.rank = cfg.rank
         self.models: dict[str, ModelWeights] = {}
         self.host_copies: dict[str, ModelWeights] = {}
+        self.loading: dict[str, ModelWeights] = {}  # weights a transfer is filling now
         self.serving_model = ""
         self._tokenizers: dict[str, Any] = {}
         self._outbox: queue.Queue[ReplyMsg] = queue.Queue()
@@ -150,19 +151,37 @@ class Worker:
             self.sock.send(encode(self._outbox.get()))
 
     def _start_transfer(self, msg: TransferMsg) -> None:
-        """Weights move on their own thread so a source keeps serving while it sends."""
+        """Weights move on their own thread so a source keeps serving while it sends, and a
+        live target serves from the layers that have landed (the receive buffer exists
+        before this returns, so an ActivateMsg right behind this one finds it)."""
         if self._transfer_thread is not None and self._transfer_thread.is_alive():
             raise BlitzScaleError(f"rank {self.rank} is already in a transfer")
+        self._prepare_receive(msg)
 
         def run() -> None:
             try:
                 result, ok, err = self._transfer(msg), True, ""
             except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
                 result, ok, err = {}, False, f"{type(e).__name__}: {e}"
+                if self.loading.pop(msg.model, None) is not None and self.serving_model == msg.model:
+                    self.serving.live_failed = f"loading the weights failed: {err}"
             self._outbox.put(ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result))
 
         self._transfer_thread = threading.Thread(target=run, name="transfer", daemon=True)
         self._transfer_thread.start()
+
+    def _prepare_receive(self, msg: TransferMsg) -> None:
+        is_receiver = any(self.rank in c[1:] for c in msg.chains) or (
+            msg.head_is_target and any(c[0] == self.rank for c in msg.chains)
+        )
+        if not is_receiver:
+            return
+        if msg.model in self.models or msg.model in self.loading:
+            raise ValueError(f"rank {self.rank} already holds {msg.model}")
+        cfg = load_config(resolve_model(msg.source))
+        fresh = ModelWeights.empty(cfg, parse_dtype(msg.dtype), self.device, msg.tp_size, msg.tp_rank)
+        fresh.readiness.reset()
+        self.loading[msg.model] = fresh
 
     # --- commands ----------------------------------------------------------------------
 
@@ -170,6 +189,7 @@ class Worker:
         if isinstance(msg, LoadMsg):
             return self._load(msg)
         if isinstance(msg, TransferMsg):
+            self._prepare_receive(msg)
             return self._transfer(msg)
         if isinstance(msg, HostCacheMsg):
             return self._host_cache(msg)
@@ -208,18 +228,8 @@ class Worker:
 
     def _transfer(self, msg: TransferMsg) -> dict[str, Any]:
         received_at = time.time()
-        dtype = parse_dtype(msg.dtype)
-        weights = self.models.get(msg.model)
-        is_receiver = any(self.rank in c[1:] for c in msg.chains) or (
-            msg.head_is_target and any(c[0] == self.rank for c in msg.chains)
-        )
-        fresh = None
-        if is_receiver:
-            if weights is not None:
-                raise ValueError(f"rank {self.rank} already holds {msg.model}")
-            cfg = load_config(resolve_model(msg.source))
-            fresh = ModelWeights.empty(cfg, dtype, self.device, msg.tp_size, msg.tp_rank)
-            weights = fresh
+        fresh = self.loading.get(msg.model)
+        weights = fresh or self.models.get(msg.model)
         host = self.host_copies.get(msg.model)
         layout_src = weights or host
         if layout_src is None:
@@ -235,7 +245,7 @@ class Worker:
         )
         _sync(self.device)
         if fresh is not None:
-            self.models[msg.model] = fresh
+            self.models[msg.model] = self.loading.pop(msg.model)
         return {**stats.as_result(), "received_at": received_at}
 
     def _host_cache(self, msg: HostCacheMsg) -> dict[str, Any]:
@@ -258,7 +268,11 @@ class Worker:
 
     def _activate(self, msg: ActivateMsg) -> dict[str, Any]:
         weights = self.models.get(msg.model)
-        if weights is None or not weights.readiness.all_ready:
+        if weights is None and msg.live:  # a live target: serve what has landed so far
+            weights = self.loading.get(msg.model)
+            if weights is None:
+                raise ValueError(f"rank {self.rank} is not loading {msg.model}")
+        elif weights is None or not weights.readiness.all_ready:
             raise ValueError(f"rank {self.rank} does not hold all of {msg.model}")
         if msg.source not in self._tokenizers:
             self._tokenizers[msg.source] = load_tokenizer(resolve_model(msg.source))

@@ -1,0 +1,193 @@
+"""Live scaling (ZigZag) in the serving cluster, on CPU workers with the real SmolLM2.
+
+Weight transfers are capped (`transfer_bytes_per_s`) so loading a new instance takes about
+eight seconds, a slow link in miniature. A burst then has to be served partly by the new
+instance while its layers are still arriving, and partly by its source, which finishes
+tasks the new instance has started (relays). Tokens must not change, and the requests that
+ran on the loading instance must get their first token before it is fully loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from blitzscale.control.snapshot import InstanceState
+from blitzscale.engine.request import SamplingParams
+from blitzscale.errors import BlitzScaleError
+from blitzscale.serve.background import LoopThread
+from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.server import ServingCluster
+
+PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+RATE = 60e6  # bytes/s: SmolLM2 in fp32 (538 MB) arrives in about 9 s
+
+
+def live_config(mode: str, workers: int, policy: str = "blitz") -> ServeConfig:
+    return ServeConfig().with_overrides(
+        cluster={"num_workers": workers, "transfer_bytes_per_s": RATE},
+        router={"mode": mode, "prefill_budget_tokens": 400},
+        policy={"name": policy},
+        planner={"tokens_prefilled_per_sec": 300.0, "scale_down_idle_s": 60.0, "max_prefill": 2},
+    )
+
+
+class Client:
+    """Runs requests and notes, per request, when its first token came and whether part
+    of its prefill ran on a loading instance."""
+
+    def __init__(self, service: ServingCluster) -> None:
+        assert service.router is not None
+        self.router = service.router
+        self.first: dict[str, tuple[float, bool]] = {}
+
+    async def one(self, rid: str, ids: list[int]) -> list[int]:
+        out: list[int] = []
+        async for o in self.router.generate(rid, ids, PARAMS):
+            if rid not in self.first and o.new_token_ids:
+                r = self.router.reqs.get(rid)
+                self.first[rid] = (time.monotonic(), bool(r and r.live))
+            out += o.new_token_ids
+        return out
+
+
+def prompts(service: ServingCluster, n: int) -> list[list[int]]:
+    assert service.router is not None
+    return [
+        service.router.encode(f"Request {i}: describe the number {i * 13} and why it matters. " * 10)
+        for i in range(n)
+    ]
+
+
+def run_burst(service: ServingCluster, lt: LoopThread, n: int) -> tuple[Client, list[list[int]], list[list[int]]]:
+    ps = prompts(service, n)
+    client = Client(service)
+    refs = [lt.run(client.one(f"ref{i}", p)) for i, p in enumerate(ps[:4])]  # one instance, loaded
+
+    async def burst() -> list[list[int]]:
+        return await asyncio.gather(*(client.one(f"b{i}", p) for i, p in enumerate(ps)))
+
+    return client, refs, lt.run(burst(), timeout=180)
+
+
+def metric(service: ServingCluster, name: str) -> float:
+    from prometheus_client import generate_latest
+
+    for line in generate_latest(service.registry).decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def used_blocks(service: ServingCluster) -> dict[int, int]:
+    assert service.router is not None
+    return {
+        i.id: i.stats.used_blocks
+        for i in service.router.instances.values()
+        if i.stats is not None and i.state is not InstanceState.INACTIVE
+    }
+
+
+def wait_for(cond: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("mode,workers", [("colocated", 2), ("pd", 3)])
+def test_live_target_serves_while_loading_and_tokens_do_not_change(mode: str, workers: int) -> None:
+    lt = LoopThread()
+    service = ServingCluster(live_config(mode, workers))
+    try:
+        lt.run(service.start())
+        assert service.router is not None and service.scaler is not None
+        client, refs, outs = run_burst(service, lt, 36)
+        assert outs[:4] == refs, "tokens changed under live scaling"
+        assert len(set(map(tuple, outs))) > 1  # the prompts differ, so do the outputs
+
+        loads = [e for e in service.scaler.events if e["path"] == "network" and e["direction"] == "up"]
+        live_load = loads[-1]
+        loaded_at = live_load["time"]
+        assert live_load["seconds"] > 4, live_load  # the cap made it slow
+        early_live = [rid for rid, (t, live) in client.first.items() if live and t < loaded_at]
+        assert early_live, f"no live request got its first token before the load ended: {client.first}"
+        assert metric(service, "blitzscale_live_requests_total") >= len(early_live)
+        assert metric(service, "blitzscale_live_layers_total") > 0
+        assert metric(service, "blitzscale_live_relays_total") >= 1
+
+        target = service.router.instances[live_load["ranks"][0]]
+        seen = [b for _, _, b in target.transitions]
+        assert seen[:1] == ["new_prefill"] and "refractory_prefill" in seen, seen
+        wait_for(lambda: not service.router.live_pairs)  # drained: everyone is back to normal
+        steady = InstanceState.PREFILL if mode == "pd" else InstanceState.COLOCATED
+        assert target.state is steady
+        assert not any(i.state is InstanceState.OLD_PREFILL for i in service.router.instances.values())
+        wait_for(lambda: not any(used_blocks(service).values()))  # no KV block leaked
+    finally:
+        lt.run(service.stop())
+        lt.close()
+
+
+def test_nolive_policy_loads_first_then_serves() -> None:
+    lt = LoopThread()
+    service = ServingCluster(live_config("colocated", 2, policy="blitz-nolive"))
+    try:
+        lt.run(service.start())
+        assert service.scaler is not None and service.router is not None
+        client, refs, outs = run_burst(service, lt, 8)
+        assert outs[:4] == refs
+        assert metric(service, "blitzscale_live_requests_total") == 0
+        seen = [b for i in service.router.instances.values() for _, _, b in i.transitions]
+        assert "new_prefill" not in seen and "loading" in seen
+    finally:
+        lt.run(service.stop())
+        lt.close()
+
+
+@pytest.mark.parametrize("victim", ["target", "source"])
+def test_death_during_live_scaling_fails_or_retries_with_no_hang_or_leak(victim: str) -> None:
+    """colocated, 3 workers: rank 0 serves (weight source and relay partner), rank 1 is
+    the live target. Killing either mid-load: every request ends (tokens, or a clear error)
+    and the survivors hold no KV blocks."""
+    lt = LoopThread()
+    cfg = live_config("colocated", 3)
+    cfg = cfg.with_overrides(planner={"max_prefill": 2, "tokens_prefilled_per_sec": 300.0})
+    service = ServingCluster(cfg)
+    try:
+        lt.run(service.start())
+        router, cluster = service.router, service.cluster
+        assert router is not None and cluster is not None
+        ps = prompts(service, 10)
+        client = Client(service)
+        ref = lt.run(client.one("ref", ps[0]))
+
+        async def guarded(i: int) -> list[int] | str:
+            try:
+                return await client.one(f"b{i}", ps[i])
+            except BlitzScaleError as e:
+                return str(e)
+
+        async def scenario() -> list[list[int] | str]:
+            tasks = [asyncio.create_task(guarded(i)) for i in range(len(ps))]
+            while not any(i.live_ready for i in router.instances.values() if i.rank in router.live_pairs):
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # some layers in, some tasks queued at the target
+            target = next(iter(router.live_pairs))
+            cluster.procs[target if victim == "target" else 0].kill()
+            return await asyncio.wait_for(asyncio.gather(*tasks), 150)
+
+        results = lt.run(scenario(), timeout=200)
+        errors = [r for r in results if isinstance(r, str)]
+        unclear = [e for e in errors if not ("died" in e or "lost" in e or "failed" in e)]
+        assert not unclear, unclear
+        if victim == "target":  # the source survives: everything completes, nothing changes
+            assert not errors and results[0] == ref
+        assert not router.reqs
+        wait_for(lambda: not any(used_blocks(service).values()))
+    finally:
+        lt.run(service.stop())
+        lt.close()
