@@ -105,7 +105,7 @@ def scale_actions(
     make_plan = _pd_plan if snapshot.pd_mode else _colo_plan
     plan = make_plan(snapshot, desired, planner_cfg)
     new_prefill = frozenset(a.instance_id for a in plan.revives if a.role == "prefill")
-    loads = _loads(snapshot, plan.num_new, policy_cfg, host_cache, new_prefill)
+    loads = _loads(snapshot, plan.num_new, policy_cfg, host_cache, new_prefill, frozenset(plan.taken))
     return [*plan.revives, *plan.mutates, *loads, *plan.drains, *_releases(snapshot, planner_cfg, plan.taken)]
 
 
@@ -138,12 +138,13 @@ def source_instances(
     return sorted(able, key=lambda i: (not _is_idle(i), _load(i), i.id))
 
 
-def live_partner(snapshot: ClusterSnapshot, new_prefill: frozenset[int] = frozenset()) -> int | None:
+def live_partner(snapshot: ClusterSnapshot, exclude: frozenset[int] = frozenset()) -> int | None:
     """The instance that relays a live target's tasks (design §2.3): a serving prefill (or
     colocated) instance, the most loaded first, as it is the one the new instance relieves.
-    It need not be a weight source: in PD mode those are usually decode instances."""
+    It need not be a weight source: in PD mode those are usually decode instances. Instances
+    already given an action this round (`exclude`: mutating, draining) are not asked."""
     steady = S.PREFILL if snapshot.pd_mode else S.COLOCATED
-    able = [i for i in snapshot.instances if i.state is steady and i.id not in new_prefill]
+    able = [i for i in snapshot.instances if i.state is steady and i.id not in exclude]
     if not able:
         return None
     return max(able, key=lambda i: (_load(i), -i.id)).id
@@ -263,7 +264,12 @@ def _new_slots(
 
 
 def _loads(
-    snapshot: ClusterSnapshot, n: int, cfg: PolicyConfig, cache: HostCacheState, new_prefill: frozenset[int]
+    snapshot: ClusterSnapshot,
+    n: int,
+    cfg: PolicyConfig,
+    cache: HostCacheState,
+    new_prefill: frozenset[int],
+    taken: frozenset[int] = frozenset(),
 ) -> list[LoadAction]:
     slots = _new_slots(snapshot, n, cfg, cache)
     if not slots:
@@ -276,7 +282,7 @@ def _loads(
     sources = source_instances(snapshot, cfg, new_prefill)
     if sources and cfg.multicast:
         chosen = _flat(i.ranks for i in sources[: cfg.max_sources])
-        partner = live_partner(snapshot, new_prefill) if cfg.live else None
+        partner = live_partner(snapshot, new_prefill | taken) if cfg.live else None
         return [LoadAction(_flat(slots), "network", chosen, multicast=True, live=cfg.live, partner=partner)]
     if sources:
         return [LoadAction(s, "network", sources[k % len(sources)].ranks) for k, s in enumerate(slots)]

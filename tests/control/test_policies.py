@@ -48,7 +48,8 @@ def test_scale_from_zero_streams_the_one_host_copy_without_live_serving() -> Non
 
 def test_one_eligible_source_feeds_one_chain_to_all_targets() -> None:
     s = snap(inst(0, S.PREFILL, running=4), inst(1, S.DECODE, running=9), free=(2, 3, 4))
-    assert act(s, want(3, 1)) == [LoadAction((2, 3), "network", (1,), multicast=True, live=True)]
+    # Weights come from the decode instance; the prefill one relays the live targets' tasks.
+    assert act(s, want(3, 1)) == [LoadAction((2, 3), "network", (1,), multicast=True, live=True, partner=0)]
     assert act(s, want(3, 1), "blitz-nolive") == [LoadAction((2, 3), "network", (1,), multicast=True)]
     assert act(s, want(3, 1), "network-multicast") == [LoadAction((2, 3), "network", (1,), multicast=True)]
     assert act(s, want(3, 1), "network") == [
@@ -59,9 +60,9 @@ def test_one_eligible_source_feeds_one_chain_to_all_targets() -> None:
 
 def test_two_eligible_sources_stripe_least_loaded_first() -> None:
     s = snap(inst(0, S.PREFILL), inst(1, S.DECODE, running=5), inst(2, S.DECODE, running=2), free=(3, 4, 5))
-    assert act(s, want(3, 2)) == [LoadAction((3, 4), "network", (2, 1), multicast=True, live=True)]
+    assert act(s, want(3, 2)) == [LoadAction((3, 4), "network", (2, 1), multicast=True, live=True, partner=0)]
     assert act(s, want(3, 2), max_sources=1) == [
-        LoadAction((3, 4), "network", (2,), multicast=True, live=True)
+        LoadAction((3, 4), "network", (2,), multicast=True, live=True, partner=0)
     ]
     # Without multicast each target gets its own source, round robin.
     assert act(s, want(3, 2), "network") == [
@@ -90,7 +91,7 @@ def test_only_decode_and_idle_instances_send_weights_by_default() -> None:
 
 def test_busy_prefill_instances_send_only_when_nothing_else_holds_the_model() -> None:
     s = snap(inst(0, S.PREFILL, running=3), inst(1, S.PREFILL, running=1), free=(2, 3), host_holder=3)
-    assert act(s, want(3)) == [LoadAction((2,), "network", (1, 0), multicast=True, live=True)]
+    assert act(s, want(3)) == [LoadAction((2,), "network", (1, 0), multicast=True, live=True, partner=0)]
 
 
 def test_warm_and_draining_instances_are_revived_before_anything_loads() -> None:
@@ -106,7 +107,7 @@ def test_warm_and_draining_instances_are_revived_before_anything_loads() -> None
     assert act(s, want(4, 1)) == [
         ReviveAction(6, "prefill"),
         ReviveAction(5, "prefill"),
-        LoadAction((2,), "network", (1,), multicast=True, live=True),
+        LoadAction((2,), "network", (1,), multicast=True, live=True, partner=0),
     ]
     # Decode growth takes the warm instance too: reviving needs no load, so no inbound fight.
     assert act(s, want(1, 2)) == [ReviveAction(5, "decode")]
@@ -116,8 +117,12 @@ def test_decode_grows_by_mutating_the_least_loaded_prefill_instance() -> None:
     s = snap(inst(0, S.PREFILL, running=3), inst(1, S.PREFILL, running=1), inst(2, S.DECODE), free=(3, 4))
     assert act(s, want(2, 2)) == [
         MutateAction(1),
-        LoadAction((3,), "network", (2,), multicast=True, live=True),
+        LoadAction((3,), "network", (2,), multicast=True, live=True, partner=0),
     ]
+    # A tie: 0 is mutated (lowest id), so 1 relays, though 0 would win the tie otherwise.
+    busy1 = snap(inst(0, S.PREFILL, running=1), inst(1, S.PREFILL, running=1), inst(2, S.DECODE), free=(3, 4))
+    mutate, load = act(busy1, want(2, 2))
+    assert mutate == MutateAction(0) and isinstance(load, LoadAction) and load.partner == 1
     assert act(s, want(1, 2)) == [MutateAction(1)]
 
 
@@ -126,7 +131,7 @@ def test_the_last_serving_prefill_instance_is_never_mutated() -> None:
     s = snap(inst(0, S.PREFILL), inst(1, S.DECODE, running=2), inst(9, S.LOADING), free=(2, 3))
     assert act(s, want(1, 2)) == []  # the loading instance is already the spare
     s = snap(inst(0, S.PREFILL), inst(1, S.DECODE, running=2), free=(2, 3))
-    assert act(s, want(1, 2)) == [LoadAction((2,), "network", (1,), multicast=True, live=True)]
+    assert act(s, want(1, 2)) == [LoadAction((2,), "network", (1,), multicast=True, live=True, partner=0)]
 
 
 def test_cold_start_in_pd_mode_takes_a_load_then_a_mutation() -> None:
@@ -221,7 +226,23 @@ def test_colocated_mode_revives_and_loads_colocated_instances() -> None:
     assert act(s, want(5)) == [
         ReviveAction(3, "colocated"),
         ReviveAction(4, "colocated"),
-        LoadAction((1, 2), "network", (4, 3, 0), multicast=True, live=True),
+        LoadAction((1, 2), "network", (4, 3, 0), multicast=True, live=True, partner=0),
     ]
     idle = snap(inst(0, S.COLOCATED, idle_for=1.0), inst(1, S.COLOCATED, running=1), pd_mode=False)
     assert act(idle, want(1)) == [DrainAction(0)]
+
+
+def test_live_partner_is_the_most_loaded_steady_serving_instance() -> None:
+    from blitzscale.control.policies import live_partner
+
+    s = snap(
+        inst(0, S.PREFILL, running=1),
+        inst(1, S.PREFILL, running=5),
+        inst(2, S.OLD_PREFILL, running=9),  # already relays for another target
+        inst(3, S.DECODE, running=20),
+        free=(4,),
+    )
+    assert live_partner(s) == 1
+    assert live_partner(s, exclude=frozenset({1})) == 0
+    only_decode = snap(inst(3, S.DECODE, running=20), free=(4,))
+    assert live_partner(only_decode) is None
