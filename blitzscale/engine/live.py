@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from blitzscale.engine.request import Request, RequestStatus
+from blitzscale.engine.sync import wait_for_device
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.kvcache.pool import BlockPool
 from blitzscale.model.attention import AttentionMetadata
@@ -132,6 +133,7 @@ class LiveQueue:
                 ids = torch.tensor(t.request.token_ids, dtype=torch.long, device=self.model.weights.device)
                 t.hidden = self.model.embed(ids)
                 t.stage = 1
+            wait_for_device(self.model.weights.device)
             return []
         reqs = [t.request for t in batch]
         hidden = torch.cat([t.hidden for t in batch])  # type: ignore[misc]
@@ -156,6 +158,7 @@ class LiveQueue:
         for t, h in zip(batch, out.split(lens), strict=True):
             t.hidden = h
             t.stage = end + 1
+        wait_for_device(out.device)  # the next step's metadata copies would wait with the GIL
         return []
 
     def relay_head(self, newest: bool = False) -> Relayed | None:

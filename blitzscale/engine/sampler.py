@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 
 from blitzscale.engine.request import SamplingParams
+from blitzscale.engine.sync import wait_for_device
 
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> list[int]:
     """One token per row of `logits` ([N, vocab], float32)."""
+    wait_for_device(logits.device)  # before any .tolist(): wait without the GIL
     out = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if not rows:

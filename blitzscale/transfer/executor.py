@@ -9,9 +9,11 @@ into a TransferError on every survivor instead of a hang.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -139,6 +141,27 @@ def run_transfer(
     if msg.host_source and heads and host_buffer is None:
         raise TransferError(f"rank {rank} holds no host copy of {msg.model}")
     chan = _Channel(device, msg.timeout_s, msg.max_bytes_per_s)
+    # Post every op from the channel's own stream: NCCL orders an op after the caller's
+    # current stream, and the legacy default stream carries the engine's kernels, so a
+    # source that serves while it sends would hold its sends back behind its own work.
+    with torch.cuda.stream(chan.stream) if chan.stream is not None else contextlib.nullcontext():
+        return _run(rank, msg, layout, buffer, readiness, host_buffer, pieces, role, heads, chan, stats)
+
+
+def _run(
+    rank: int,
+    msg: TransferMsg,
+    layout: WeightLayout,
+    buffer: torch.Tensor | None,
+    readiness: SegmentReadiness | None,
+    host_buffer: torch.Tensor | None,
+    pieces: list[Piece],
+    role: Any,
+    heads: set[int],
+    chan: _Channel,
+    stats: TransferStats,
+) -> TransferStats:
+    loads_from_host = msg.host_source and msg.head_is_target and bool(heads)
     recvs = {
         i: chan.irecv(_view(buffer, p), role.recv_from[p.stripe])
         for i, p in enumerate(pieces)

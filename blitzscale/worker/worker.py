@@ -7,7 +7,6 @@ over torch.distributed. Every command gets exactly one ReplyMsg, errors included
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import threading
 import time
@@ -41,6 +40,7 @@ from blitzscale.transfer.checksum import buffer_checksum
 from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker.disk_source import load_local
 from blitzscale.worker.serving import ServingLoop
+from blitzscale.worker.warmup import warm_up_compute
 from blitzscale.worker.world import init_world, new_world_group, warm_up_pairs
 
 
@@ -66,7 +66,6 @@ class Worker:
         self.loading: dict[str, ModelWeights] = {}  # weights a transfer is filling now
         self.serving_model = ""
         self._tokenizers: dict[str, Any] = {}
-        self._outbox: queue.Queue[ReplyMsg] = queue.Queue()
         self._transfer_thread: threading.Thread | None = None
         self._init_device()
         self._init_world()
@@ -77,6 +76,7 @@ class Worker:
         self.device = torch.device(self.cfg.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            warm_up_compute(self.device, parse_dtype(self.cfg.dtype))
 
     def _init_world(self) -> None:
         c = self.cfg
@@ -130,14 +130,13 @@ class Worker:
             if self.data is not None and self.data in events:
                 while self.data.poll(0):
                     self.serving.handle(decode(self.data.recv()))
-            self._drain_outbox()
             busy = self.serving.tick()
 
     def _handle_control(self, msg: Message) -> None:
         op_id = getattr(msg, "op_id", -1)
         try:
             if isinstance(msg, TransferMsg):
-                self._start_transfer(msg)  # replies from its thread, through the outbox
+                self._start_transfer(msg)  # replies from its thread, on a socket of its own
                 return
             self._reply(op_id, True, self.handle(msg))
         except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
@@ -145,10 +144,6 @@ class Worker:
 
     def _reply(self, op_id: int, ok: bool, result: dict[str, Any], error: str = "") -> None:
         self.sock.send(encode(ReplyMsg(op_id=op_id, rank=self.rank, ok=ok, error=error, result=result)))
-
-    def _drain_outbox(self) -> None:
-        while not self._outbox.empty():
-            self.sock.send(encode(self._outbox.get()))
 
     def _start_transfer(self, msg: TransferMsg) -> None:
         """Weights move on their own thread so a source keeps serving while it sends, and a
@@ -165,10 +160,23 @@ class Worker:
                 result, ok, err = {}, False, f"{type(e).__name__}: {e}"
                 if self.loading.pop(msg.model, None) is not None and self.serving_model == msg.model:
                     self.serving.live_failed = f"loading the weights failed: {err}"
-            self._outbox.put(ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result))
+            reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
+            self._reply_from_thread(reply)
 
         self._transfer_thread = threading.Thread(target=run, name="transfer", daemon=True)
         self._transfer_thread.start()
+
+    def _reply_from_thread(self, reply: ReplyMsg) -> None:
+        """Answer on a socket of this thread's own (sockets are not thread-safe): through the
+        main loop's outbox the reply would wait for the engine's current step, which on a
+        busy CPU source took seconds and made a finished transfer look seconds longer."""
+        sock = self.ctx.socket(zmq.DEALER)  # no identity: a reused one could be refused
+        sock.setsockopt(zmq.LINGER, 5000)
+        try:
+            sock.connect(self.cfg.control_addr)
+            sock.send(encode(reply))
+        finally:
+            sock.close()  # lingers until the reply is out
 
     def _prepare_receive(self, msg: TransferMsg) -> None:
         is_receiver = any(self.rank in c[1:] for c in msg.chains) or (
@@ -243,7 +251,9 @@ class Worker:
             weights.readiness if weights is not None else None,
             host.buffer if host is not None else None,
         )
-        _sync(self.device)
+        # No device-wide synchronize here: every piece's completion was observed on its own
+        # event, and a synchronize would also wait for the engine's work, which on a busy
+        # source never pauses (a 44 ms transfer was reported done after 4.4 s).
         if fresh is not None:
             self.models[msg.model] = self.loading.pop(msg.model)
         return {**stats.as_result(), "received_at": received_at}
@@ -324,6 +334,12 @@ def worker_main(cfg: WorkerConfig) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # Ctrl-C reaches the whole process group; the controller decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cfg.device.startswith("cuda"):
+        # Load every kernel when the CUDA context is made. With lazy loading (CUDA's default)
+        # the first launch of a kernel loads its module, which waits for the device to go
+        # idle, and it never does while NCCL receives of a transfer spin waiting for data:
+        # a live target's first forward pass would stall until its weights had all arrived.
+        os.environ["CUDA_MODULE_LOADING"] = "EAGER"
     torch.set_num_threads(1)
     worker = Worker(cfg)
     try:

@@ -26,13 +26,26 @@ def init_world(
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
+        pg_options=_nccl_options(device),
     )
+
+
+def _nccl_options(device: torch.device) -> object | None:
+    """High-priority streams for NCCL: weights and KV keep moving while the engine's kernels
+    fill the GPU (a source serves while it sends)."""
+    if device.type != "cuda":
+        return None
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.is_high_priority_stream = True
+    return opts
 
 
 def new_world_group(device: torch.device) -> dist.ProcessGroup:
     """A second group over all ranks with communicators of its own (KV migration uses it,
     so it never interleaves with weight transfers on one pair's communicator)."""
-    return dist.new_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return dist.new_group(
+        backend="nccl" if device.type == "cuda" else "gloo", pg_options=_nccl_options(device)
+    )
 
 
 def warm_up_pairs(
