@@ -41,6 +41,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--json", action="store_true", help="(output is always JSON)")
     t.set_defaults(func=_run_transfer)
 
+    v = bsub.add_parser("live", help="TTFT of a burst arriving at a scale decision, per load path")
+    v.add_argument("--model", default="random:llama3-8b")
+    v.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    v.add_argument("--paths", default="all", help="live,network,host,disk,none (comma-separated) or all")
+    v.add_argument("--requests", type=int, default=64)
+    v.add_argument("--prompt-len", type=int, default=1024)
+    v.add_argument("--max-tokens", type=int, default=4)
+    v.add_argument("--transfer-rate", type=float, default=0.0, help="cap network transfers, bytes/s")
+    v.add_argument("--disk-rate", type=float, default=0.0, help="cap disk reads, bytes/s")
+    v.add_argument("--kv-blocks", type=int, default=0, help="KV blocks per instance (0: from memory)")
+    v.add_argument("--cache-dir", default="", help="where the converted model is kept")
+    v.set_defaults(func=_run_live)
+
 
 def _run_transfer(args: argparse.Namespace) -> int:
     from blitzscale.bench.transfer_bench import MODES, TransferBenchConfig, run_transfer_bench
@@ -65,6 +78,37 @@ def _run_transfer(args: argparse.Namespace) -> int:
         limits=args.limits,
     )
     print(json.dumps(run_transfer_bench(cfg), indent=2))
+    return 0
+
+
+def _run_live(args: argparse.Namespace) -> int:
+    from blitzscale.bench.live_bench import PATHS, LiveBenchConfig, run_live_bench
+    from blitzscale.cli.common import check_device
+    from blitzscale.errors import InvalidRequestError
+
+    check_device(args.device)
+    paths = PATHS if args.paths == "all" else tuple(p for p in args.paths.split(",") if p)
+    bad = [p for p in paths if p not in PATHS]
+    if bad or not paths:
+        raise InvalidRequestError(
+            f"--paths: unknown path {bad or args.paths!r}; use {', '.join(PATHS)} or all"
+        )
+    for name in ("requests", "prompt_len", "max_tokens"):
+        if getattr(args, name) < 1:
+            raise InvalidRequestError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    cfg = LiveBenchConfig(
+        model=args.model,
+        device=args.device,
+        paths=paths,
+        requests=args.requests,
+        prompt_len=args.prompt_len,
+        max_tokens=args.max_tokens,
+        transfer_bytes_per_s=args.transfer_rate,
+        disk_bytes_per_s=args.disk_rate,
+        num_kv_blocks=args.kv_blocks,
+        cache_dir=args.cache_dir,
+    )
+    print(json.dumps(run_live_bench(cfg), indent=2))
     return 0
 
 

@@ -19,7 +19,7 @@ class ClusterConfig:
     piece_bytes: int = 0  # 0: one piece per segment stripe
     ranks_per_host: int = 0  # topology for per-host policies (sllm); 0: all ranks on one host
     disk_bytes_per_s: float = 0.0  # cap scale-up disk reads (0: none), to reproduce a slower disk
-    transfer_bytes_per_s: float = 0.0  # cap each weight transfer (0: none), to reproduce slow links
+    transfer_bytes_per_s: float = 0.0  # cap GPU-to-GPU weight transfers (0: none): slow links
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:

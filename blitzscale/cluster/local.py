@@ -280,7 +280,7 @@ class LocalCluster:
         transfer, so they serve while weights arrive; `on_live` gets their replies as they
         come, long before the transfer ends."""
         shard = ShardPlan(sources, targets, 0)
-        rate = max_bytes_per_s or self.cfg.transfer_bytes_per_s
+        rate = max_bytes_per_s or (0.0 if from_host else self.cfg.transfer_bytes_per_s)
         return self._transfer([shard], model, source, 1, from_host, rate, piece_bytes, live, on_live)
 
     def transfer_instances(
@@ -355,7 +355,13 @@ class LocalCluster:
         if len(done) < len(receivers) or not all(m.ok for m in replies.values()):
             what = " ".join(f"{s.sources} -> {s.targets}" for s in shards)
             raise ClusterOpError(f"transfer {model} {what}", replies)
-        return transfer_report(replies, receivers, chains_of)
+        report = transfer_report(replies, receivers, chains_of)
+        heads = [r for r in msgs if r not in receivers]
+        t0 = min(replies[r].result["start"] for r in msgs)
+        for entry in report.values():  # when the senders saw their last send complete
+            entry["senders_done_s"] = max((replies[h].result["done_at"] - t0 for h in heads), default=0.0)
+            entry["replied_s"] = time.time() - t0
+        return report
 
     def load_instance(self, model: str, ranks: list[int], source: str) -> None:
         """Load a tensor-parallel instance: rank k of `ranks` gets shard k."""

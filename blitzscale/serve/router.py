@@ -184,19 +184,23 @@ class Router:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=0.01)
             self._wake.clear()
-            await self._dispatch_queue()
-            await self._retry_migrations()
-            await self._relay_round()
-            if time.monotonic() - last_check > self.cfg.health_check_s:
-                last_check = time.monotonic()
-                self._fail_dead_instances()
+            try:
+                await self._dispatch_queue()
+                await self._retry_migrations()
+                await self._relay_round()
+                if time.monotonic() - last_check > self.cfg.health_check_s:
+                    last_check = time.monotonic()
+                    self._fail_dead_instances()
+            except Exception:  # one bad round must not stop dispatching for good
+                log.exception("dispatch round failed")
 
     def _accepts(self, inst: Instance) -> str | None:
         """The role `inst` takes work in now (live states serve the mode's first role).
 
         ZigZag: a live target takes new prompts once its first layers have landed; from then
-        on its source takes none from the queue: it finishes its own, then pulls the target's
-        partly run tasks (relays), so the two work as one pipeline on the target's queue."""
+        until it is fully loaded its source takes none from the queue: it finishes its own,
+        then pulls the target's partly run tasks (relays), so the two work as one pipeline
+        on the target's queue. Once loaded, both take prompts as usual."""
         if inst.state is InstanceState.NEW_PREFILL and not inst.live_ready:
             return None  # no layer has landed yet
         if inst.state is InstanceState.OLD_PREFILL and self._has_live_target(inst.rank):
@@ -206,16 +210,18 @@ class Router:
             return "colocated"
         return role
 
+    def _loading_target(self, rank: int) -> bool:
+        """A live target that serves and still waits for weights."""
+        t = self.instances.get(rank)
+        return t is not None and t.live_ready and t.state is InstanceState.NEW_PREFILL
+
     def _has_live_target(self, source: int) -> bool:
-        return any(
-            src == source and (t := self.instances.get(target)) is not None and t.live_ready
-            for target, src in self.live_pairs.items()
-        )
+        return any(src == source and self._loading_target(t) for t, src in self.live_pairs.items())
 
     def _budget(self, inst: Instance) -> int:
-        """Prompt tokens an instance may have outstanding; a live target with a source holds
-        the queue of both."""
-        if self.live_pairs.get(inst.rank) is not None:
+        """Prompt tokens an instance may have outstanding; a loading live target with a
+        source holds the queue of both (the source takes none meanwhile)."""
+        if self.live_pairs.get(inst.rank) is not None and self._loading_target(inst.rank):
             return 2 * self.cfg.prefill_budget_tokens
         return self.cfg.prefill_budget_tokens
 
@@ -310,7 +316,7 @@ class Router:
     async def _relay_round(self) -> None:
         """An idle source pulls a task from its live target (ZigZag): the target stops its
         head task where it is and the source finishes the remaining layers."""
-        for target, source in self.live_pairs.items():
+        for target, source in list(self.live_pairs.items()):  # sends below may yield
             if source is None or source in self._relay_asked or source not in self.connected:
                 continue
             src, tgt = self.instances.get(source), self.instances.get(target)
@@ -442,17 +448,23 @@ class Router:
             except Exception:
                 log.exception("undecodable message on the data socket")
                 continue
-            if isinstance(msg, OutputsMsg):
-                await self._on_outputs(msg)
-            elif isinstance(msg, EventMsg):
-                await self._on_event(msg)
-            elif isinstance(msg, StatsMsg):
-                self._on_stats(msg)
-            elif isinstance(msg, RelayedMsg):
-                await self._on_relayed(msg)
-            elif isinstance(msg, HelloMsg):
-                self.connected.add(msg.rank)
-                self._wake.set()
+            try:
+                await self._on_message(msg)
+            except Exception:  # a bug in one handler must not stop every stream
+                log.exception("handling %s failed", type(msg).__name__)
+
+    async def _on_message(self, msg: Message) -> None:
+        if isinstance(msg, OutputsMsg):
+            await self._on_outputs(msg)
+        elif isinstance(msg, EventMsg):
+            await self._on_event(msg)
+        elif isinstance(msg, StatsMsg):
+            self._on_stats(msg)
+        elif isinstance(msg, RelayedMsg):
+            await self._on_relayed(msg)
+        elif isinstance(msg, HelloMsg):
+            self.connected.add(msg.rank)
+            self._wake.set()
 
     async def _on_outputs(self, msg: OutputsMsg) -> None:
         for o in msg.outputs:

@@ -313,7 +313,9 @@ class Scaler:
                 self.router.end_live(t)
             return
         nbytes = sum(v["bytes"] for v in report.values())
-        self._record("up", "network", list(a.target_ranks), time.monotonic() - t0, nbytes, list(a.sources))
+        self._record(
+            "up", "network", list(a.target_ranks), time.monotonic() - t0, nbytes, list(a.sources), report
+        )
         missed = [self._instance(t) for t in a.target_ranks if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
             for inst in missed:
@@ -330,7 +332,7 @@ class Scaler:
                 self.cluster.transfer, self.model, self.source, list(sources), list(group)
             )
             nbytes = sum(v["bytes"] for v in report.values())
-            self._record("up", "network", list(group), time.monotonic() - t0, nbytes, list(sources))
+            self._record("up", "network", list(group), time.monotonic() - t0, nbytes, list(sources), report)
 
     async def _load_host(self, targets: tuple[int, ...]) -> None:
         holder = self.cluster.pool.host_holder(self.model)
@@ -339,7 +341,7 @@ class Scaler:
             self.cluster.transfer, self.model, self.source, [holder], list(targets), from_host=True
         )
         nbytes = sum(v["bytes"] for v in report.values())
-        self._record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder])
+        self._record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder], report)
 
     async def _load_disk(self, targets: tuple[int, ...]) -> None:
         """A cold read, as from an SSD: the page cache is dropped first."""
@@ -374,8 +376,17 @@ class Scaler:
         self._record("down", "release", [inst.rank], 0.0, int(res.get("freed_bytes", 0)), [])
 
     def _record(
-        self, direction: str, path: str, ranks: list[int], seconds: float, nbytes: int, sources: list[int]
+        self,
+        direction: str,
+        path: str,
+        ranks: list[int],
+        seconds: float,
+        nbytes: int,
+        sources: list[int],
+        report: dict[int, dict[str, Any]] | None = None,
     ) -> None:
+        """`seconds` is the whole operation as the scaler saw it; a transfer's `report` adds,
+        per target, the link's own time and when its first layer was usable."""
         self.metrics.scale_events.labels(direction=direction, path=path).inc()
         if direction == "up":
             self.metrics.transfer_bytes.labels(path=path).inc(nbytes)
@@ -388,6 +399,11 @@ class Scaler:
             "seconds": round(seconds, 4),
             "bytes": nbytes,
         }
+        if report:
+            event["link_s"] = round(max(v["seconds"] for v in report.values()), 4)
+            event["first_layer_s"] = round(min(v["first_layer_s"] for v in report.values()), 4)
+            event["senders_done_s"] = round(max(v.get("senders_done_s", 0.0) for v in report.values()), 4)
+            event["replied_s"] = round(max(v.get("replied_s", 0.0) for v in report.values()), 4)
         self.events.append(event)
         log.info(
             "scale %s via %s: ranks %s from %s in %.3f s (%d bytes)",

@@ -62,7 +62,9 @@ def prompts(service: ServingCluster, n: int) -> list[list[int]]:
     ]
 
 
-def run_burst(service: ServingCluster, lt: LoopThread, n: int) -> tuple[Client, list[list[int]], list[list[int]]]:
+def run_burst(
+    service: ServingCluster, lt: LoopThread, n: int
+) -> tuple[Client, list[list[int]], list[list[int]]]:
     ps = prompts(service, n)
     client = Client(service)
     refs = [lt.run(client.one(f"ref{i}", p)) for i, p in enumerate(ps[:4])]  # one instance, loaded
@@ -138,7 +140,7 @@ def test_nolive_policy_loads_first_then_serves() -> None:
     try:
         lt.run(service.start())
         assert service.scaler is not None and service.router is not None
-        client, refs, outs = run_burst(service, lt, 8)
+        _client, refs, outs = run_burst(service, lt, 8)
         assert outs[:4] == refs
         assert metric(service, "blitzscale_live_requests_total") == 0
         seen = [b for i in service.router.instances.values() for _, _, b in i.transitions]
