@@ -34,7 +34,9 @@ def demo_config(model: str, policy: str, workers: int, disk_mbps: float = 36.0) 
         model={"name": model},
         # one host per worker, as in the paper's testbeds; disk reads at an SSD-like share
         cluster={"num_workers": workers, "ranks_per_host": 1, "disk_bytes_per_s": disk_mbps * 1e6},
-        router={"mode": "colocated"},
+        # a small per-instance prompt budget keeps a burst's backlog in the router's queue,
+        # where a new instance (a live one too) can take it, rather than at the old instance
+        router={"mode": "colocated", "prefill_budget_tokens": 512},
         engine={"max_model_len": 1024, "num_kv_blocks": 256, "max_num_batched_tokens": 1024},
         planner={"tokens_prefilled_per_sec": 600.0, "scale_down_idle_s": 2.0, "shutting_null_keep_s": 2.0},
         policy={"name": policy},

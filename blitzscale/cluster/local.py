@@ -54,10 +54,12 @@ def free_port(host: str) -> int:
 
 
 class LocalCluster:
-    def __init__(self, cfg: ClusterConfig, data_addr: str = "") -> None:
-        """`data_addr`: the router's data socket, for workers that will serve."""
+    def __init__(self, cfg: ClusterConfig, data_addr: str = "", tokenizer_source: str = "") -> None:
+        """`data_addr`: the router's data socket, for workers that will serve;
+        `tokenizer_source`: a model whose tokenizer serving workers load while they start."""
         self.cfg = cfg
         self.data_addr = data_addr
+        self.tokenizer_source = tokenizer_source
         self.pool = ParameterPool()
         self.procs: list[mp.Process] = []
         self.dead: set[int] = set()
@@ -102,6 +104,7 @@ class LocalCluster:
                 data_addr=self.data_addr,
                 dtype=cfg.resolved_dtype,
                 init_timeout_s=cfg.startup_timeout_s,
+                tokenizer_source=self.tokenizer_source,
             )
             p = spawn.Process(target=worker_main, args=(wcfg,), name=f"blitzscale-worker-{rank}", daemon=True)
             p.start()

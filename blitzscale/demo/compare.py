@@ -32,6 +32,7 @@ def comparison_table(results: list[RunResult]) -> Table:
             (f"scale-ups via {path}", [str(Counter(e["path"] for e in _ups(r))[path]) for r in results])
         )
     rows.append(("mean load time (s)", [_mean([e["seconds"] for e in _ups(r)]) for r in results]))
+    rows.append(("live: requests / layers / relays", [" / ".join(map(str, r.live)) for r in results]))
     for name, values in rows:
         t.add_row(name, *values)
     return t

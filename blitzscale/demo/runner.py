@@ -31,6 +31,7 @@ class RunResult:
     samples: list[tuple[float, int]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     report: Path | None = None
+    live: tuple[int, int, int] = (0, 0, 0)  # requests, layers and relays of live scaling
 
 
 def run_policy(
@@ -90,7 +91,8 @@ def _replay_live(
     write_records(out / "requests.jsonl", records)
     (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2))
     report = write_report(out, records, summary, samples, events)
-    return RunResult(policy, summary, records, samples, events, report)
+    live = (router.live_requests_total, router.live_layers_total, router.relays_total)
+    return RunResult(policy, summary, records, samples, events, report, live)
 
 
 def _view(

@@ -62,7 +62,9 @@ class ServingCluster:
         data = self._ctx.socket(zmq.ROUTER)
         data.setsockopt(zmq.LINGER, 0)
         port = data.bind_to_random_port(f"tcp://{cfg.cluster.host}")
-        self.cluster = LocalCluster(cfg.cluster, data_addr=f"tcp://{cfg.cluster.host}:{port}")
+        self.cluster = LocalCluster(
+            cfg.cluster, data_addr=f"tcp://{cfg.cluster.host}:{port}", tokenizer_source=folder
+        )
         await asyncio.to_thread(self.cluster.start)
         src = resolve_model(folder)
         mcfg = load_config(src)

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,7 @@ class WorkerConfig:
     data_addr: str = ""  # tcp://host:port of the router's data socket ("" = not serving)
     dtype: str = "float32"
     init_timeout_s: float = 120.0
+    tokenizer_source: str = ""  # load this model's tokenizer in the background at start
 
 
 class Worker:
@@ -65,7 +67,10 @@ class Worker:
         self.host_copies: dict[str, ModelWeights] = {}
         self.loading: dict[str, ModelWeights] = {}  # weights a transfer is filling now
         self.serving_model = ""
-        self._tokenizers: dict[str, Any] = {}
+        self._tokenizers: dict[str, Future[Any]] = {}
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        if cfg.tokenizer_source:  # a live activation must not spend seconds on it
+            self._tokenizer(cfg.tokenizer_source)
         self._transfer_thread: threading.Thread | None = None
         self._init_device()
         self._init_world()
@@ -284,11 +289,14 @@ class Worker:
                 raise ValueError(f"rank {self.rank} is not loading {msg.model}")
         elif weights is None or not weights.readiness.all_ready:
             raise ValueError(f"rank {self.rank} does not hold all of {msg.model}")
-        if msg.source not in self._tokenizers:
-            self._tokenizers[msg.source] = load_tokenizer(resolve_model(msg.source))
-        result = self.serving.activate(weights, self._tokenizers[msg.source], msg)
+        result = self.serving.activate(weights, self._tokenizer(msg.source).result(), msg)
         self.serving_model = msg.model
         return result
+
+    def _tokenizer(self, source: str) -> Future[Any]:
+        if source not in self._tokenizers:
+            self._tokenizers[source] = self._loader.submit(lambda: load_tokenizer(resolve_model(source)))
+        return self._tokenizers[source]
 
     def _release(self, msg: ReleaseMsg) -> dict[str, Any]:
         if msg.model == self.serving_model:
