@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import timedelta
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from blitzscale.engine import EngineConfig, LLMEngine
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.engine.request import RequestOutput
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     AbortMsg,
@@ -29,59 +27,30 @@ from blitzscale.messages import (
     OutputMsg,
     OutputsMsg,
     RecvKVMsg,
-    RelayedMsg,
     RelayInMsg,
     RelayMsg,
-    SamplingMsg,
     SendKVMsg,
     SendRelayMsg,
     StatsMsg,
-    sampling_fields,
 )
 from blitzscale.model.weights import ModelWeights
+from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_one
+from blitzscale.worker.relays import LiveSide
 
 STATS_INTERVAL_S = 0.05
-MIGRATION_TIMEOUT_S = 30.0
 
 
-def to_params(m: SamplingMsg) -> SamplingParams:
-    return SamplingParams(**sampling_fields(m))
-
-
-@dataclass
-class _Migration:
-    done: Future[None]  # completes when the p2p op has (gloo reports nothing until waited on)
-    buf: torch.Tensor
-    started: float
-    hidden: torch.Tensor | None = None  # a relay: the hidden states that come with the KV
-    aborted: bool = False  # the request was aborted while its data was on the wire
-
-
-def _wait_all(works: list[dist.Work], device: torch.device) -> None:
-    for w in works:
-        _wait(w, device)
-
-
-def _wait(work: dist.Work, device: torch.device) -> None:
-    work.wait(timeout=timedelta(seconds=MIGRATION_TIMEOUT_S))
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-
-
-class ServingLoop:
+class ServingLoop(LiveSide):
     def __init__(self, rank: int, kv_group: Any, send: Callable[[Message], None]) -> None:
         self.rank = rank
         self.kv_group = kv_group
         self.send = send
         self.engine: LLMEngine | None = None
         self.role = ""
-        self._recvs: dict[str, _Migration] = {}
-        self._sends: dict[str, _Migration] = {}
-        self._orphans: list[_Migration] = []  # timed-out receives: their buffers must stay alive
-        self._relay_recvs: dict[str, _Migration] = {}  # source side of live scaling
-        self._relay_sends: dict[str, _Migration] = {}  # target side
-        self._live_events: set[str] = set()  # live-target events already sent
-        self.live_failed = ""  # set (from the transfer thread) when a live target's load fails
+        self._recvs: dict[str, Move] = {}
+        self._sends: dict[str, Move] = {}
+        self._orphans: list[Move] = []  # timed-out receives: their buffers must stay alive
+        self._init_live()
         self._last_stats = 0.0
         self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
 
@@ -166,7 +135,7 @@ class ServingLoop:
             if isinstance(msg, RelayInMsg):
                 e.cancel_relay(rid)
             kind = "relay_lost" if isinstance(msg, RelayInMsg | SendRelayMsg) else "kv_failed"
-            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=_short(err)))
+            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=short_error(err)))
 
     def _abort(self, request_id: str) -> None:
         e = self.engine
@@ -175,131 +144,6 @@ class ServingLoop:
             self._relay_recvs[request_id].aborted = True
         elif not e.abort(request_id) and request_id in e.held and request_id not in self._sends:
             e.release_held(request_id)
-
-    # --- live scaling -------------------------------------------------------------------
-
-    def _relay_out(self, msg: RelayMsg) -> None:
-        """Target: stop a live task where it is and report it; it is sent when the source
-        has posted its receives (SendRelayMsg), so every stream between the two stays in order."""
-        e = self.engine
-        assert e is not None
-        r = e.relay_out()
-        if r is None:
-            self.send(EventMsg(rank=self.rank, request_id="", kind="relay_none"))
-            return
-        self.send(
-            RelayedMsg(
-                rank=self.rank,
-                request_id=r.request.request_id,
-                layer=r.layer,
-                live_layers=r.request.live_layers,
-            )
-        )
-
-    def _start_relay_recv(self, msg: RelayInMsg) -> None:
-        e = self.engine
-        assert e is not None
-        task = e.reserve_relay(
-            msg.request_id, msg.prompt_token_ids, to_params(msg.params), msg.layer, msg.hold_kv
-        )
-        if msg.layer == 0:  # nothing computed there: this instance runs the whole prompt
-            e.commit_relay(msg.request_id, None)
-        else:
-            kv = e.kv_cache
-            n = len(task.request.block_ids)
-            hidden = torch.empty(
-                (task.request.num_tokens, e.model_config.hidden_size),
-                dtype=kv.data.dtype,
-                device=kv.data.device,
-            )
-            buf = torch.empty(kv.packed_shape(n, msg.layer), dtype=kv.data.dtype, device=kv.data.device)
-            works = [
-                dist.irecv(hidden, src=msg.src_rank, group=self.kv_group),
-                dist.irecv(buf, src=msg.src_rank, group=self.kv_group),
-            ]
-            done = self._waiters.submit(_wait_all, works, buf.device)
-            self._relay_recvs[msg.request_id] = _Migration(done, buf, time.monotonic(), hidden)
-        self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="relay_ready"))
-
-    def _start_relay_send(self, msg: SendRelayMsg) -> None:
-        e = self.engine
-        assert e is not None
-        if msg.dst_rank < 0:
-            e.relay_cancelled(msg.request_id)
-            return
-        r = e.relaying.get(msg.request_id)
-        if r is None:
-            raise BlitzScaleError(f"request {msg.request_id!r} is not being relayed here")
-        if r.layer == 0:
-            e.relay_sent(msg.request_id)
-            self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="relay_sent"))
-            return
-        assert r.hidden is not None
-        buf = e.kv_cache.gather_blocks(r.request.block_ids, (0, r.layer))
-        hidden = r.hidden.contiguous()
-        works = [
-            dist.isend(hidden, dst=msg.dst_rank, group=self.kv_group),
-            dist.isend(buf, dst=msg.dst_rank, group=self.kv_group),
-        ]
-        done = self._waiters.submit(_wait_all, works, buf.device)
-        self._relay_sends[msg.request_id] = _Migration(done, buf, time.monotonic(), hidden)
-
-    def _poll_relays(self, e: LLMEngine) -> None:
-        for rid, m in list(self._relay_recvs.items()):
-            if not m.done.done():
-                continue
-            del self._relay_recvs[rid]
-            err = m.done.exception()
-            if err is None and not m.aborted:
-                task = e.relays[rid]
-                e.kv_cache.scatter_blocks(task.request.block_ids, m.buf, (0, task.layer))
-                e.commit_relay(rid, m.hidden)
-                continue
-            if err is not None:
-                self._orphans.append(m)
-            e.cancel_relay(rid)
-            if err is not None:
-                text = f"relay from a live target failed: {_short(err)}"
-                self.send(EventMsg(rank=self.rank, request_id=rid, kind="relay_lost", error=text))
-        for rid, m in list(self._relay_sends.items()):
-            if not m.done.done():
-                continue
-            del self._relay_sends[rid]
-            err = m.done.exception()
-            if err is not None:
-                self._orphans.append(m)
-            e.relay_sent(rid)
-            kind, text = ("relay_sent", "") if err is None else ("relay_lost", f"relay send: {_short(err)}")
-            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=text))
-
-    def _live_progress(self, e: LLMEngine) -> None:
-        """Tell the router how a live target is doing: first layers in, fully loaded, and
-        back to normal once its live queue is drained."""
-        if self.live_failed and not self._relay_sends:
-            self._fail_live(e, self.live_failed)
-            return
-        ready = e.model.weights.readiness
-        if "live_ready" not in self._live_events and ready.num_ready_prefix >= 2:
-            self._live_event("live_ready")
-        if "live_loaded" not in self._live_events and ready.all_ready:
-            self._live_event("live_loaded")
-        if e.live_drained:
-            e.end_live()
-            self._live_event("live_done")
-
-    def _live_event(self, kind: str) -> None:
-        self._live_events.add(kind)
-        self.send(EventMsg(rank=self.rank, request_id="", kind=kind))
-
-    def _fail_live(self, e: LLMEngine, error: str) -> None:
-        """The weights will never all arrive: every request here is lost (the router runs
-        again those that have no output yet), and the engine goes."""
-        self._live_event("live_failed")
-        for rid in [*e.requests, *e.held, *e.relaying]:
-            self.send(EventMsg(rank=self.rank, request_id=rid, kind="lost", error=error))
-        self.engine = None
-        self.role = ""
-        self.live_failed = ""
 
     def _start_recv(self, msg: RecvKVMsg) -> None:
         e = self.engine
@@ -315,8 +159,8 @@ class ServingLoop:
         kv = e.kv_cache
         buf = torch.empty(kv.packed_shape(n), dtype=kv.data.dtype, device=kv.data.device)
         work = dist.irecv(buf, src=msg.src_rank, group=self.kv_group)
-        done = self._waiters.submit(_wait, work, buf.device)
-        self._recvs[msg.request_id] = _Migration(done, buf, time.monotonic())
+        done = self._waiters.submit(wait_one, work, buf.device)
+        self._recvs[msg.request_id] = Move(done, buf)
         self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="kv_ready"))
 
     def _start_send(self, msg: SendKVMsg) -> None:
@@ -327,8 +171,8 @@ class ServingLoop:
             raise BlitzScaleError(f"request {msg.request_id!r} holds no KV here")
         buf = e.kv_cache.gather_blocks(req.block_ids)
         work = dist.isend(buf, dst=msg.dst_rank, group=self.kv_group)
-        done = self._waiters.submit(_wait, work, buf.device)
-        self._sends[msg.request_id] = _Migration(done, buf, time.monotonic())
+        done = self._waiters.submit(wait_one, work, buf.device)
+        self._sends[msg.request_id] = Move(done, buf)
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -378,36 +222,19 @@ class ServingLoop:
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:
-        for rid, m in list(self._recvs.items()):
-            if not m.done.done():
-                continue
-            del self._recvs[rid]
-            err = m.done.exception()
+        for rid, m, err in finished(self._recvs, self._orphans):
             if err is None:
                 req = e.importing[rid]
                 e.kv_cache.scatter_blocks(req.block_ids[: m.buf.shape[2]], m.buf)
                 e.commit_import(rid)
                 self.send(EventMsg(rank=self.rank, request_id=rid, kind="kv_received"))
             else:
-                self._orphans.append(m)
                 e.cancel_import(rid)
                 self.send(EventMsg(rank=self.rank, request_id=rid, kind="kv_failed", error=f"receive: {err}"))
-        for rid, m in list(self._sends.items()):
-            if not m.done.done():
-                continue
-            del self._sends[rid]
-            err = m.done.exception()
-            if err is not None:
-                self._orphans.append(m)
+        for rid, _m, err in finished(self._sends, self._orphans):
             e.release_held(rid)
             kind, text = ("kv_sent", "") if err is None else ("kv_failed", f"send: {err}")
             self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=text))
-
-
-def _short(err: BaseException) -> str:
-    """The first line of a (often very long) torch.distributed error."""
-    line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return line if len(line) <= 160 else line[:157] + "..."
 
 
 def _to_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:

@@ -1,0 +1,158 @@
+"""A worker's side of live scaling (design §2.3), as a part of `ServingLoop`.
+
+As a live target: report progress (first layers in, fully loaded, drained), hand a task
+over (`RelayMsg`) and send its hidden states and KV of layers [0, k) once told to. As a
+source: reserve blocks and post the receives for a relayed task, then let the engine
+finish it. Every stream between two ranks is posted in the order the router sequenced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from blitzscale.engine import LLMEngine
+from blitzscale.errors import BlitzScaleError
+from blitzscale.messages import (
+    EventMsg,
+    Message,
+    RelayedMsg,
+    RelayInMsg,
+    RelayMsg,
+    SendRelayMsg,
+)
+from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_all
+
+
+class LiveSide:
+    rank: int
+    kv_group: Any
+    send: Callable[[Message], None]
+    engine: LLMEngine | None
+    role: str
+    _orphans: list[Move]
+    _waiters: ThreadPoolExecutor
+
+    def _init_live(self) -> None:
+        self._relay_recvs: dict[str, Move] = {}  # source side
+        self._relay_sends: dict[str, Move] = {}  # target side
+        self._live_events: set[str] = set()  # live-target events already sent
+        self.live_failed = ""  # set (from the transfer thread) when a live target's load fails
+
+    def _relay_out(self, msg: RelayMsg) -> None:
+        """Target: stop a live task where it is and report it; it is sent when the source
+        has posted its receives (SendRelayMsg), so every stream between the two stays in order."""
+        e = self.engine
+        assert e is not None
+        r = e.relay_out()
+        if r is None:
+            self.send(EventMsg(rank=self.rank, request_id="", kind="relay_none"))
+            return
+        self.send(
+            RelayedMsg(
+                rank=self.rank,
+                request_id=r.request.request_id,
+                layer=r.layer,
+                live_layers=r.request.live_layers,
+            )
+        )
+
+    def _start_relay_recv(self, msg: RelayInMsg) -> None:
+        e = self.engine
+        assert e is not None
+        task = e.reserve_relay(
+            msg.request_id, msg.prompt_token_ids, to_params(msg.params), msg.layer, msg.hold_kv
+        )
+        if msg.layer == 0:  # nothing computed there: this instance runs the whole prompt
+            e.commit_relay(msg.request_id, None)
+        else:
+            kv = e.kv_cache
+            n = len(task.request.block_ids)
+            hidden = torch.empty(
+                (task.request.num_tokens, e.model_config.hidden_size),
+                dtype=kv.data.dtype,
+                device=kv.data.device,
+            )
+            buf = torch.empty(kv.packed_shape(n, msg.layer), dtype=kv.data.dtype, device=kv.data.device)
+            works = [
+                dist.irecv(hidden, src=msg.src_rank, group=self.kv_group),
+                dist.irecv(buf, src=msg.src_rank, group=self.kv_group),
+            ]
+            done = self._waiters.submit(wait_all, works, buf.device)
+            self._relay_recvs[msg.request_id] = Move(done, buf, hidden=hidden)
+        self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="relay_ready"))
+
+    def _start_relay_send(self, msg: SendRelayMsg) -> None:
+        e = self.engine
+        assert e is not None
+        if msg.dst_rank < 0:
+            e.relay_cancelled(msg.request_id)
+            return
+        r = e.relaying.get(msg.request_id)
+        if r is None:
+            raise BlitzScaleError(f"request {msg.request_id!r} is not being relayed here")
+        if r.layer == 0:
+            e.relay_sent(msg.request_id)
+            self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="relay_sent"))
+            return
+        assert r.hidden is not None
+        buf = e.kv_cache.gather_blocks(r.request.block_ids, (0, r.layer))
+        hidden = r.hidden.contiguous()
+        works = [
+            dist.isend(hidden, dst=msg.dst_rank, group=self.kv_group),
+            dist.isend(buf, dst=msg.dst_rank, group=self.kv_group),
+        ]
+        done = self._waiters.submit(wait_all, works, buf.device)
+        self._relay_sends[msg.request_id] = Move(done, buf, hidden=hidden)
+
+    def _poll_relays(self, e: LLMEngine) -> None:
+        for rid, m, err in finished(self._relay_recvs, self._orphans):
+            if err is None and not m.aborted:
+                task = e.relays[rid]
+                e.kv_cache.scatter_blocks(task.request.block_ids, m.buf, (0, task.layer))
+                e.commit_relay(rid, m.hidden)
+                continue
+            e.cancel_relay(rid)
+            if err is not None:
+                text = f"relay from a live target failed: {short_error(err)}"
+                self.send(EventMsg(rank=self.rank, request_id=rid, kind="relay_lost", error=text))
+        for rid, _m, err in finished(self._relay_sends, self._orphans):
+            e.relay_sent(rid)
+            if err is None:
+                self.send(EventMsg(rank=self.rank, request_id=rid, kind="relay_sent"))
+            else:
+                text = f"relay send: {short_error(err)}"
+                self.send(EventMsg(rank=self.rank, request_id=rid, kind="relay_lost", error=text))
+
+    def _live_progress(self, e: LLMEngine) -> None:
+        """Tell the router how a live target is doing: first layers in, fully loaded, and
+        back to normal once its live queue is drained."""
+        if self.live_failed and not self._relay_sends:
+            self._fail_live(e, self.live_failed)
+            return
+        ready = e.model.weights.readiness
+        if "live_ready" not in self._live_events and ready.num_ready_prefix >= 2:
+            self._live_event("live_ready")
+        if "live_loaded" not in self._live_events and ready.all_ready:
+            self._live_event("live_loaded")
+        if e.live_drained:
+            e.end_live()
+            self._live_event("live_done")
+
+    def _live_event(self, kind: str) -> None:
+        self._live_events.add(kind)
+        self.send(EventMsg(rank=self.rank, request_id="", kind=kind))
+
+    def _fail_live(self, e: LLMEngine, error: str) -> None:
+        """The weights will never all arrive: every request here is lost (the router runs
+        again those that have no output yet), and the engine goes."""
+        self._live_event("live_failed")
+        for rid in [*e.requests, *e.held, *e.relaying]:
+            self.send(EventMsg(rank=self.rank, request_id=rid, kind="lost", error=error))
+        self.engine = None
+        self.role = ""
+        self.live_failed = ""
