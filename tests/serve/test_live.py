@@ -150,13 +150,16 @@ def test_nolive_policy_loads_first_then_serves() -> None:
         lt.close()
 
 
-@pytest.mark.parametrize("victim", ["target", "source"])
-def test_death_during_live_scaling_fails_or_retries_with_no_hang_or_leak(victim: str) -> None:
-    """colocated, 3 workers: rank 0 serves (weight source and relay partner), rank 1 is
-    the live target. Killing either mid-load: every request ends (tokens, or a clear error)
-    and the survivors hold no KV blocks."""
+@pytest.mark.parametrize(
+    "mode,victim", [("colocated", "target"), ("colocated", "source"), ("pd", "target"), ("pd", "source")]
+)
+def test_death_during_live_scaling_fails_or_retries_with_no_hang_or_leak(mode: str, victim: str) -> None:
+    """3 workers. colocated: rank 0 serves (weight source and relay partner), rank 1 is the
+    live target. pd: rank 0 is the prefill instance (relay partner), rank 1 the decode one
+    (weight source), rank 2 the live target. Killing the target or rank 0 mid-load: every
+    request ends (tokens, or a clear error) and the survivors hold no KV blocks."""
     lt = LoopThread()
-    cfg = live_config("colocated", 3)
+    cfg = live_config(mode, 3)
     cfg = cfg.with_overrides(planner={"max_prefill": 2, "tokens_prefilled_per_sec": 300.0})
     service = ServingCluster(cfg)
     try:
