@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=_run_transfer)
 
     v = bsub.add_parser("live", help="TTFT of a burst arriving at a scale decision, per load path")
-    v.add_argument("--model", default="random:llama3-8b")
+    v.add_argument("--model", default="", help="default: random:llama3-8b on cuda, smollm2-135m on cpu")
     v.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     v.add_argument("--paths", default="all", help="live,network,host,disk,none (comma-separated) or all")
     v.add_argument("--requests", type=int, default=64)
@@ -93,11 +93,16 @@ def _run_live(args: argparse.Namespace) -> int:
         raise InvalidRequestError(
             f"--paths: unknown path {bad or args.paths!r}; use {', '.join(PATHS)} or all"
         )
-    for name in ("requests", "prompt_len", "max_tokens"):
-        if getattr(args, name) < 1:
-            raise InvalidRequestError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name, least in (("requests", 1), ("prompt_len", 1), ("max_tokens", 1), ("kv_blocks", 0)):
+        if getattr(args, name) < least:
+            flag = f"--{name.replace('_', '-')}"
+            raise InvalidRequestError(f"{flag} must be >= {least}, got {getattr(args, name)}")
+    for flag, value in (("--transfer-rate", args.transfer_rate), ("--disk-rate", args.disk_rate)):
+        if value < 0:
+            raise InvalidRequestError(f"{flag} must be >= 0 (0: no cap), got {value}")
+    model = args.model or ("random:llama3-8b" if args.device == "cuda" else "smollm2-135m")
     cfg = LiveBenchConfig(
-        model=args.model,
+        model=model,
         device=args.device,
         paths=paths,
         requests=args.requests,

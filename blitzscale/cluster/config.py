@@ -26,6 +26,9 @@ class ClusterConfig:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        for name in ("disk_bytes_per_s", "transfer_bytes_per_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no cap), got {getattr(self, name)}")
 
     @property
     def resolved_dtype(self) -> str:

@@ -23,12 +23,30 @@ CLI = [sys.executable, "-m", "blitzscale.cli.main"]
         ("[clusterr]\nworkers = 2\n", "unknown section [clusterr]"),
         ("[policy]\nname = 'magic'\n", "unknown policy 'magic'"),
         ("[planner\n", "not valid TOML"),
+        ("[cluster]\ntransfer_bytes_per_s = -1\n", "transfer_bytes_per_s must be >= 0"),
     ],
 )
 def test_bad_config_is_named(tmp_path: Path, toml: str, needle: str) -> None:
     cfg = tmp_path / "cluster.toml"
     cfg.write_text(toml)
     r = subprocess.run([*CLI, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--transfer-rate", "-5"], "--transfer-rate must be >= 0"),
+        (["--kv-blocks", "-3"], "--kv-blocks must be >= 0"),
+        (["--requests", "0"], "--requests must be >= 1"),
+        (["--paths", "live,warp"], "--paths: unknown path ['warp']"),
+    ],
+)
+def test_bad_bench_live_flag_is_named(flags: list[str], needle: str) -> None:
+    r = subprocess.run(
+        [*CLI, "bench", "live", "--device", "cpu", *flags], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2
     assert needle in r.stderr, r.stderr
 
