@@ -13,7 +13,6 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -68,8 +67,15 @@ class _Channel:
     def __post_init__(self) -> None:
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
+    def _posting(self) -> contextlib.AbstractContextManager[object]:
+        """Post ops from the channel's own stream: NCCL orders an op after the caller's
+        current stream, and the default stream carries the engine's kernels, so a source
+        that serves while it sends would otherwise hold its sends back behind its own work."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
     def irecv(self, t: torch.Tensor, src: int) -> dist.Work:
-        return dist.irecv(t, src=src)
+        with self._posting():
+            return dist.irecv(t, src=src)
 
     def isend(self, t: torch.Tensor, dst: int) -> None:
         if self.max_bytes_per_s > 0:
@@ -80,7 +86,8 @@ class _Channel:
             if delay > 0:
                 time.sleep(delay)
         try:
-            self.sends.append((dist.isend(t, dst=dst), dst, t))
+            with self._posting():
+                self.sends.append((dist.isend(t, dst=dst), dst, t))
         except RuntimeError as e:  # gloo: the peer's connection is gone
             raise TransferError(f"send to rank {dst}: {str(e).splitlines()[0]}") from e
 
@@ -111,7 +118,8 @@ class _Channel:
         while len(self.sends) >= _MAX_STAGED:
             work, dst, _ = self.sends.pop(0)
             self.wait(work, f"send to rank {dst}")
-        return host_piece.to(self.device, non_blocking=True)
+        with self._posting():  # the send that follows is posted on the same stream
+            return host_piece.to(self.device, non_blocking=True)
 
     def wait_sends(self) -> None:
         for work, dst, _ in self.sends:
@@ -141,27 +149,6 @@ def run_transfer(
     if msg.host_source and heads and host_buffer is None:
         raise TransferError(f"rank {rank} holds no host copy of {msg.model}")
     chan = _Channel(device, msg.timeout_s, msg.max_bytes_per_s)
-    # Post every op from the channel's own stream: NCCL orders an op after the caller's
-    # current stream, and the legacy default stream carries the engine's kernels, so a
-    # source that serves while it sends would hold its sends back behind its own work.
-    with torch.cuda.stream(chan.stream) if chan.stream is not None else contextlib.nullcontext():
-        return _run(rank, msg, layout, buffer, readiness, host_buffer, pieces, role, heads, chan, stats)
-
-
-def _run(
-    rank: int,
-    msg: TransferMsg,
-    layout: WeightLayout,
-    buffer: torch.Tensor | None,
-    readiness: SegmentReadiness | None,
-    host_buffer: torch.Tensor | None,
-    pieces: list[Piece],
-    role: Any,
-    heads: set[int],
-    chan: _Channel,
-    stats: TransferStats,
-) -> TransferStats:
-    loads_from_host = msg.host_source and msg.head_is_target and bool(heads)
     recvs = {
         i: chan.irecv(_view(buffer, p), role.recv_from[p.stripe])
         for i, p in enumerate(pieces)

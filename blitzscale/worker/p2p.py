@@ -4,10 +4,9 @@ the conversion of messages' sampling parameters."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -23,7 +22,6 @@ MIGRATION_TIMEOUT_S = 30.0
 class Move:
     done: Future[None]  # completes when the p2p op has (gloo reports nothing until waited on)
     buf: torch.Tensor
-    started: float = field(default_factory=time.monotonic)
     hidden: torch.Tensor | None = None  # a relay: the hidden states that come with the KV
     aborted: bool = False  # the request was aborted while its data was on the wire
 

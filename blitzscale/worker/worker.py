@@ -201,9 +201,6 @@ class Worker:
     def handle(self, msg: Message) -> dict[str, Any]:
         if isinstance(msg, LoadMsg):
             return self._load(msg)
-        if isinstance(msg, TransferMsg):
-            self._prepare_receive(msg)
-            return self._transfer(msg)
         if isinstance(msg, HostCacheMsg):
             return self._host_cache(msg)
         if isinstance(msg, ReleaseMsg):
