@@ -1,0 +1,151 @@
+"""How the scaler brings weights onto new instances: over the network (chain multicast,
+or live: serving while they arrive), from the one host copy, or from disk; then the
+engines are started. A part of `Scaler`, which chooses the actions (control/policies.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from blitzscale.checkpoint.native import rank_file
+from blitzscale.cluster.local import LocalCluster
+from blitzscale.control.policies import LoadAction
+from blitzscale.control.snapshot import InstanceState
+from blitzscale.errors import BlitzScaleError
+from blitzscale.messages import ActivateMsg, ReplyMsg
+from blitzscale.serve.instances import Instance
+from blitzscale.serve.router import Router
+from blitzscale.transfer.disk import drop_page_cache
+
+log = logging.getLogger("blitzscale.scaler")
+
+
+class Loads:
+    router: Router
+    cluster: LocalCluster
+    model: str
+    source: str
+    disk_source: str
+
+    if TYPE_CHECKING:
+
+        @property
+        def pd_mode(self) -> bool: ...
+        def _instance(self, rank: int) -> Instance: ...
+        def _activate_msg(self, role: str, live: bool = False) -> ActivateMsg: ...
+        async def _activate_many(self, insts: list[Instance], role: str) -> None: ...
+        def _record(
+            self,
+            direction: str,
+            path: str,
+            ranks: list[int],
+            seconds: float,
+            nbytes: int,
+            sources: list[int],
+            report: dict[int, dict[str, Any]] | None = None,
+        ) -> None: ...
+
+    async def _load(self, a: LoadAction) -> None:
+        role = "prefill" if self.pd_mode else "colocated"
+        try:
+            if a.path == "network":
+                await self._load_network(a.sources, a.target_ranks, a.multicast)
+            elif a.path == "host" and self.cluster.pool.host_holder(self.model) is not None:
+                await self._load_host(a.target_ranks)
+            else:
+                await self._load_disk(a.target_ranks)
+        except BlitzScaleError as e:
+            log.error("load onto %s failed: %s", a.target_ranks, e)
+            for t in a.target_ranks:
+                if t not in self.cluster.pool.gpu_holders(self.model):
+                    self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
+            return
+        await self._activate_many([self._instance(t) for t in a.target_ranks], role)
+
+    async def _load_live(self, a: LoadAction) -> None:
+        """ZigZag (design §2.3): targets start serving as soon as their first layers land,
+        and `a.partner` (now OLD_PREFILL) relays their tasks when it is idle."""
+        role = "prefill" if self.pd_mode else "colocated"
+        partner = self.router.instances.get(a.partner) if a.partner is not None else None
+        if partner is not None and partner.state in (InstanceState.PREFILL, InstanceState.COLOCATED):
+            partner.set_state(InstanceState.OLD_PREFILL, f"(relays for {list(a.target_ranks)})")
+        else:
+            partner = None
+        self.router.begin_live(a.target_ranks, partner.rank if partner is not None else None)
+        loop = asyncio.get_running_loop()
+        activated: set[int] = set()
+
+        def on_live(reply: ReplyMsg) -> None:  # on the cluster thread
+            if reply.ok:
+                activated.add(reply.rank)
+            else:
+                log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
+            loop.call_soon_threadsafe(self.router._wake.set)
+
+        live = {t: self._activate_msg(role, live=True) for t in a.target_ranks}
+        t0 = time.monotonic()
+        try:
+            report = await self.router.cluster_call(
+                self.cluster.transfer,
+                self.model,
+                self.source,
+                list(a.sources),
+                list(a.target_ranks),
+                live=live,
+                on_live=on_live,
+            )
+        except BlitzScaleError as e:
+            log.error("live load onto %s failed: %s", a.target_ranks, e)
+            for t in a.target_ranks:
+                if t not in self.cluster.pool.gpu_holders(self.model):
+                    self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
+                self.router.end_live(t)
+            return
+        nbytes = sum(v["bytes"] for v in report.values())
+        self._record(
+            "up", "network", list(a.target_ranks), time.monotonic() - t0, nbytes, list(a.sources), report
+        )
+        missed = [self._instance(t) for t in a.target_ranks if t not in activated]
+        if missed:  # loaded, but never started live: start them the ordinary way
+            for inst in missed:
+                self.router.end_live(inst.rank)
+            await self._activate_many(missed, role)
+
+    async def _load_network(
+        self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool
+    ) -> None:
+        groups = [targets] if multicast else [(t,) for t in targets]
+        for group in groups:
+            t0 = time.monotonic()
+            report = await self.router.cluster_call(
+                self.cluster.transfer, self.model, self.source, list(sources), list(group)
+            )
+            nbytes = sum(v["bytes"] for v in report.values())
+            self._record("up", "network", list(group), time.monotonic() - t0, nbytes, list(sources), report)
+
+    async def _load_host(self, targets: tuple[int, ...]) -> None:
+        holder = self.cluster.pool.host_holder(self.model)
+        t0 = time.monotonic()
+        report = await self.router.cluster_call(
+            self.cluster.transfer, self.model, self.source, [holder], list(targets), from_host=True
+        )
+        nbytes = sum(v["bytes"] for v in report.values())
+        self._record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder], report)
+
+    async def _load_disk(self, targets: tuple[int, ...]) -> None:
+        """A cold read, as from an SSD: the page cache is dropped first."""
+        for t in targets:
+            await asyncio.to_thread(drop_page_cache, rank_file(Path(self.disk_source), 0))
+            t0 = time.monotonic()
+            res = await self.router.cluster_call(
+                self.cluster.load,
+                self.model,
+                t,
+                self.disk_source,
+                max_bytes_per_s=self.cluster.cfg.disk_bytes_per_s,
+            )
+            self._record("up", "disk", [t], time.monotonic() - t0, int(res.get("bytes", 0)), [])
