@@ -227,12 +227,11 @@ class LLMEngine:
         live = self.live
         return live is not None and self.model.weights.readiness.all_ready and not live and not self.relaying
 
-    def end_live(self) -> int:
-        """Back to normal serving; returns the layers run while loading."""
-        live, self.live = self.live, None
-        if live:
+    def end_live(self) -> None:
+        """Back to normal serving (the live queue must be empty)."""
+        if self.live:
             raise InvalidRequestError("the live queue is not empty")
-        return live.layers_run if live is not None else 0
+        self.live = None
 
     def relay_out(self) -> Relayed | None:
         """Hand a live task to the source: the head (oldest) while loading; once loaded, the
