@@ -386,8 +386,11 @@ class Router(LiveScaling):
                 if r is not None:
                     self._take_back(r, [target, source])
         for r in list(self.reqs.values()):
-            ranks = {r.prefill_rank, r.decode_rank, r.relay_from} & dead
+            involved = {r.prefill_rank, r.decode_rank, r.relay_from} - {None}
+            ranks = involved & dead
             if ranks:  # run again if nothing was produced yet (no client can tell), else fail
+                for rank in involved - dead:  # survivors drop their part (blocks, receives)
+                    self._send_nowait(rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
                 self._lost(r, f"instance on rank {sorted(ranks)} died")
         for rank in dead:
             inst = self.instances.get(rank)

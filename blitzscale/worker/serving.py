@@ -140,8 +140,14 @@ class ServingLoop(LiveSide):
     def _abort(self, request_id: str) -> None:
         e = self.engine
         assert e is not None
-        if request_id in self._relay_recvs:  # finish receiving (the stream stays in order), then drop
+        # A receive in flight lands in its own buffer: the blocks can go now, and the data is
+        # dropped when it arrives (the stream stays in order).
+        if request_id in self._relay_recvs:
             self._relay_recvs[request_id].aborted = True
+            e.cancel_relay(request_id)
+        elif request_id in self._recvs:
+            self._recvs[request_id].aborted = True
+            e.cancel_import(request_id)
         elif not e.abort(request_id) and request_id in e.held and request_id not in self._sends:
             e.release_held(request_id)
 
@@ -158,7 +164,11 @@ class ServingLoop(LiveSide):
         n = e.pool.blocks_for_tokens(req.num_computed_tokens)
         kv = e.kv_cache
         buf = torch.empty(kv.packed_shape(n), dtype=kv.data.dtype, device=kv.data.device)
-        work = dist.irecv(buf, src=msg.src_rank, group=self.kv_group)
+        try:
+            work = dist.irecv(buf, src=msg.src_rank, group=self.kv_group)
+        except RuntimeError:  # the sender is gone: give the blocks back
+            e.cancel_import(msg.request_id)
+            raise
         done = self._waiters.submit(wait_one, work, buf.device)
         self._recvs[msg.request_id] = Move(done, buf)
         self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="kv_ready"))
@@ -223,6 +233,8 @@ class ServingLoop(LiveSide):
 
     def _poll_migrations(self, e: LLMEngine) -> None:
         for rid, m, err in finished(self._recvs, self._orphans):
+            if m.aborted:
+                continue  # its blocks went back when it was aborted
             if err is None:
                 req = e.importing[rid]
                 e.kv_cache.scatter_blocks(req.block_ids[: m.buf.shape[2]], m.buf)
