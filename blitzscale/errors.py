@@ -19,3 +19,20 @@ class CheckpointError(BlitzScaleError):
 
 class WeightsNotReadyError(BlitzScaleError):
     """A layer was run before its weights arrived."""
+
+
+class RequestFailedError(BlitzScaleError):
+    """An accepted request that could not be completed (its engine step failed, or its
+    instance died after output was streamed). HTTP 500 with this message."""
+
+
+class UnavailableError(BlitzScaleError):
+    """Nothing can serve the request now (HTTP 503); `retry_after_s` says when to try again."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class OverloadedError(UnavailableError):
+    """The queue is full, by tokens or by waiting time (HTTP 429 with Retry-After)."""

@@ -226,6 +226,7 @@ class OutputMsg(Msg):
     num_output_tokens: int
     rng_state: bytes = b""  # with finish_reason "migrate": the request's generator state
     live_layers: int = 0  # layers of its prefill run on an instance still loading weights
+    error: str = ""  # with finish_reason "error": why it failed (it is not run again)
 
 
 class OutputsMsg(Msg):

@@ -8,6 +8,7 @@ TGI routes use the same shape (one format to parse; TGI's own is `{"error": str}
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from blitzscale.errors import InvalidRequestError
+from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFailedError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 # it, but the request counter shows how many requests were abandoned.
 CLIENT_CLOSED_STATUS = 499
 
-_TYPE_BY_STATUS = {401: "authentication_error", 404: "not_found_error"}
+_TYPE_BY_STATUS = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
 class ApiError(Exception):
@@ -83,12 +84,37 @@ def describe_validation_error(errors: Sequence[dict[str, Any]]) -> tuple[str, st
     return f"{param}: {text}", param
 
 
+def status_of(exc: Exception) -> int | None:
+    """The HTTP status of an error the backend raises on purpose (None: a bug)."""
+    if isinstance(exc, InvalidRequestError):
+        return 400
+    if isinstance(exc, OverloadedError):
+        return 429
+    if isinstance(exc, UnavailableError):
+        return 503
+    if isinstance(exc, RequestFailedError):
+        return 500
+    return None
+
+
 def stream_error(exc: Exception, request_id: str) -> dict:
     """The error event for a failure after a stream started, when the status is already sent."""
-    if isinstance(exc, InvalidRequestError):
-        return error_body(400, str(exc))
+    status = status_of(exc)
+    if status is not None:
+        if status >= 500:
+            log.warning("request %s failed mid-stream: %s", request_id, exc)
+        return error_body(status, str(exc))
     log.error("request %s failed mid-stream: %r", request_id, exc)
     return error_body(500, f"internal server error ({type(exc).__name__})")
+
+
+async def _backend_error(_request: Request, exc: Exception) -> Response:
+    """Failures the backend reports on purpose: their own status and message, no traceback."""
+    status = status_of(exc) or 500
+    response = error_response(status, str(exc), code="overloaded" if status == 429 else None)
+    if isinstance(exc, UnavailableError):
+        response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    return response
 
 
 async def _api_error(_request: Request, exc: Exception) -> Response:
@@ -133,6 +159,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(InvalidRequestError, _invalid_request)
+    app.add_exception_handler(UnavailableError, _backend_error)
+    app.add_exception_handler(RequestFailedError, _backend_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnected, _client_gone)
     app.add_exception_handler(Exception, _unexpected)

@@ -14,7 +14,7 @@ from blitzscale.engine.live import LiveQueue, Relayed, RelayIn, finish_relayed
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
 from blitzscale.engine.request import Request, RequestOutput, RequestStatus, SamplingParams
-from blitzscale.engine.sampler import sample
+from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
 from blitzscale.errors import InvalidRequestError
 from blitzscale.kvcache.cache import KVCache
@@ -161,6 +161,25 @@ class LLMEngine:
         self._aborted.append(req)
         return True
 
+    def _fail(self, req: Request, error: str) -> RequestOutput:
+        """Finish one request with an error (finish_reason "error"); the engine goes on."""
+        self.scheduler.finish(req, "error")
+        return dataclasses.replace(self._finalize(req), error=error)
+
+    def fail_unfinished(self, error: str) -> list[RequestOutput]:
+        """A step raised: every request that may have been in it (anything started, in the
+        live queue or relayed in) fails with `error`; requests that never ran and held KV
+        are untouched. Returns their final outputs. The engine stays usable."""
+        failed = []
+        for req in list(self.requests.values()):
+            untouched = req.status is RequestStatus.WAITING and req.num_computed_tokens == 0
+            if untouched or not self.abort(req.request_id):  # (a relay still arriving: later)
+                continue
+            self._aborted.remove(req)
+            req.finish_reason = "error"
+            failed.append(dataclasses.replace(self._finalize(req), error=error))
+        return failed
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
@@ -202,6 +221,9 @@ class LLMEngine:
         results = []
         tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
         for req, tok in zip(sampling, tokens, strict=True):
+            if tok == NO_TOKEN:
+                results.append(self._fail(req, "the model produced non-finite logits for it"))
+                continue
             req.token_ids.append(tok)
             reason = self.outputs.check_stop(req)
             if reason is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -23,20 +24,45 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def validate(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        """Refuse any value the engine cannot run or a message cannot carry, by name."""
+        _check_int("max_tokens", self.max_tokens, 1, INT32_LIMIT)
+        _check_float("temperature", self.temperature, 0.0, "be >= 0")
+        if not 0 < self.top_p <= 1:  # also false for NaN
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise InvalidRequestError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
-        if any(not s for s in self.stop):
-            raise InvalidRequestError("stop strings must not be empty")
+        _check_int("top_k", self.top_k, -1, INT32_LIMIT, "be -1, 0 (off) or positive")
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, INT64_LIMIT)
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, 0, INT32_LIMIT)
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequestError("stop strings must be non-empty strings")
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        """Temperatures below GREEDY_BELOW sample as greedy (dividing logits by them
+        overflows to inf, which no distribution survives); vLLM does the same."""
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
+
+
+GREEDY_BELOW = 1e-5
+INT32_LIMIT = 2**31  # counts and token ids
+INT64_LIMIT = 2**63  # seeds (they travel as msgpack int64)
+
+
+def _check_int(name: str, value: object, lo: int, hi: int, must: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+    if value < lo:
+        raise InvalidRequestError(f"{name} must {must or f'be at least {lo}'}, got {value}")
+    if value >= hi:
+        raise InvalidRequestError(f"{name} must be below {hi}, got {value}")
+
+
+def _check_float(name: str, value: object, lo: float, must: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value >= lo):
+        raise InvalidRequestError(f"{name} must {must} and finite, got {value}")
 
 
 class RequestStatus(enum.Enum):
@@ -99,6 +125,7 @@ class RequestOutput:
     text_delta: str
     text: str
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort"
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     num_prompt_tokens: int
     live_layers: int = 0  # layers of its prefill run while the weights were incomplete
+    error: str = ""  # with finish_reason "error": why the request failed

@@ -7,12 +7,24 @@ import torch
 from blitzscale.engine.request import SamplingParams
 from blitzscale.engine.sync import wait_for_device
 
+NO_TOKEN = -1  # a row with no valid distribution (non-finite logits): its request fails
+
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> list[int]:
-    """One token per row of `logits` ([N, vocab], float32)."""
+    """One token per row of `logits` ([N, vocab], float32); NO_TOKEN for a row whose logits
+    are not all finite, so that one request fails and the rest of the batch goes on."""
     wait_for_device(logits.device)  # before any .tolist(): wait without the GIL
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    logits = logits.masked_fill(bad[:, None], 0.0)  # sampled harmlessly, then discarded
+    out = _sample(logits, params, generators)
+    return [NO_TOKEN if b else t for t, b in zip(out, bad.tolist(), strict=True)]
+
+
+def _sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
     out = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if not rows:

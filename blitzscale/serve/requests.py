@@ -17,12 +17,14 @@ class RouterRequest:
     params: SamplingParams
     out: asyncio.Queue[RequestOutput | Exception] = field(default_factory=asyncio.Queue)
     arrival: float = field(default_factory=time.monotonic)
-    stage: str = "queued"  # queued | prefill | migrating | decode | done
+    stage: str = "queued"  # queued | prefill | migrating | decode | done (| aborting: KV still moving)
     prefill_rank: int | None = None
     decode_rank: int | None = None
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     first_token_at: float | None = None
+    reruns: int = 0  # times it was run again after its instance lost it
+    prefilled: bool = False  # its prompt tokens no longer count against the prefill instance
     dispatched_at: float | None = None
     rng_state: bytes = b""  # a seeded request's generator, carried from prefill to decode
     relay_from: int | None = None  # live target sending this request's prefill to prefill_rank

@@ -24,7 +24,7 @@ from blitzscale.cluster.local import LocalCluster
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.engine.engine import validate_request
 from blitzscale.engine.request import RequestOutput, SamplingParams
-from blitzscale.errors import BlitzScaleError, InvalidRequestError
+from blitzscale.errors import InvalidRequestError, RequestFailedError, UnavailableError
 from blitzscale.messages import (
     AbortMsg,
     EventMsg,
@@ -46,6 +46,9 @@ from blitzscale.serve.requests import RouterRequest
 
 log = logging.getLogger("blitzscale.router")
 T = TypeVar("T")
+# A request whose instance died before it produced anything runs again, once: if its second
+# instance dies too, the request itself may be what kills them, so it fails instead.
+MAX_RERUNS = 1
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class Router(LiveScaling):
         self.queue: deque[RouterRequest] = deque()
         self.reqs: dict[str, RouterRequest] = {}
         self.pending_migrations: deque[RouterRequest] = deque()
+        # aborted requests whose KV hand-off must still run to its end (see `abort`)
+        self._hand_offs: dict[str, RouterRequest] = {}
         self.connected: set[int] = set()
         self._init_live()
         self._wake = asyncio.Event()
@@ -149,10 +154,25 @@ class Router(LiveScaling):
             return
         if r.stage == "queued":
             self.queue.remove(r)
+        if r.stage == "migrating" and r.decode_rank is not None and r.prefill_rank is not None:
+            await self._abort_hand_off(r)
+            return
         for rank in {r.prefill_rank, r.decode_rank, r.relay_from} - {None}:
             await self._send(rank, AbortMsg(request_id=request_id))  # type: ignore[arg-type]
         self._release_assignment(r)
         r.stage = "done"
+
+    async def _abort_hand_off(self, r: RouterRequest) -> None:
+        """The client left while the KV moves: the decode side may have posted its receive,
+        and a posted receive left unmatched would swallow the next hand-off between the two
+        ranks (a wrong answer). So the decode side drops the request now (its blocks go; the
+        data is discarded when it lands) and the prefill side still sends, or frees the KV
+        if the decode side never posted (`_on_hand_off_event`)."""
+        assert r.decode_rank is not None
+        await self._send(r.decode_rank, AbortMsg(request_id=r.id))
+        self._unassign(r.decode_rank)
+        r.stage = "aborting"
+        self._hand_offs[r.id] = r
 
     def queue_time_s(self, request_id: str) -> float | None:
         """Seconds the request waited in the global queue (the API's x-queue-time)."""
@@ -273,17 +293,18 @@ class Router(LiveScaling):
 
     def _lost(self, r: RouterRequest, why: str) -> None:
         """An instance lost `r`: run it again if the client has seen nothing yet, else fail it."""
-        if r.first_token_at is None and r.stage == "prefill":
+        if r.first_token_at is None and r.stage == "prefill" and r.reruns < MAX_RERUNS:
             log.warning("request %s: %s; running it again", r.id, why)
+            r.reruns += 1
             self._requeue(r)
-        else:
-            r.out.put_nowait(BlitzScaleError(why))
+        else:  # streamed already, or it was on a dying instance before: it may be the cause
+            r.out.put_nowait(UnavailableError(why))
             self._finish(r)
 
     def _requeue(self, r: RouterRequest) -> None:
         """Run a request again from the front of the queue (it has no output yet)."""
         self._release_assignment(r)
-        r.stage = "queued"
+        r.stage, r.prefilled = "queued", False
         self.queue.appendleft(r)
         self._wake.set()
 
@@ -321,10 +342,14 @@ class Router(LiveScaling):
             if r is None:
                 continue
             inst = self.instances.get(msg.rank)
-            if r.stage == "prefill" and inst is not None and r.first_token_at is None:
+            if r.stage == "prefill" and inst is not None and not r.prefilled:
+                r.prefilled = True
                 inst.outstanding_tokens -= len(r.prompt)
                 self._count_live(r, o.live_layers)
-            if o.finish_reason == "migrate":
+            if o.finish_reason == "error":  # the request broke its step: never rerun it
+                await r.out.put(RequestFailedError(f"request failed on rank {msg.rank}: {o.error}"))
+                self._finish(r)
+            elif o.finish_reason == "migrate":
                 r.rng_state = o.rng_state
                 await r.out.put(r.accept(o, finished=False))
                 r.stage = "migrating"
@@ -343,6 +368,8 @@ class Router(LiveScaling):
             return
         r = self.reqs.get(ev.request_id)
         if r is None:
+            if ev.request_id in self._hand_offs:
+                await self._on_hand_off_event(self._hand_offs[ev.request_id], ev)
             return
         if ev.kind == "lost":
             self._lost(r, f"rank {ev.rank} lost it: {ev.error}")
@@ -358,9 +385,28 @@ class Router(LiveScaling):
             r.decode_rank = None
             self.pending_migrations.append(r)
         elif ev.kind in ("kv_failed", "rejected"):
-            err = InvalidRequestError(ev.error) if ev.kind == "rejected" else BlitzScaleError(ev.error)
+            err = InvalidRequestError(ev.error) if ev.kind == "rejected" else RequestFailedError(ev.error)
             await r.out.put(err)
             self._finish(r)
+
+    async def _on_hand_off_event(self, r: RouterRequest, ev: EventMsg) -> None:
+        """An aborted request's KV hand-off runs to its end so both sides stay matched."""
+        prefill = r.prefill_rank
+        if ev.kind == "kv_ready" and prefill is not None:  # the receive is posted: match it
+            await self._send(prefill, SendKVMsg(request_id=r.id, dst_rank=ev.rank))
+            return
+        if ev.kind in ("kv_failed", "lost") and ev.rank != prefill and prefill is not None:
+            await self._send(prefill, AbortMsg(request_id=r.id))  # nothing was posted: free it
+        elif ev.kind not in ("kv_sent", "kv_failed"):
+            return
+        self._end_hand_off(r)
+
+    def _end_hand_off(self, r: RouterRequest) -> None:
+        self._hand_offs.pop(r.id, None)
+        self._unassign(r.prefill_rank)
+        r.prefill_rank = r.decode_rank = None
+        r.stage = "done"
+        self._wake.set()
 
     def _on_stats(self, s: StatsMsg) -> None:
         inst = self.instances.get(s.rank)
@@ -385,6 +431,11 @@ class Router(LiveScaling):
                 self._send_nowait(target, SendRelayMsg(request_id=rid, dst_rank=-1))
                 if r is not None:
                     self._take_back(r, [target, source])
+        for r in list(self._hand_offs.values()):
+            if r.prefill_rank in dead or r.decode_rank in dead:
+                if r.prefill_rank not in dead:  # the KV cannot go anywhere now
+                    self._send_nowait(r.prefill_rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
+                self._end_hand_off(r)
         for r in list(self.reqs.values()):
             involved = {r.prefill_rank, r.decode_rank, r.relay_from} - {None}
             ranks = involved & dead
@@ -413,7 +464,7 @@ class Router(LiveScaling):
         self._wake.set()
 
     def _release_assignment(self, r: RouterRequest) -> None:
-        if r.stage == "prefill" and r.prefill_rank in self.instances and r.first_token_at is None:
+        if r.stage == "prefill" and r.prefill_rank in self.instances and not r.prefilled:
             self.instances[r.prefill_rank].outstanding_tokens -= len(r.prompt)
         for rank in (r.prefill_rank, r.decode_rank, r.relay_from):
             self._unassign(rank)

@@ -7,6 +7,7 @@ group, so it never interleaves with weight transfers on the same communicator.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,7 @@ from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_o
 from blitzscale.worker.relays import LiveSide
 
 STATS_INTERVAL_S = 0.05
+log = logging.getLogger("blitzscale.worker")
 
 
 class ServingLoop(LiveSide):
@@ -199,7 +201,7 @@ class ServingLoop(LiveSide):
                 return False
         busy = e.has_unfinished()
         if busy:
-            outs = e.step()
+            outs = self._step(e)
             if outs:
                 self.send(OutputsMsg(rank=self.rank, outputs=[self._output(e, o) for o in outs]))
         now = time.monotonic()
@@ -207,6 +209,15 @@ class ServingLoop(LiveSide):
             self._last_stats = now
             self.send(self.stats())
         return busy or bool(self._recvs or self._sends or self._relay_recvs or self._relay_sends)
+
+    def _step(self, e: LLMEngine) -> list[RequestOutput]:
+        """One engine step. If it raises, the requests it may have touched fail with the
+        error (the router does not retry them) and the worker goes on serving the rest."""
+        try:
+            return e.step()
+        except Exception as err:
+            log.exception("rank %d: an engine step failed", self.rank)
+            return e.fail_unfinished(f"the engine step failed on rank {self.rank}: {short_error(err)}")
 
     @staticmethod
     def _output(e: LLMEngine, o: RequestOutput) -> OutputMsg:
@@ -260,4 +271,5 @@ def _to_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:
         num_prompt_tokens=o.num_prompt_tokens,
         num_output_tokens=len(o.token_ids),
         live_layers=o.live_layers,
+        error=o.error,
     )

@@ -1,0 +1,125 @@
+"""A worker's serving loop when one request breaks its engine step: that request fails with
+an error (finish_reason "error"), the others go on, and the loop keeps serving."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from blitzscale.engine.request import SamplingParams
+from blitzscale.messages import ActivateMsg, GenerateMsg, Message, OutputMsg, OutputsMsg, sampling_msg
+from blitzscale.worker.serving import ServingLoop
+
+
+class Loop:
+    """A ServingLoop on the real SmolLM2, driven by hand; every message it sends is kept."""
+
+    def __init__(self, weights: Any, tokenizer: Any) -> None:
+        self.sent: list[Message] = []
+        self.serving = ServingLoop(0, None, self.sent.append)
+        msg = ActivateMsg(op_id=1, model="m", source="smollm2-135m", role="colocated", num_kv_blocks=64)
+        self.serving.activate(weights, tokenizer, msg)
+        self.tokenizer = tokenizer
+
+    def submit(self, rid: str, prompt: str, params: SamplingParams) -> None:
+        ids = self.tokenizer(prompt).input_ids
+        self.serving.handle(GenerateMsg(request_id=rid, prompt_token_ids=ids, params=sampling_msg(params)))
+
+    def tokens(self, rid: str) -> list[int]:
+        return [
+            t
+            for m in self.sent
+            if isinstance(m, OutputsMsg)
+            for o in m.outputs
+            if o.request_id == rid
+            for t in o.new_token_ids
+        ]
+
+    def run(self, max_ticks: int = 500) -> dict[str, OutputMsg]:
+        """Tick until idle; the last output of each request."""
+        for _ in range(max_ticks):
+            if not self.serving.tick():
+                break
+        assert self.serving.is_idle
+        last: dict[str, OutputMsg] = {}
+        for m in self.sent:
+            if isinstance(m, OutputsMsg):
+                last.update({o.request_id: o for o in m.outputs})
+        return last
+
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0)
+SAMPLED = SamplingParams(max_tokens=6, temperature=0.8, seed=7)
+
+
+def test_non_finite_logits_fail_only_that_request(
+    smollm2_weights: Any, smollm2_tokenizer: Any, monkeypatch
+) -> None:
+    loop = Loop(smollm2_weights, smollm2_tokenizer)
+    e = loop.serving.engine
+    assert e is not None
+    real = e.runner.execute
+    poisoned = {"done": False}
+
+    def execute(sched: Any) -> torch.Tensor:
+        logits = real(sched).clone()
+        rows = [s.request.request_id for s in sched.scheduled if s.completes_prompt]
+        if not poisoned["done"] and "bad" in rows:  # as a bf16 overflow would
+            logits[rows.index("bad")] = float("nan")
+            poisoned["done"] = True
+        return logits
+
+    monkeypatch.setattr(e.runner, "execute", execute)
+    loop.submit("good", "The capital of France is", SAMPLED)
+    loop.submit("bad", "def fibonacci(n):", SAMPLED)
+    loop.submit("greedy", "Once upon a time", GREEDY)
+    last = loop.run()
+    assert last["bad"].finished and last["bad"].finish_reason == "error"
+    assert "non-finite" in last["bad"].error
+    for rid in ("good", "greedy"):
+        assert last[rid].finished and last[rid].finish_reason == "length"
+        assert last[rid].num_output_tokens == 6
+    assert e.pool.num_used_blocks == 0
+
+
+def test_a_step_that_raises_fails_its_requests_and_the_loop_serves_on(
+    smollm2_weights: Any, smollm2_tokenizer: Any, monkeypatch
+) -> None:
+    loop = Loop(smollm2_weights, smollm2_tokenizer)
+    e = loop.serving.engine
+    assert e is not None
+    real = e.runner.execute
+    calls = {"n": 0}
+
+    def execute(sched: Any) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second step: both requests are running
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(sched)
+
+    monkeypatch.setattr(e.runner, "execute", execute)
+    loop.submit("a", "The capital of France is", GREEDY)
+    loop.submit("b", "def fibonacci(n):", GREEDY)
+    last = loop.run()
+    for rid in ("a", "b"):
+        assert last[rid].finish_reason == "error"
+        assert "illegal memory access" in last[rid].error and "rank 0" in last[rid].error
+    assert e.pool.num_used_blocks == 0
+    loop.sent.clear()
+    loop.submit("after", "The capital of France is", GREEDY)
+    after = loop.run()["after"]
+    assert after.finish_reason == "length" and after.num_output_tokens == 6
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, 5e-6])
+def test_temperatures_too_small_to_divide_by_sample_greedily(
+    smollm2_weights: Any, smollm2_tokenizer: Any, temperature: float
+) -> None:
+    loop = Loop(smollm2_weights, smollm2_tokenizer)
+    loop.submit("tiny", "The capital of France is", SamplingParams(max_tokens=6, temperature=temperature))
+    loop.submit("greedy", "The capital of France is", GREEDY)
+    last = loop.run()
+    assert last["tiny"].finish_reason == last["greedy"].finish_reason == "length"
+    assert loop.tokens("tiny") == loop.tokens("greedy")
