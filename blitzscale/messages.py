@@ -7,6 +7,7 @@ A message is a tagged struct; `encode` / `decode` are the only way onto a socket
 from __future__ import annotations
 
 import dataclasses
+import hmac
 from typing import Any
 
 import msgspec
@@ -292,3 +293,30 @@ def encode(msg: Message) -> bytes:
 
 def decode(data: bytes) -> Message:
     return _decoder.decode(data)
+
+
+# --- framing on the listening (ROUTER) sockets ------------------------------------------
+# Anything on this host can connect to a listening socket, so every frame a worker sends
+# carries the cluster's secret token (handed to the workers when they are spawned, never
+# over a socket); the router and the controller drop any frame without it, and log it.
+
+
+class FrameError(ValueError):
+    """A frame that is not a message from this cluster's workers (dropped, never fatal)."""
+
+
+def worker_frames(token: bytes, msg: Message) -> list[bytes]:
+    """What a worker sends: [token, message]."""
+    return [token, encode(msg)]
+
+
+def open_frames(frames: list[bytes], token: bytes) -> Message:
+    """[identity, token, message] as a ROUTER socket receives it -> the message."""
+    if len(frames) != 3:
+        raise FrameError(f"{len(frames)} frames where 3 belong")
+    if not hmac.compare_digest(frames[1], token):
+        raise FrameError("no valid cluster token")
+    try:
+        return decode(frames[2])
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise FrameError(f"undecodable message: {e}") from e

@@ -80,7 +80,10 @@ def tgi_sampling_params(p: TgiParameters) -> SamplingParams:
     stop = (p.stop,) if isinstance(p.stop, str) else tuple(p.stop or ())
     max_tokens = p.max_new_tokens if p.max_new_tokens is not None else TGI_DEFAULT_MAX_NEW_TOKENS
     if not p.is_sampling:
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop, ignore_eos=p.ignore_eos)
+        # greedy: the seed changes nothing, but it is checked like any other value
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, seed=p.seed, stop=stop, ignore_eos=p.ignore_eos
+        )
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if p.temperature is None else p.temperature,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing as mp
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from blitzscale.cluster.shards import ShardPlan, transfer_report
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     ChecksumMsg,
+    FrameError,
     HelloMsg,
     HostCacheMsg,
     LoadMsg,
@@ -30,8 +32,8 @@ from blitzscale.messages import (
     ReplyMsg,
     ShutdownMsg,
     TransferMsg,
-    decode,
     encode,
+    open_frames,
 )
 from blitzscale.worker.worker import WorkerConfig, worker_main
 
@@ -65,6 +67,8 @@ class LocalCluster:
         self.dead: set[int] = set()
         self.hellos: dict[int, HelloMsg] = {}
         self._op_ids = itertools.count(1)
+        self.token = secrets.token_bytes(16)  # every worker frame carries it (messages.py)
+        self._store: Any = None
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
 
@@ -91,7 +95,7 @@ class LocalCluster:
             control_port = cfg.control_port
         else:
             control_port = self._sock.bind_to_random_port(f"tcp://{cfg.host}")
-        dist_port = cfg.dist_port or free_port(cfg.host)
+        dist_port = self._start_store()
         spawn = mp.get_context("spawn")
         for rank in range(n):
             wcfg = WorkerConfig(
@@ -105,12 +109,35 @@ class LocalCluster:
                 dtype=cfg.resolved_dtype,
                 init_timeout_s=cfg.startup_timeout_s,
                 tokenizer_source=self.tokenizer_source,
+                token=self.token,
             )
             p = spawn.Process(target=worker_main, args=(wcfg,), name=f"blitzscale-worker-{rank}", daemon=True)
             p.start()
             self.procs.append(p)
         self._wait_hellos()
         return self
+
+    def _start_store(self) -> int:
+        """The torch.distributed rendezvous store, served from here on a socket bound to
+        the configured host only (torch's own would listen on every interface)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self.cfg.host, self.cfg.dist_port))
+        listener.listen(256)
+        port = listener.getsockname()[1]
+        self._store = dist.TCPStore(
+            self.cfg.host,
+            port,
+            is_master=True,
+            master_listen_fd=listener.detach(),  # the store owns the socket from here
+            wait_for_workers=False,
+            timeout=timedelta(seconds=self.cfg.startup_timeout_s),
+        )
+        return port
 
     def _wait_hellos(self) -> None:
         deadline = time.monotonic() + self.cfg.startup_timeout_s
@@ -144,6 +171,7 @@ class LocalCluster:
             self._sock.close()
             self._ctx.term()
             self._sock = None
+        self._store = None  # closes its socket
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -164,8 +192,12 @@ class LocalCluster:
         assert self._sock is not None
         if not self._sock.poll(timeout_ms):
             return None
-        _identity, data = self._sock.recv_multipart()
-        return decode(data)
+        frames = self._sock.recv_multipart()
+        try:
+            return open_frames(frames, self.token)
+        except FrameError as e:  # a stray or hostile local process: drop it, go on
+            log.warning("dropped a frame on the control socket from %r: %s", frames[0][:32], e)
+            return None
 
     def _check_alive(self, ranks: set[int], starting: bool = False) -> list[int]:
         died = [r for r in ranks if r not in self.dead and not self.procs[r].is_alive()]

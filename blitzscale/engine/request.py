@@ -35,7 +35,7 @@ class SamplingParams:
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, 0, INT32_LIMIT)
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequestError("stop strings must be non-empty strings")
+            raise InvalidRequestError("stop strings must not be empty")
 
     @property
     def is_greedy(self) -> bool:

@@ -28,6 +28,7 @@ from blitzscale.errors import InvalidRequestError, RequestFailedError, Unavailab
 from blitzscale.messages import (
     AbortMsg,
     EventMsg,
+    FrameError,
     GenerateMsg,
     HelloMsg,
     Message,
@@ -37,8 +38,8 @@ from blitzscale.messages import (
     SendKVMsg,
     SendRelayMsg,
     StatsMsg,
-    decode,
     encode,
+    open_frames,
 )
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.live import LiveScaling
@@ -312,11 +313,11 @@ class Router(LiveScaling):
 
     async def _recv_loop(self) -> None:
         while True:
-            _ident, data = await self.data.recv_multipart()
+            frames = await self.data.recv_multipart()
             try:
-                msg = decode(data)
-            except Exception:
-                log.exception("undecodable message on the data socket")
+                msg = open_frames(frames, self.cluster.token)
+            except FrameError as e:  # a stray or hostile local process: drop it, go on
+                log.warning("dropped a frame on the data socket from %r: %s", frames[0][:32], e)
                 continue
             try:
                 await self._on_message(msg)

@@ -6,6 +6,7 @@ over torch.distributed. Every command gets exactly one ReplyMsg, errors included
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -14,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import torch
 import zmq
 
@@ -34,7 +36,7 @@ from blitzscale.messages import (
     ShutdownMsg,
     TransferMsg,
     decode,
-    encode,
+    worker_frames,
 )
 from blitzscale.model.weights import ModelWeights
 from blitzscale.transfer.checksum import buffer_checksum
@@ -43,6 +45,8 @@ from blitzscale.worker.disk_source import load_local
 from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.warmup import warm_up_compute
 from blitzscale.worker.world import init_world, new_world_group, warm_up_pairs
+
+log = logging.getLogger("blitzscale.worker")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class WorkerConfig:
     dtype: str = "float32"
     init_timeout_s: float = 120.0
     tokenizer_source: str = ""  # load this model's tokenizer in the background at start
+    token: bytes = b""  # the cluster's secret: every frame this worker sends carries it
 
 
 class Worker:
@@ -72,6 +77,7 @@ class Worker:
         if cfg.tokenizer_source:  # a live activation must not spend seconds on it
             self._tokenizer(cfg.tokenizer_source)
         self._transfer_thread: threading.Thread | None = None
+        self._in_transfer = False  # set by the main thread, cleared by the transfer thread
         self._init_device()
         self._init_world()
         self._init_control()
@@ -99,7 +105,7 @@ class Worker:
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.connect(self.cfg.control_addr)
         hello = HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device), warmup_s=self.warmup_s)
-        self.sock.send(encode(hello))
+        self._send_control(hello)
 
     def _init_serving(self) -> None:
         self.data: zmq.Socket | None = None
@@ -108,12 +114,19 @@ class Worker:
             self.data.setsockopt(zmq.IDENTITY, f"w{self.rank}".encode())
             self.data.setsockopt(zmq.LINGER, 1000)
             self.data.connect(self.cfg.data_addr)
-            self.data.send(encode(HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device))))
+            self.data.send_multipart(
+                worker_frames(
+                    self.cfg.token, HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device))
+                )
+            )
         self.serving = ServingLoop(self.rank, self.kv_group, self._send_data)
 
     def _send_data(self, msg: Message) -> None:
         if self.data is not None:
-            self.data.send(encode(msg))
+            self.data.send_multipart(worker_frames(self.cfg.token, msg))
+
+    def _send_control(self, msg: Message) -> None:
+        self.sock.send_multipart(worker_frames(self.cfg.token, msg))
 
     def serve_forever(self) -> None:
         poller = zmq.Poller()
@@ -127,15 +140,26 @@ class Worker:
                 return
             events = dict(poller.poll(0 if busy else 2))
             if self.sock in events:
-                msg = decode(self.sock.recv())
+                msg = self._decode(self.sock.recv())
+                if msg is None:
+                    continue
                 if isinstance(msg, ShutdownMsg):
                     self._reply(msg.op_id, True, {})
                     return
                 self._handle_control(msg)
             if self.data is not None and self.data in events:
                 while self.data.poll(0):
-                    self.serving.handle(decode(self.data.recv()))
+                    data_msg = self._decode(self.data.recv())
+                    if data_msg is not None:
+                        self.serving.handle(data_msg)
             busy = self.serving.tick()
+
+    def _decode(self, data: bytes) -> Message | None:
+        try:
+            return decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("rank %d dropped an undecodable message: %s", self.rank, e)
+            return None
 
     def _handle_control(self, msg: Message) -> None:
         op_id = getattr(msg, "op_id", -1)
@@ -148,15 +172,16 @@ class Worker:
             self._reply(op_id, False, {}, f"{type(e).__name__}: {e}")
 
     def _reply(self, op_id: int, ok: bool, result: dict[str, Any], error: str = "") -> None:
-        self.sock.send(encode(ReplyMsg(op_id=op_id, rank=self.rank, ok=ok, error=error, result=result)))
+        self._send_control(ReplyMsg(op_id=op_id, rank=self.rank, ok=ok, error=error, result=result))
 
     def _start_transfer(self, msg: TransferMsg) -> None:
         """Weights move on their own thread so a source keeps serving while it sends, and a
         live target serves from the layers that have landed (the receive buffer exists
         before this returns, so an ActivateMsg right behind this one finds it)."""
-        if self._transfer_thread is not None and self._transfer_thread.is_alive():
+        if self._in_transfer:
             raise BlitzScaleError(f"rank {self.rank} is already in a transfer")
         self._prepare_receive(msg)
+        self._in_transfer = True
 
         def run() -> None:
             try:
@@ -166,6 +191,9 @@ class Worker:
                 if self.loading.pop(msg.model, None) is not None and self.serving_model == msg.model:
                     self.serving.live_failed = f"loading the weights failed: {err}"
             reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
+            # Free before the reply leaves: the controller may send the next transfer the
+            # moment it has the reply, before this thread has exited.
+            self._in_transfer = False
             self._reply_from_thread(reply)
 
         self._transfer_thread = threading.Thread(target=run, name="transfer", daemon=True)
@@ -179,7 +207,7 @@ class Worker:
         sock.setsockopt(zmq.LINGER, 5000)
         try:
             sock.connect(self.cfg.control_addr)
-            sock.send(encode(reply))
+            sock.send_multipart(worker_frames(self.cfg.token, reply))
         finally:
             sock.close()  # lingers until the reply is out
 

@@ -6,7 +6,11 @@ budget, so every pair exchanges one message at cluster start.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
+import os
+import socket
+import struct
 from datetime import timedelta
 
 import torch
@@ -19,15 +23,42 @@ def init_world(
     # No device_id: eager NCCL init would put every point-to-point op on the one default
     # communicator and serialize them; lazily, each pair gets its own communicator and
     # stream, so a relay can receive from its predecessor while sending to its successor.
+    # The store is served by the controller, bound to `addr` only (cluster/local.py); gloo's
+    # own listeners go on the interface that carries `addr` (by default gloo binds to the
+    # address the machine's hostname resolves to, reachable from other hosts).
     backend = "nccl" if device.type == "cuda" else "gloo"
+    iface = interface_of(addr)
+    if iface is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)  # NCCL bootstrap
+    store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{addr}:{port}",
+        store=store,
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
         pg_options=_nccl_options(device),
     )
+
+
+def interface_of(addr: str) -> str | None:
+    """The name of the network interface whose IPv4 address is `addr` (Linux), or None."""
+    try:
+        want = socket.inet_aton(socket.gethostbyname(addr))
+    except OSError:
+        return None
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _index, name in socket.if_nameindex():
+            try:
+                req = struct.pack("256s", name.encode()[:15])
+                got = fcntl.ioctl(s.fileno(), siocgifaddr, req)[20:24]
+            except OSError:  # no IPv4 address on it
+                continue
+            if got == want:
+                return name
+    return None
 
 
 def _nccl_options(device: torch.device) -> object | None:

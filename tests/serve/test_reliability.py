@@ -134,3 +134,63 @@ def _no_leaks(fixed_pd: tuple[ServingCluster, LoopThread]) -> Iterator[None]:
     yield
     service, lt = fixed_pd
     lt.run(_idle(service))
+
+
+def test_foreign_frames_on_the_data_socket_do_not_stop_the_router(
+    fixed_pd: tuple[ServingCluster, LoopThread], reference: list[str]
+) -> None:
+    import zmq
+
+    from blitzscale.messages import OutputMsg, OutputsMsg, encode
+
+    service, lt = fixed_pd
+    router = service.router
+    assert router is not None
+    endpoint = router.data.getsockopt(zmq.LAST_ENDPOINT).decode()
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 1000)
+    s.connect(endpoint)
+    out = OutputMsg(
+        request_id="ref-0",
+        new_token_ids=[1],
+        text_delta="forged",
+        finished=True,
+        finish_reason="stop",
+        num_prompt_tokens=1,
+        num_output_tokens=1,
+    )
+    for frames in ([b"a", b"b"], [b"garbage"], [encode(OutputsMsg(rank=0, outputs=[out]))]):
+        s.send_multipart(frames)
+    s.close()
+    ctx.term()
+    assert lt.run(asyncio.wait_for(_texts(service, PROMPTS), WAIT_S)) == reference
+
+
+def test_integers_no_message_can_carry_get_a_400_over_http(
+    fixed_pd: tuple[ServingCluster, LoopThread],
+) -> None:
+    import httpx
+
+    from tests.serve.conftest import start_http, stop_http
+
+    service, lt = fixed_pd
+    url, server = start_http(service, lt)
+    try:
+        bodies = [
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 2**64}, "max_tokens"),
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "seed": 2**64}, "seed"),
+            ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "top_k": 2**64}, "top_k"),
+            (
+                "/v1/completions",
+                {"prompt": "hi", "max_tokens": 2, "stop_token_ids": [2**64]},
+                "stop_token_ids",
+            ),
+            ("/generate", {"inputs": "hi", "parameters": {"seed": 2**70, "max_new_tokens": 2}}, "seed"),
+        ]
+        for path, body, needle in bodies:
+            r = httpx.post(url + path, json=body, timeout=WAIT_S)
+            assert r.status_code == 400, (body, r.text)
+            assert needle in r.json()["error"]["message"]
+    finally:
+        stop_http(server, lt)

@@ -1,0 +1,86 @@
+"""What a local process that is not one of ours can do to a cluster (nothing), and
+back-to-back operations on one worker (none is refused as "already in a transfer")."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.local import LocalCluster
+from blitzscale.messages import HelloMsg, ReplyMsg, encode
+
+M = "tiny"
+SRC = "random:tiny-llama3"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(ClusterConfig(num_workers=2, transfer_timeout_s=20)) as c:
+        yield c
+
+
+def _listening(pids: list[int]) -> list[str]:
+    """Local addresses ("hex-ip:port" as /proc/net writes them) of the TCP sockets these
+    processes listen on."""
+    inodes = set()
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        for fd in fd_dir.iterdir():
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                found.append(cols[1])
+    return found
+
+
+def test_every_listener_of_the_cluster_is_bound_to_the_configured_host(cluster: LocalCluster) -> None:
+    pids = [os.getpid(), *(p.pid for p in cluster.procs)]
+    addrs = _listening(pids)
+    assert addrs, "found no listening socket at all"
+    loopback = "0100007F"  # 127.0.0.1, little-endian hex
+    assert all(a.split(":")[0] == loopback for a in addrs), addrs
+
+
+def test_foreign_frames_on_the_control_socket_are_dropped(cluster: LocalCluster) -> None:
+    assert cluster._sock is not None
+    endpoint = cluster._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 1000)
+    s.connect(endpoint)
+    forged = ReplyMsg(op_id=10**9, rank=0, ok=False, error="forged")
+    for frames in ([b"garbage"], [b"a", b"b"], [encode(forged)], [b"x" * 16, encode(forged)]):
+        s.send_multipart(frames)
+    s.send_multipart([b"\x00" * 16, encode(HelloMsg(rank=1, pid=1, device="evil"))])
+    s.close()
+    ctx.term()
+    cluster.load(M, 0, SRC)
+    cluster.transfer(M, SRC, [0], [1])
+    assert cluster.checksum(M, 1) == cluster.checksum(M, 0)
+    assert cluster.hellos[1].device == "cpu"
+    cluster.release(M, 1)
+    cluster.release(M, 0)
+
+
+def test_back_to_back_transfers_through_one_worker_are_never_refused(cluster: LocalCluster) -> None:
+    """The next transfer to a worker may arrive the moment the last one's reply is out."""
+    cluster.load(M, 0, SRC)
+    try:
+        for _ in range(30):
+            cluster.transfer(M, SRC, [0], [1])
+            cluster.release(M, 1)
+    finally:
+        cluster.release(M, 0)
