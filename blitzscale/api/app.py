@@ -9,7 +9,7 @@ in the backend, and each in-flight request's outputs are owned by its `Generatio
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from blitzscale.api.backend import ServingBackend
@@ -57,8 +57,10 @@ def ops_router(backend: ServingBackend, registry: CollectorRegistry) -> APIRoute
     router = APIRouter()
 
     @router.get("/health")
-    async def health() -> dict:
-        return backend.health()
+    async def health() -> Response:
+        """200 while the backend can serve; 503 (same body) when it says it cannot."""
+        body = backend.health()
+        return JSONResponse(body, status_code=200 if body.get("status", "ok") == "ok" else 503)
 
     @router.get("/metrics")
     async def metrics() -> Response:

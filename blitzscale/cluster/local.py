@@ -199,11 +199,15 @@ class LocalCluster:
             log.warning("dropped a frame on the control socket from %r: %s", frames[0][:32], e)
             return None
 
+    def forget_rank(self, rank: int) -> None:
+        """`rank`'s process is gone: it takes no more commands and holds no copy."""
+        self.dead.add(rank)
+        self.pool.forget_rank(rank)
+
     def _check_alive(self, ranks: set[int], starting: bool = False) -> list[int]:
         died = [r for r in ranks if r not in self.dead and not self.procs[r].is_alive()]
         for r in died:
-            self.dead.add(r)
-            self.pool.forget_rank(r)
+            self.forget_rank(r)
         if died and starting:
             self.stop()
             raise BlitzScaleError(f"workers {died} exited during start-up (see their output above)")

@@ -38,6 +38,32 @@ class _RouterCollector(Collector):
         live = GaugeMetricFamily("blitzscale_requests_in_flight", "Requests accepted and not finished")
         live.add_metric([], len(self.router.reqs))
         yield live
+        kv = GaugeMetricFamily(
+            "blitzscale_kv_blocks", "KV cache blocks per serving instance", labels=["instance", "kind"]
+        )
+        usage = GaugeMetricFamily(
+            "blitzscale_kv_usage_ratio",
+            "Used share of each serving instance's KV blocks",
+            labels=["instance"],
+        )
+        for i in self.router.instances.values():
+            s = i.stats
+            if s is None or not s.total_blocks or i.state is InstanceState.INACTIVE:
+                continue
+            kv.add_metric([str(i.id), "used"], s.used_blocks)
+            kv.add_metric([str(i.id), "free"], s.total_blocks - s.used_blocks)
+            usage.add_metric([str(i.id)], s.used_blocks / s.total_blocks)
+        yield kv
+        yield usage
+        refused = CounterMetricFamily(
+            "blitzscale_requests_refused", "Requests refused by load shedding", labels=["reason"]
+        )
+        for reason in ("queue_full", "queue_timeout"):
+            refused.add_metric([reason], self.router.num_refused.get(reason, 0))
+        yield refused
+        yield CounterMetricFamily(
+            "blitzscale_worker_deaths", "Worker processes found dead", value=len(self.router.dead_ranks)
+        )
         yield CounterMetricFamily(
             "blitzscale_live_requests",
             "Requests whose prefill ran partly on an instance still loading its weights",

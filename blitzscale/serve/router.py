@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,7 +24,7 @@ from blitzscale.cluster.local import LocalCluster
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.engine.engine import validate_request
 from blitzscale.engine.request import RequestOutput, SamplingParams
-from blitzscale.errors import InvalidRequestError, RequestFailedError, UnavailableError
+from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFailedError, UnavailableError
 from blitzscale.messages import (
     AbortMsg,
     EventMsg,
@@ -43,6 +43,7 @@ from blitzscale.messages import (
 )
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.live import LiveScaling
+from blitzscale.serve.queue import RequestQueue
 from blitzscale.serve.requests import RouterRequest
 
 log = logging.getLogger("blitzscale.router")
@@ -58,12 +59,19 @@ class RouterConfig:
     prefill_budget_tokens: int = 4096  # prompt tokens outstanding at one prefill instance
     max_requests_per_instance: int = 64
     health_check_s: float = 0.5
+    # Load shedding: beyond these a request is refused with 429 and Retry-After (0: no bound).
+    max_queue_tokens: int = 131072  # prompt tokens waiting in the global queue
+    max_queue_wait_s: float = 60.0  # a queued request that waited this long is refused
+    retry_after_s: float = 2.0  # what a refused client is told to wait
 
     def __post_init__(self) -> None:
         if self.mode not in ("pd", "colocated"):
             raise ValueError(f"mode must be 'pd' or 'colocated', got {self.mode!r}")
         if self.prefill_budget_tokens < 1 or self.max_requests_per_instance < 1:
             raise ValueError("prefill_budget_tokens and max_requests_per_instance must be >= 1")
+        for name in ("max_queue_tokens", "max_queue_wait_s", "retry_after_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no bound), got {getattr(self, name)}")
 
 
 class Router(LiveScaling):
@@ -85,12 +93,14 @@ class Router(LiveScaling):
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.instances: dict[int, Instance] = {}
-        self.queue: deque[RouterRequest] = deque()
+        self.queue = RequestQueue(cfg.max_queue_tokens, cfg.max_queue_wait_s)
+        self.num_refused: Counter[str] = Counter()  # requests refused, by reason
         self.reqs: dict[str, RouterRequest] = {}
         self.pending_migrations: deque[RouterRequest] = deque()
         # aborted requests whose KV hand-off must still run to its end (see `abort`)
         self._hand_offs: dict[str, RouterRequest] = {}
         self.connected: set[int] = set()
+        self.dead_ranks: set[int] = set()  # workers found dead
         self._init_live()
         self._wake = asyncio.Event()
         self._cluster_lock = asyncio.Lock()
@@ -133,9 +143,16 @@ class Router(LiveScaling):
         validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
         if request_id in self.reqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if not self.queue.can_take(len(prompt_token_ids)):
+            self.num_refused["queue_full"] += 1
+            raise OverloadedError(
+                f"the server is overloaded: {self.queue.num_tokens} prompt tokens are queued "
+                f"(limit {self.cfg.max_queue_tokens}); retry later",
+                self.cfg.retry_after_s,
+            )
         r = RouterRequest(request_id, list(prompt_token_ids), params)
         self.reqs[request_id] = r
-        self.queue.append(r)
+        self.queue.push(r)
         self._wake.set()
         try:
             while True:
@@ -181,8 +198,16 @@ class Router(LiveScaling):
         return None if r is None or r.dispatched_at is None else r.dispatched_at - r.arrival
 
     def health(self) -> dict[str, Any]:
+        """ "ok", or "degraded" with the reasons when nothing can serve a request end to end
+        (the HTTP edge answers 503 then)."""
+        roles = {i.accepts for i in self.instances.values() if i.rank in self.connected}
+        if self.cfg.mode == "colocated" and roles & {"colocated", "prefill"}:
+            roles.add("colocated")  # a live target serves as a prefill-side instance
+        needed = ("prefill", "decode") if self.cfg.mode == "pd" else ("colocated",)
+        problems = [f"no {role} instance is serving" for role in needed if role not in roles]
         return {
-            "status": "ok",
+            "status": "degraded" if problems else "ok",
+            "problems": problems,
             "model": self.model_name,
             "mode": self.cfg.mode,
             "queue": len(self.queue),
@@ -245,12 +270,22 @@ class Router(LiveScaling):
 
     async def _dispatch_queue(self) -> None:
         role = "prefill" if self.cfg.mode == "pd" else "colocated"
+        for late in self.queue.pop_expired(time.monotonic()):
+            self.num_refused["queue_timeout"] += 1
+            late.out.put_nowait(
+                OverloadedError(
+                    f"the server is overloaded: the request waited {self.cfg.max_queue_wait_s:g} s "
+                    "in the queue; retry later",
+                    self.cfg.retry_after_s,
+                )
+            )
+            self._finish(late)
         while self.queue:
-            r = self.queue[0]
+            r = self.queue.head
             inst = self._pick(role, len(r.prompt))
             if inst is None:
                 return  # FCFS: the head waits, and so does everyone behind it
-            self.queue.popleft()
+            self.queue.pop()
             r.stage, r.prefill_rank, r.dispatched_at = "prefill", inst.rank, time.monotonic()
             inst.outstanding_tokens += len(r.prompt)
             inst.num_assigned += 1
@@ -306,7 +341,7 @@ class Router(LiveScaling):
         """Run a request again from the front of the queue (it has no output yet)."""
         self._release_assignment(r)
         r.stage, r.prefilled = "queued", False
-        self.queue.appendleft(r)
+        self.queue.push_front(r)
         self._wake.set()
 
     # --- worker messages ----------------------------------------------------------------
@@ -423,6 +458,10 @@ class Router(LiveScaling):
         dead = {r for r, p in enumerate(self.cluster.procs) if not p.is_alive()}
         if not dead:
             return
+        for rank in dead - self.dead_ranks:
+            log.error("worker %d died; its requests run again or fail, its copies leave the pool", rank)
+            self.cluster.forget_rank(rank)
+        self.dead_ranks |= dead
         for rid, (target, source, sent) in list(self._relays.items()):
             if not {target, source} & dead:
                 continue

@@ -1,0 +1,85 @@
+"""Load shedding and health: a full queue refuses new work with 429 and Retry-After, a
+request that waited too long is refused the same way, and /health says 503 when nothing
+can serve. One colocated instance that takes one request at a time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from blitzscale.serve.background import LoopThread
+from blitzscale.serve.server import ServingCluster
+from tests.serve.conftest import make_service, start_http, stop_http
+
+WAIT_S = 120
+
+one_at_a_time = pytest.fixture(scope="module")(
+    make_service(
+        cluster={"num_workers": 1},
+        router={
+            "mode": "colocated",
+            "max_requests_per_instance": 1,
+            "max_queue_tokens": 40,
+            "max_queue_wait_s": 0.5,
+        },
+        policy={"name": "fixed", "fixed_prefill": 1},
+    )
+)
+
+
+@pytest.fixture(scope="module")
+def url(one_at_a_time: tuple[ServingCluster, LoopThread]) -> Iterator[str]:
+    u, server = start_http(*one_at_a_time)
+    yield u
+    stop_http(server, one_at_a_time[1])
+
+
+def _until(cond, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_full_queue_and_a_long_wait_get_429_and_nothing_serving_gets_503(
+    one_at_a_time: tuple[ServingCluster, LoopThread], url: str
+) -> None:
+    service, _lt = one_at_a_time
+    router, cluster = service.router, service.cluster
+    assert router is not None and cluster is not None
+    assert httpx.get(f"{url}/health", timeout=WAIT_S).status_code == 200
+    long_body = {"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
+    results: dict[str, httpx.Response] = {}
+
+    def post(name: str, body: dict) -> None:
+        results[name] = httpx.post(f"{url}/v1/completions", json=body, timeout=WAIT_S)
+
+    long = threading.Thread(target=post, args=("long", long_body))
+    long.start()
+    _until(lambda: router.reqs and not router.queue, "the long request to be dispatched")
+    waiting = threading.Thread(target=post, args=("late", {"prompt": "Hello there", "max_tokens": 4}))
+    waiting.start()
+    _until(lambda: len(router.queue) == 1, "a request to queue behind it")
+    big = httpx.post(f"{url}/v1/completions", json={"prompt": "word " * 60, "max_tokens": 4}, timeout=WAIT_S)
+    assert big.status_code == 429, big.text
+    assert int(big.headers["retry-after"]) >= 1
+    assert "prompt tokens are queued" in big.json()["error"]["message"]
+    waiting.join(WAIT_S)
+    late = results["late"]
+    assert late.status_code == 429, late.text
+    assert "waited" in late.json()["error"]["message"] and late.headers["retry-after"]
+    assert router.num_refused == {"queue_full": 1, "queue_timeout": 1}
+    metrics = httpx.get(f"{url}/metrics", timeout=WAIT_S).text
+    assert 'blitzscale_requests_refused_total{reason="queue_full"} 1.0' in metrics
+
+    cluster.procs[0].kill()
+    _until(lambda: httpx.get(f"{url}/health", timeout=WAIT_S).status_code == 503, "/health to say 503")
+    body = httpx.get(f"{url}/health", timeout=WAIT_S).json()
+    assert body["status"] == "degraded" and body["problems"]
+    long.join(WAIT_S)
+    assert results["long"].status_code == 503, results["long"].text
+    assert "died" in results["long"].json()["error"]["message"]
