@@ -1,9 +1,10 @@
 """`create_app`: the FastAPI application of the HTTP edge, over any `ServingBackend`.
 
-Layers, outermost first: request counting (sees every answer, 401s included), the API key
-check (when a key is set), FastAPI's routing with our error handlers, then the OpenAI, TGI
-and operations routes. The app keeps no state of its own beyond its metrics: requests live
-in the backend, and each in-flight request's outputs are owned by its `Generation`.
+Layers, outermost first: request counting (sees every answer, 401s included), the body
+size limit (413), the API key check (when a key is set), FastAPI's routing with our error
+handlers, then the OpenAI, TGI and operations routes. The app keeps no state of its own
+beyond its metrics: requests live in the backend, and each in-flight request's outputs are
+owned by its `Generation`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import install_error_handlers
 from blitzscale.api.metrics import ApiMetrics
-from blitzscale.api.middleware import ApiKeyMiddleware, RequestCounterMiddleware
+from blitzscale.api.middleware import (
+    DEFAULT_MAX_BODY_BYTES,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    RequestCounterMiddleware,
+)
 from blitzscale.api.openai_routes import openai_router
 from blitzscale.api.tgi_routes import tgi_router
 
@@ -29,6 +35,7 @@ def create_app(
     api_key: str | None = None,
     registry: CollectorRegistry | None = None,
     metrics: ApiMetrics | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """An app serving `backend`. `/metrics` exposes `registry` (the router registers its own
     metrics there too); the API's metrics go to `metrics`, or to a new `ApiMetrics` in
@@ -49,6 +56,7 @@ def create_app(
     endpoints = frozenset(path for route in routes if isinstance(path := getattr(route, "path", None), str))
     if api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=OPEN_PATHS)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(RequestCounterMiddleware, metrics=metrics, endpoints=endpoints)  # outermost
     return app
 

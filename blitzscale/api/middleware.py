@@ -1,4 +1,4 @@
-"""Two plain ASGI middlewares: count every answered request, and check the API key.
+"""Plain ASGI middlewares: count every answered request, limit body sizes, check the API key.
 
 Plain ASGI rather than Starlette's `BaseHTTPMiddleware`, which buffers and re-wraps
 streaming bodies and hides client disconnects from the endpoint.
@@ -15,6 +15,7 @@ from blitzscale.api.errors import error_body
 from blitzscale.api.metrics import ApiMetrics
 
 UNMATCHED_ENDPOINT = "unmatched"  # one label for every unknown path: paths are unbounded
+DEFAULT_MAX_BODY_BYTES = 2 << 20
 
 
 class RequestCounterMiddleware:
@@ -87,3 +88,50 @@ async def _send_401(send: Send) -> None:
     ]
     await send({"type": "http.response.start", "status": 401, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimitMiddleware:
+    """Answers 413 for a body over `max_bytes`, before the app parses any of it: by its
+    Content-Length when given, else by counting the chunks as they arrive (buffered, then
+    handed on)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.max_bytes:
+                await self._refuse(send, length.decode(errors="replace"))
+                return
+            await self.app(scope, receive, send)
+            return
+        chunks: list[Message] = []
+        total = 0
+        while True:
+            message = await receive()
+            chunks.append(message)
+            if message["type"] != "http.request":
+                break
+            total += len(message.get("body", b""))
+            if total > self.max_bytes:
+                await self._refuse(send, f"more than {total}")
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return chunks.pop(0) if chunks else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send, size: str) -> None:
+        text = f"the request body is too large ({size} bytes; at most {self.max_bytes})"
+        body = json.dumps(error_body(413, text)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

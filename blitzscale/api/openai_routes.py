@@ -28,6 +28,7 @@ from blitzscale.api.protocol import (
     SamplingFields,
 )
 from blitzscale.api.sse import EventStreamResponse
+from blitzscale.api.tokenize import off_loop
 from blitzscale.engine.request import SamplingParams
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -44,7 +45,7 @@ def openai_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         check_request(body, backend.model_name)
-        prompt_ids = completion_prompt_ids(body.prompt, backend)
+        prompt_ids = await completion_prompt_ids(body.prompt, backend)
         max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
         request_id = f"cmpl-{uuid.uuid4().hex}"
         fmt = CompletionFormat(request_id, int(time.time()), backend.model_name)
@@ -55,7 +56,8 @@ def openai_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         check_request(body, backend.model_name)
-        prompt_ids = backend.encode_chat([chat_message(m, i) for i, m in enumerate(body.messages)])
+        messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
+        prompt_ids = await off_loop(backend.encode_chat, messages)
         max_tokens = next(
             (v for v in (body.max_completion_tokens, body.max_tokens) if v is not None),
             chat_default_max_tokens(len(prompt_ids), backend.max_model_len),
@@ -114,16 +116,16 @@ def check_request(body: SamplingFields, model_name: str) -> None:
 Prompt = str | list[int] | list[str] | list[list[int]]
 
 
-def completion_prompt_ids(prompt: Prompt, backend: ServingBackend) -> list[int]:
+async def completion_prompt_ids(prompt: Prompt, backend: ServingBackend) -> list[int]:
     """Token ids of a prompt given as text, as token ids, or as a batch of exactly one."""
     if isinstance(prompt, str):
         if not prompt:  # tokenizers that add BOS would turn "" into a one-token prompt
             raise ApiError(400, "prompt is empty", param="prompt")
-        return backend.encode(prompt)
+        return await off_loop(backend.encode, prompt)
     if prompt and not isinstance(prompt[0], int):
         if len(prompt) != 1:
             raise ApiError(400, f"send one prompt per request (got a batch of {len(prompt)})", param="prompt")
-        return completion_prompt_ids(prompt[0], backend)
+        return await completion_prompt_ids(prompt[0], backend)
     return [t for t in prompt if isinstance(t, int)]
 
 

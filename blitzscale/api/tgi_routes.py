@@ -34,6 +34,7 @@ from blitzscale.api.protocol import (
     TgiToken,
 )
 from blitzscale.api.sse import EventStreamResponse, sse_event
+from blitzscale.api.tokenize import off_loop
 from blitzscale.engine.request import RequestOutput, SamplingParams
 
 ABORTED_MESSAGE = "the server aborted the request before it finished"
@@ -46,7 +47,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         arrival = time.perf_counter()
         if not body.inputs:
             raise ApiError(400, "inputs is empty", param="inputs")
-        prompt_ids = backend.encode(body.inputs)
+        prompt_ids = await off_loop(backend.encode, body.inputs)
         params = tgi_sampling_params(body.parameters)
         request_id = f"gen-{uuid.uuid4().hex}"
         return await generation.start(

@@ -37,6 +37,14 @@ class ServerSection:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str = ""
+    max_body_bytes: int = 2 << 20  # larger request bodies get 413 (a 2048-token prompt is ~10 KB)
+    shutdown_timeout_s: float = 5.0  # on SIGTERM, requests still running after this are cut
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if self.shutdown_timeout_s < 0:
+            raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,13 @@ class ServingCluster:
         from blitzscale.api.app import create_app
 
         assert self.router is not None
-        return create_app(self.router, api_key=self.cfg.server.api_key or None, registry=self.registry)
+        server = self.cfg.server
+        return create_app(
+            self.router,
+            api_key=server.api_key or None,
+            registry=self.registry,
+            max_body_bytes=server.max_body_bytes,
+        )
 
     async def stop(self) -> None:
         if self._scale_task is not None:
@@ -140,7 +146,13 @@ async def run_server(cfg: ServeConfig) -> None:
     try:
         await service.start()
         server = _quiet_server(
-            uvicorn.Config(service.app(), host=cfg.server.host, port=cfg.server.port, log_level="warning")
+            uvicorn.Config(
+                service.app(),
+                host=cfg.server.host,
+                port=cfg.server.port,
+                log_level="warning",
+                timeout_graceful_shutdown=cfg.server.shutdown_timeout_s,
+            )
         )
         log.info("serving %s on http://%s:%d", cfg.model.name, cfg.server.host, cfg.server.port)
         await server.serve()  # returns on SIGINT / SIGTERM

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -63,35 +64,77 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def test_sigterm_stops_everything_without_orphans(tmp_path: Path) -> None:
+def _start_serve(tmp_path: Path, toml: str) -> tuple[subprocess.Popen[str], int]:
+    """`blitzscale serve` on a free port, once /health answers 200."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = tmp_path / "cluster.toml"
-    cfg.write_text("[cluster]\nnum_workers = 2\n[router]\nmode = 'colocated'\n")
+    cfg.write_text(toml)
     proc = subprocess.Popen(
         [*CLI, "serve", "--config", str(cfg), "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read() if proc.stderr else "serve exited")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("server did not come up")
+        time.sleep(0.5)
+
+
+def test_sigterm_stops_everything_without_orphans(tmp_path: Path) -> None:
+    proc, _port = _start_serve(tmp_path, "[cluster]\nnum_workers = 2\n[router]\nmode = 'colocated'\n")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.5)
         workers = _children(proc.pid)
         assert len(workers) >= 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         time.sleep(0.5)
         assert [w for w in workers if Path(f"/proc/{w}").exists() and _alive(w)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigterm_cuts_a_request_that_runs_past_the_shutdown_timeout(tmp_path: Path) -> None:
+    """A stuck or very long request must not keep the server up: after
+    `shutdown_timeout_s` it is cut and the server exits."""
+    toml = "[server]\nshutdown_timeout_s = 0.5\n[cluster]\nnum_workers = 1\n"
+    toml += "[router]\nmode = 'colocated'\n[policy]\nname = 'fixed'\n"
+    proc, port = _start_serve(tmp_path, toml)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        body = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        try:
+            with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=300) as r:
+                for line in r.iter_lines():
+                    lines.append(line)
+                    started.set()
+        except httpx.HTTPError:
+            pass
+        finally:
+            started.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    try:
+        assert started.wait(120)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        reader.join(60)
+        assert not any('"finish_reason":"length"' in line for line in lines)  # cut, not finished
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -83,3 +83,19 @@ def test_a_full_queue_and_a_long_wait_get_429_and_nothing_serving_gets_503(
     long.join(WAIT_S)
     assert results["long"].status_code == 503, results["long"].text
     assert "died" in results["long"].json()["error"]["message"]
+
+
+def test_a_body_over_the_limit_gets_413_by_length_or_by_chunks(url: str) -> None:
+    big = {"prompt": "x" * (3 << 20), "max_tokens": 1}
+    r = httpx.post(f"{url}/v1/completions", json=big, timeout=WAIT_S)
+    assert r.status_code == 413 and "too large" in r.json()["error"]["message"]
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"prompt": "'
+        for _ in range(40):
+            yield b"y" * (100 << 10)
+        yield b'", "max_tokens": 1}'
+
+    r = httpx.post(f"{url}/v1/completions", content=chunks(), timeout=WAIT_S)
+    assert r.status_code == 413
+    assert httpx.get(f"{url}/health", timeout=WAIT_S).status_code in (200, 503)
