@@ -182,6 +182,13 @@ class SendKVMsg(Msg):
     dst_rank: int
 
 
+class AdoptKVMsg(Msg):
+    """To a prefill instance turning into a decode one: decode, here, a request it holds
+    (its KV is already in place, so it needs no migration)."""
+
+    request_id: str
+
+
 class RelayMsg(Msg):
     """To a live target: hand a task (the head while loading) to its source `dst_rank`."""
 
@@ -274,6 +281,7 @@ Message = (
     | AbortMsg
     | RecvKVMsg
     | SendKVMsg
+    | AdoptKVMsg
     | RelayMsg
     | RelayedMsg
     | RelayInMsg

@@ -331,6 +331,17 @@ class LLMEngine:
         out = self.outputs.make_output(req)
         return dataclasses.replace(out, finished=True)
 
+    def adopt_held(self, request_id: str) -> None:
+        """Decode a held request here instead of migrating it: its KV is already in place
+        (this instance is becoming a decode one)."""
+        req = self.held.pop(request_id, None)
+        if req is None:
+            raise InvalidRequestError(f"request {request_id!r} holds no KV here")
+        req.hold_kv = False
+        req.finish_reason = None
+        self.requests[request_id] = req
+        self.scheduler.add_running(req)
+
     def release_held(self, request_id: str) -> None:
         """The KV of a held request has been sent (or is no longer wanted): free it."""
         req = self.held.pop(request_id, None)

@@ -26,6 +26,7 @@ class RouterRequest:
     reruns: int = 0  # times it was run again after its instance lost it
     prefilled: bool = False  # its prompt tokens no longer count against the prefill instance
     dispatched_at: float | None = None
+    migrating_since: float | None = None  # when its KV first waited for a decode instance
     rng_state: bytes = b""  # a seeded request's generator, carried from prefill to decode
     relay_from: int | None = None  # live target sending this request's prefill to prefill_rank
     live: bool = False  # part of its prefill ran on an instance still loading weights

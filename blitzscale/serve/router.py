@@ -27,6 +27,7 @@ from blitzscale.engine.request import RequestOutput, SamplingParams
 from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFailedError, UnavailableError
 from blitzscale.messages import (
     AbortMsg,
+    AdoptKVMsg,
     EventMsg,
     FrameError,
     GenerateMsg,
@@ -51,6 +52,7 @@ T = TypeVar("T")
 # A request whose instance died before it produced anything runs again, once: if its second
 # instance dies too, the request itself may be what kills them, so it fails instead.
 MAX_RERUNS = 1
+BECOMING_DECODE = (InstanceState.MUTATING_TO_DECODE, InstanceState.DECODE)
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,14 @@ class RouterConfig:
     max_queue_tokens: int = 131072  # prompt tokens waiting in the global queue
     max_queue_wait_s: float = 60.0  # a queued request that waited this long is refused
     retry_after_s: float = 2.0  # what a refused client is told to wait
+    max_migration_wait_s: float = 30.0  # a prefilled request no decode instance took fails
 
     def __post_init__(self) -> None:
         if self.mode not in ("pd", "colocated"):
             raise ValueError(f"mode must be 'pd' or 'colocated', got {self.mode!r}")
         if self.prefill_budget_tokens < 1 or self.max_requests_per_instance < 1:
             raise ValueError("prefill_budget_tokens and max_requests_per_instance must be >= 1")
-        for name in ("max_queue_tokens", "max_queue_wait_s", "retry_after_s"):
+        for name in ("max_queue_tokens", "max_queue_wait_s", "retry_after_s", "max_migration_wait_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no bound), got {getattr(self, name)}")
 
@@ -299,12 +302,29 @@ class Router(LiveScaling):
             )
 
     async def _retry_migrations(self) -> None:
+        now = time.monotonic()
         for _ in range(len(self.pending_migrations)):
             r = self.pending_migrations.popleft()
-            if r.stage == "migrating" and r.id in self.reqs:
-                await self._start_migration(r)
+            if r.stage != "migrating" or r.id not in self.reqs:
+                continue
+            limit = self.cfg.max_migration_wait_s
+            if limit and r.migrating_since is not None and now - r.migrating_since > limit:
+                # no decode instance took it in time: drop the held KV, fail the request
+                await self._send(r.prefill_rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
+                r.out.put_nowait(
+                    UnavailableError(f"no decode instance could take the request within {limit:g} s")
+                )
+                self._finish(r)
+                continue
+            await self._start_migration(r)
 
     async def _start_migration(self, r: RouterRequest) -> None:
+        if r.migrating_since is None:
+            r.migrating_since = time.monotonic()
+        own = self.instances.get(r.prefill_rank) if r.prefill_rank is not None else None
+        if own is not None and own.state in BECOMING_DECODE and r.prefill_rank in self.connected:
+            await self._adopt(r, own)
+            return
         inst = self._pick("decode")
         if inst is None:
             self.pending_migrations.append(r)
@@ -324,6 +344,14 @@ class Router(LiveScaling):
                 rng_state=r.rng_state,
             ),
         )
+
+    async def _adopt(self, r: RouterRequest, inst: Instance) -> None:
+        """The prefill instance holding `r`'s KV is turning into a decode one: it decodes
+        `r` itself. (Migrating to a new decode instance would wait for one that may never
+        come, while the held KV keeps the mutation from draining.)"""
+        r.decode_rank, r.prefill_rank = inst.rank, None
+        r.stage = "decode"
+        await self._send(inst.rank, AdoptKVMsg(request_id=r.id))
 
     # --- lost requests ------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     AbortMsg,
     ActivateMsg,
+    AdoptKVMsg,
     EventMsg,
     GenerateMsg,
     Message,
@@ -117,6 +118,8 @@ class ServingLoop(LiveSide):
                 self._start_recv(msg)
             elif isinstance(msg, SendKVMsg):
                 self._start_send(msg)
+            elif isinstance(msg, AdoptKVMsg):
+                e.adopt_held(msg.request_id)
             elif isinstance(msg, RelayMsg):
                 self._relay_out(msg)
             elif isinstance(msg, RelayInMsg):
@@ -128,7 +131,7 @@ class ServingLoop(LiveSide):
                 kind = "relay_failed"
             elif isinstance(msg, SendRelayMsg):
                 kind = "relay_lost"
-            elif isinstance(msg, RecvKVMsg | SendKVMsg):
+            elif isinstance(msg, RecvKVMsg | SendKVMsg | AdoptKVMsg):
                 kind = "kv_failed"
             else:
                 kind = "rejected"
