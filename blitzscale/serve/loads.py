@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from blitzscale.checkpoint.native import rank_file
 from blitzscale.cluster.local import LocalCluster
+from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import ActivateMsg, ReplyMsg
 from blitzscale.serve.instances import Instance
+from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.router import Router
 from blitzscale.transfer.disk import drop_page_cache
 
@@ -30,6 +32,8 @@ class Loads:
     model: str
     source: str
     disk_source: str
+    backoff: LoadBackoff
+    metrics: ClusterMetrics
 
     if TYPE_CHECKING:
 
@@ -59,12 +63,33 @@ class Loads:
             else:
                 await self._load_disk(a.target_ranks)
         except BlitzScaleError as e:
-            log.error("load onto %s failed: %s", a.target_ranks, e)
-            for t in a.target_ranks:
-                if t not in self.cluster.pool.gpu_holders(self.model):
-                    self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
+            self._load_failed(a.target_ranks, e)
             return
+        self._load_succeeded(a.target_ranks)
         await self._activate_many([self._instance(t) for t in a.target_ranks], role)
+
+    def _load_failed(self, targets: tuple[int, ...], e: BlitzScaleError) -> None:
+        """Targets that did not get the model go back to INACTIVE and wait (backing off)
+        before a load may pick them again; repeated failures take a rank out of service."""
+        log.error("load onto %s failed: %s", list(targets), e)
+        now = time.monotonic()
+        for t in targets:
+            if t in self.cluster.pool.gpu_holders(self.model):
+                continue
+            self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
+            self.metrics.load_failures.inc()
+            if self.backoff.failed(t, now):
+                log.error(
+                    "rank %d is out of service after %d failed loads in a row (last: %s); "
+                    "restart the server to use it again",
+                    t,
+                    self.backoff.max_failures,
+                    e,
+                )
+
+    def _load_succeeded(self, targets: tuple[int, ...]) -> None:
+        for t in targets:
+            self.backoff.succeeded(t)
 
     async def _load_live(self, a: LoadAction) -> None:
         """ZigZag (design §2.3): targets start serving as soon as their first layers land,
@@ -99,12 +124,11 @@ class Loads:
                 on_live=on_live,
             )
         except BlitzScaleError as e:
-            log.error("live load onto %s failed: %s", a.target_ranks, e)
+            self._load_failed(a.target_ranks, e)
             for t in a.target_ranks:
-                if t not in self.cluster.pool.gpu_holders(self.model):
-                    self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
                 self.router.end_live(t)
             return
+        self._load_succeeded(a.target_ranks)
         nbytes = sum(v["bytes"] for v in report.values())
         self._record(
             "up", "network", list(a.target_ranks), time.monotonic() - t0, nbytes, list(a.sources), report

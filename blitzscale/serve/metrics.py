@@ -90,6 +90,11 @@ class ClusterMetrics:
         self.transfer_bytes = PromCounter(
             "blitzscale_transfer_bytes", "Weight bytes moved to new instances", ["path"], registry=registry
         )
+        self.load_failures = PromCounter(
+            "blitzscale_load_failures",
+            "Loads onto a rank that failed (the rank backs off)",
+            registry=registry,
+        )
         for path in ("network", "host", "disk"):  # visible at zero before the first event
             self.transfer_bytes.labels(path=path)
             self.scale_events.labels(direction="up", path=path)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blitzscale.cluster.local import LocalCluster
+from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.host_cache import HostCacheState
 from blitzscale.control.planner import desired_counts
@@ -76,6 +77,7 @@ class Scaler(Loads):
         self.engine = engine
         self.metrics = metrics
         self.host_cache = HostCacheState(ttl_s=policy.sllm_ttl_s)
+        self.backoff = LoadBackoff(base_s=planner.load_retry_s, max_failures=planner.max_load_failures)
         self.busy: set[int] = set()  # instances with an action in flight
         self.events: list[dict[str, Any]] = []  # scale events, for the demo and tests
         self._tasks: set[asyncio.Task[None]] = set()
@@ -159,7 +161,9 @@ class Scaler(Loads):
                 i.outstanding_tokens for i in r.instances.values() if i.rank in r.live_pairs
             ),
             migrating_tokens=sum(len(q.prompt) for q in r.pending_migrations),
-            free_ranks=tuple(x for x in r.cluster.alive_ranks() if x not in used),
+            free_ranks=tuple(
+                x for x in r.cluster.alive_ranks() if x not in used and self.backoff.may_load(x, now)
+            ),
             gpu_holders=tuple(self.cluster.pool.gpu_holders(self.model)),
             host_holder=self.cluster.pool.host_holder(self.model),
             pd_mode=self.pd_mode,

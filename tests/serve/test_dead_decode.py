@@ -58,6 +58,7 @@ def test_a_dead_decode_worker_wedges_nothing(
     async def scenario() -> tuple[list[str], list[object], list[object]]:
         reference = [await _text(service, f"ref-{i}", p) for i, p in enumerate(PROMPTS)]
         long = [asyncio.create_task(_text(service, f"long-{i}", p, 1500)) for i, p in enumerate(PROMPTS[:2])]
+
         def decoding() -> bool:
             return all(getattr(router.reqs.get(f"long-{i}"), "stage", "") == "decode" for i in range(2))
 
