@@ -54,6 +54,52 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--cache-dir", default="", help="where the converted model is kept")
     v.set_defaults(func=_run_live)
 
+    k = bsub.add_parser("soak", help="open-loop load above capacity with worker kills; answers checked")
+    k.add_argument("--minutes", type=float, default=30.0)
+    k.add_argument("--rate-x", type=float, default=2.0, help="offered load in multiples of capacity")
+    k.add_argument("--workers", type=int, default=4)
+    k.add_argument("--mode", choices=["pd", "colocated"], default="pd")
+    k.add_argument("--policy", default="blitz")
+    k.add_argument("--kills", type=int, default=2, help="workers killed during the run")
+    k.add_argument("--max-tokens", type=int, default=16)
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+    k.set_defaults(func=_run_soak)
+
+
+def _run_soak(args: argparse.Namespace) -> int:
+    from blitzscale.bench.soak import SoakConfig, run_soak
+    from blitzscale.control.config import POLICY_NAMES
+    from blitzscale.errors import InvalidRequestError
+
+    if args.policy not in POLICY_NAMES:
+        raise InvalidRequestError(f"--policy: unknown policy {args.policy!r}; use {', '.join(POLICY_NAMES)}")
+    for flag, value, ok in (
+        ("--minutes", args.minutes, args.minutes > 0),
+        ("--rate-x", args.rate_x, args.rate_x > 0),
+        ("--workers", args.workers, args.workers >= 2),
+        ("--kills", args.kills, args.kills >= 0),
+        ("--max-tokens", args.max_tokens, args.max_tokens >= 1),
+    ):
+        if not ok:
+            raise InvalidRequestError(f"{flag}: {value} is out of range (see --help)")
+    cfg = SoakConfig(
+        minutes=args.minutes,
+        rate_x=args.rate_x,
+        workers=args.workers,
+        mode=args.mode,
+        policy=args.policy,
+        kills=args.kills,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
+    text = json.dumps(run_soak(cfg), indent=2)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
 
 def _run_transfer(args: argparse.Namespace) -> int:
     from blitzscale.bench.transfer_bench import MODES, TransferBenchConfig, run_transfer_bench

@@ -23,7 +23,7 @@ class RouterRequest:
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     first_token_at: float | None = None
-    reruns: int = 0  # times it was run again after its instance lost it
+    died_on: set[int] = field(default_factory=set)  # ranks that died while it was on them
     prefilled: bool = False  # its prompt tokens no longer count against the prefill instance
     dispatched_at: float | None = None
     migrating_since: float | None = None  # when its KV first waited for a decode instance

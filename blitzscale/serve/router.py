@@ -49,8 +49,8 @@ from blitzscale.serve.requests import RouterRequest
 
 log = logging.getLogger("blitzscale.router")
 T = TypeVar("T")
-# A request whose instance died before it produced anything runs again, once: if its second
-# instance dies too, the request itself may be what kills them, so it fails instead.
+# A request whose instance died before it produced anything runs again, once: if a second
+# instance dies under it too, the request itself may be what kills them, so it fails.
 MAX_RERUNS = 1
 BECOMING_DECODE = (InstanceState.MUTATING_TO_DECODE, InstanceState.DECODE)
 
@@ -355,11 +355,13 @@ class Router(LiveScaling):
 
     # --- lost requests ------------------------------------------------------------------
 
-    def _lost(self, r: RouterRequest, why: str) -> None:
-        """An instance lost `r`: run it again if the client has seen nothing yet, else fail it."""
-        if r.first_token_at is None and r.stage == "prefill" and r.reruns < MAX_RERUNS:
+    def _lost(self, r: RouterRequest, why: str, dead: set[int] | None = None) -> None:
+        """An instance lost `r`: run it again if the client has seen nothing yet, else fail
+        it. `dead`: the lost ranks died; a request found on more than MAX_RERUNS dead
+        instances is not run again (it may be what kills them)."""
+        r.died_on |= dead or set()
+        if r.first_token_at is None and r.stage == "prefill" and len(r.died_on) <= MAX_RERUNS:
             log.warning("request %s: %s; running it again", r.id, why)
-            r.reruns += 1
             self._requeue(r)
         else:  # streamed already, or it was on a dying instance before: it may be the cause
             r.out.put_nowait(UnavailableError(why))
@@ -510,7 +512,7 @@ class Router(LiveScaling):
             if ranks:  # run again if nothing was produced yet (no client can tell), else fail
                 for rank in involved - dead:  # survivors drop their part (blocks, receives)
                     self._send_nowait(rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
-                self._lost(r, f"instance on rank {sorted(ranks)} died")
+                self._lost(r, f"instance on rank {sorted(ranks)} died", ranks)
         for rank in dead:
             inst = self.instances.get(rank)
             if inst is not None and inst.state is not InstanceState.INACTIVE:
