@@ -3,7 +3,8 @@ kills, checking every answer.
 
 1. A cluster starts (pd mode by default, policy blitz) and serves a fixed set of prompts
    greedily one at a time: those texts are the answers every later reply must equal.
-2. Capacity: a batch of concurrent requests on the first instances gives their rate.
+2. Capacity: a batch of concurrent requests on the first instances gives their rate,
+   scaled to every worker (what the planner could provision at most).
 3. For `minutes`, requests arrive open-loop (Poisson) at `rate_x` times that rate over
    HTTP, as a client would send them: most wait for the whole answer, some stream, and
    some of the streams leave after their first chunk (the KV hand-off is under way then).
@@ -98,7 +99,11 @@ class _Soak:
             self.answers[p] = r.json()["choices"][0]["text"]
 
     async def capacity(self, client: httpx.AsyncClient) -> float:
-        """Requests per second the first instances serve, from a batch sent at once."""
+        """What the whole cluster would serve once scaled to every worker: the rate of the
+        first instances on a batch sent at once, times workers per first instance."""
+        router = self.svc.service.router
+        assert router is not None
+        first = sum(1 for i in router.instances.values() if i.accepts is not None)
         n = 2 * len(PROMPTS)
         t0 = time.monotonic()
         rs = await asyncio.gather(
@@ -109,7 +114,7 @@ class _Soak:
         )
         for r in rs:
             r.raise_for_status()
-        return n / (time.monotonic() - t0)
+        return n / (time.monotonic() - t0) * self.cfg.workers / max(1, first)
 
     async def one(self, client: httpx.AsyncClient) -> None:
         prompt = self.rng.choice(PROMPTS)

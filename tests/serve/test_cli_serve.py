@@ -154,3 +154,30 @@ def test_example_config_lists_every_knob_with_its_default() -> None:
     example = Path(__file__).parents[2] / "configs" / "cluster.example.toml"
     assert load_serve_config(example) == ServeConfig()
     assert example.read_text().strip() == ServeConfig().to_toml().strip()
+
+
+def test_a_short_soak_gives_no_wrong_answer_no_hang_and_no_leak(tmp_path: Path) -> None:
+    """`bench soak` end to end, briefly: load above capacity, a worker killed mid-run,
+    clients that leave mid-stream; every answer checked."""
+    out = tmp_path / "soak.json"
+    r = subprocess.run(
+        [*CLI, "bench", "soak", "--minutes", "0.4", "--rate-x", "1.5", "--kills", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    result = json.loads(out.read_text())
+    assert result["sent"] > 20 and result["ok"] > 0
+    assert result["wrong_answers"] == 0, result["wrong_examples"]
+    assert result["hung"] == 0 and result["leaked_kv_blocks"] == 0
+    assert result["requests_left_in_router"] == 0
+    assert len(result["kills"]) == 1
+    assert result["sent"] == result["ok"] + result["shed"] + result["failed"] + result["left_by_client"]
+
+
+def test_bad_soak_flags_are_named() -> None:
+    r = subprocess.run([*CLI, "bench", "soak", "--rate-x", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--rate-x" in r.stderr
