@@ -68,6 +68,10 @@ class PlannerConfig:
     scale_down_idle_s: float = 0.333  # an instance must be idle this long to be drained
     shutting_null_keep_s: float = 1.0  # a warm (SHUTTING_NULL) instance is released after this
     interval_s: float = 0.1  # how often the router runs the planner (our choice)
+    # No thrash (our choice): an instance is drained only once it has been idle, and loaded,
+    # for this many times as long as its load took, and stays warm as long before release.
+    # With the paper's millisecond loads this leaves the idle thresholds above in charge.
+    reload_cost_factor: float = 3.0
     load_retry_s: float = 1.0  # a rank whose load failed waits this long (doubling) to be tried again
     max_load_failures: int = 3  # failed loads in a row that take a rank out of service (0: never)
 
@@ -83,6 +87,8 @@ class PlannerConfig:
             lo, hi = getattr(self, f"min_{role}"), getattr(self, f"max_{role}")
             if lo < 1 or (hi != 0 and hi < lo):
                 raise ValueError(f"need 1 <= min_{role} <= max_{role} (0 = no max), got {lo}/{hi}")
+        if self.reload_cost_factor < 0:
+            raise ValueError(f"reload_cost_factor must be >= 0, got {self.reload_cost_factor}")
         if self.load_retry_s < 0 or self.max_load_failures < 0:
             raise ValueError("load_retry_s and max_load_failures must be >= 0")
         if self.scale_down_idle_s < 0 or self.shutting_null_keep_s < 0 or self.interval_s <= 0:

@@ -9,6 +9,7 @@ come from. Per call, in this order:
   new instances. Decode growth that mutation could not cover is loaded as extra prefill
   instances, which a later call mutates;
 - shrink: drain, per role, the instance idle longest, if idle at least `scale_down_idle_s`
+  (and `reload_cost_factor` times its last load's duration, since it loaded)
   (the idle time is the hysteresis), never the role's last serving instance;
 - release warm instances idle at least `shutting_null_keep_s`.
 The router executes the returned list in order.
@@ -192,7 +193,7 @@ def _drain_one(plan: _Plan, snapshot: ClusterSnapshot, role: Role, cfg: PlannerC
         for i in serving
         if i.state is steady_state(role)
         and _is_idle(i)
-        and snapshot.now - (i.idle_since or snapshot.now) >= cfg.scale_down_idle_s
+        and _idle_enough(i, snapshot.now, cfg.scale_down_idle_s, cfg)
     ]
     if len(serving) > 1 and idle:
         victim = min(idle, key=lambda i: (i.idle_since or snapshot.now, i.id))
@@ -240,8 +241,16 @@ def _releases(snapshot: ClusterSnapshot, cfg: PlannerConfig, taken: set[int]) ->
         for i in _by_id(snapshot, S.SHUTTING_NULL)
         if i.id not in taken
         and i.idle_since is not None
-        and snapshot.now - i.idle_since >= cfg.shutting_null_keep_s
+        and _idle_enough(i, snapshot.now, cfg.shutting_null_keep_s, cfg)
     ]
+
+
+def _idle_enough(i: InstanceView, now: float, base_s: float, cfg: PlannerConfig) -> bool:
+    """Idle (and loaded) for at least `base_s`, and for `reload_cost_factor` times what
+    loading it again would cost: a CPU load of seconds is not undone a second later."""
+    keep = max(base_s, cfg.reload_cost_factor * i.load_s)
+    idle = i.idle_since is not None and now - i.idle_since >= keep
+    return idle and (i.loaded_at is None or now - i.loaded_at >= keep)
 
 
 def _flat(groups: Iterable[tuple[int, ...]]) -> tuple[int, ...]:

@@ -33,6 +33,8 @@ class InstanceView:
     used_blocks: int = 0
     total_blocks: int = 0
     idle_since: float | None = None  # when it last became idle (None: busy)
+    loaded_at: float | None = None  # when its weights last finished loading
+    load_s: float = 0.0  # how long that load took (what loading it again would cost)
 
 
 @dataclass(frozen=True)

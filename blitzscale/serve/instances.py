@@ -32,6 +32,8 @@ class Instance:
     num_assigned: int = 0  # requests it is responsible for now
     live_ready: bool = False  # a live target whose first layers have landed
     idle_since: float | None = field(default_factory=time.monotonic)
+    loaded_at: float | None = None  # when its weights last finished loading
+    load_s: float = 0.0  # how long that took
     transitions: list[tuple[float, str, str]] = field(default_factory=list)
 
     @property
@@ -70,4 +72,6 @@ class Instance:
             used_blocks=s.used_blocks if s else 0,
             total_blocks=s.total_blocks if s else 0,
             idle_since=self.idle_since,
+            loaded_at=self.loaded_at,
+            load_s=self.load_s,
         )

@@ -290,6 +290,9 @@ class Scaler(Loads):
         self.metrics.scale_events.labels(direction=direction, path=path).inc()
         if direction == "up":
             self.metrics.transfer_bytes.labels(path=path).inc(nbytes)
+            for rank in ranks:  # what loading it again would cost (no-thrash rule)
+                inst = self._instance(rank)
+                inst.loaded_at, inst.load_s = time.monotonic(), seconds
         event = {
             "time": time.monotonic(),
             "direction": direction,

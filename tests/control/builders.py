@@ -20,10 +20,16 @@ def inst(
     used: int = 0,
     total: int = 0,
     idle_for: float | None = None,
+    loaded_for: float | None = None,
+    load_s: float = 0.0,
 ) -> InstanceView:
-    """An instance on rank `id` (unless `ranks`); `idle_for`: idle for that long before NOW."""
+    """An instance on rank `id` (unless `ranks`); `idle_for`: idle for that long before NOW;
+    `loaded_for`: its last load ended that long before NOW, and took `load_s`."""
     idle_since = None if idle_for is None else NOW - idle_for
-    return InstanceView(id, ranks or (id,), state, running, waiting, used, total, idle_since)
+    loaded_at = None if loaded_for is None else NOW - loaded_for
+    return InstanceView(
+        id, ranks or (id,), state, running, waiting, used, total, idle_since, loaded_at, load_s
+    )
 
 
 def snap(

@@ -161,6 +161,35 @@ def test_scale_down_drains_the_instance_idle_longest_once_past_the_threshold() -
     assert act(fresh, want(1)) == []
 
 
+def test_an_instance_is_not_drained_or_released_sooner_than_a_reload_would_pay_back() -> None:
+    """A 1.2 s load (CPU workers) keeps the instance 3 x 1.2 s; a 45 ms one (NVLink) leaves
+    the paper's sub-second thresholds in charge."""
+    slow = snap(
+        inst(0, S.PREFILL, running=1),
+        inst(1, S.PREFILL, idle_for=2.0, loaded_for=2.5, load_s=1.2),  # idle 2 s < 3.6 s
+        inst(2, S.DECODE, running=1),
+        inst(3, S.DECODE, idle_for=1.0, loaded_for=1.0, load_s=0.045),
+    )
+    assert act(slow, want(1, 1)) == [DrainAction(3)]
+    later = snap(
+        inst(0, S.PREFILL, running=1),
+        inst(1, S.PREFILL, idle_for=3.7, loaded_for=3.7, load_s=1.2),
+        inst(2, S.DECODE, running=1),
+    )
+    assert act(later, want(1, 1)) == [DrainAction(1)]
+    just_loaded = snap(
+        inst(0, S.PREFILL, running=1), inst(1, S.PREFILL, idle_for=9.0, loaded_for=1.0, load_s=1.2)
+    )
+    assert act(just_loaded, want(1)) == []  # idle since before its load ended: still too fresh
+    warm = snap(
+        inst(0, S.PREFILL, running=1),
+        inst(1, S.DECODE, running=1),
+        inst(4, S.SHUTTING_NULL, idle_for=2.0, load_s=1.2),
+        inst(5, S.SHUTTING_NULL, idle_for=3.7, load_s=1.2),
+    )
+    assert act(warm, want(1, 1)) == [ReleaseAction(5)]
+
+
 def test_the_last_serving_instance_of_a_role_is_never_drained() -> None:
     s = snap(inst(0, S.PREFILL, idle_for=5), inst(1, S.LOADING), inst(2, S.DECODE, idle_for=5))
     assert act(s, want(1, 1)) == []
