@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import zmq
@@ -13,6 +12,7 @@ import zmq
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.messages import HelloMsg, ReplyMsg, encode
+from tests.listeners import LOOPBACK, listening
 
 M = "tiny"
 SRC = "random:tiny-llama3"
@@ -24,34 +24,11 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
-def _listening(pids: list[int]) -> list[str]:
-    """Local addresses ("hex-ip:port" as /proc/net writes them) of the TCP sockets these
-    processes listen on."""
-    inodes = set()
-    for pid in pids:
-        fd_dir = Path(f"/proc/{pid}/fd")
-        for fd in fd_dir.iterdir():
-            try:
-                link = os.readlink(fd)
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                found.append(cols[1])
-    return found
-
-
 def test_every_listener_of_the_cluster_is_bound_to_the_configured_host(cluster: LocalCluster) -> None:
     pids = [os.getpid(), *(p.pid for p in cluster.procs)]
-    addrs = _listening(pids)
+    addrs = listening(pids)
     assert addrs, "found no listening socket at all"
-    loopback = "0100007F"  # 127.0.0.1, little-endian hex
-    assert all(a.split(":")[0] == loopback for a in addrs), addrs
+    assert all(a.split(":")[0] == LOOPBACK for a in addrs), addrs
 
 
 def test_foreign_frames_on_the_control_socket_are_dropped(cluster: LocalCluster) -> None:
