@@ -36,3 +36,7 @@ class UnavailableError(BlitzScaleError):
 
 class OverloadedError(UnavailableError):
     """The queue is full, by tokens or by waiting time (HTTP 429 with Retry-After)."""
+
+
+class KVIntegrityError(BlitzScaleError):
+    """The KV block books of an engine do not add up (a leak or a double owner): a bug."""

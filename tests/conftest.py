@@ -20,6 +20,9 @@ import torch
 # On this project's small CPU machines two OpenMP threads make the small matmuls of these
 # models 5-20x slower than one (the vCPUs are shared); one thread keeps the suite fast.
 torch.set_num_threads(int(os.environ.get("BLITZSCALE_TEST_THREADS", "1")))
+# Every engine in a worker checks its KV block books after each step (worker processes
+# inherit this); a leak or a block with two owners stops the worker and fails the test.
+os.environ.setdefault("BLITZSCALE_CHECK_INTEGRITY", "1")
 
 TINY_PRESETS = ("tiny-llama3", "tiny-mistral", "tiny-qwen2")
 

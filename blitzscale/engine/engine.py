@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,11 +17,14 @@ from blitzscale.engine.output import OutputProcessor
 from blitzscale.engine.request import Request, RequestOutput, RequestStatus, SamplingParams
 from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
-from blitzscale.errors import InvalidRequestError
+from blitzscale.errors import InvalidRequestError, KVIntegrityError
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.kvcache.pool import BlockPool
 from blitzscale.model.llama import LlamaModel
 from blitzscale.model.weights import ModelWeights
+
+# Check the KV block books after every step (the test suite sets this; workers inherit it).
+CHECK_EVERY_STEP = os.environ.get("BLITZSCALE_CHECK_INTEGRITY", "") == "1"
 
 
 def validate_request(
@@ -180,12 +184,40 @@ class LLMEngine:
             failed.append(dataclasses.replace(self._finalize(req), error=error))
         return failed
 
+    def check_integrity(self) -> None:
+        """Every used KV block is owned by exactly one live request (running, waiting, live,
+        relayed in or out, held for migration, importing) and free + used = total; raises
+        KVIntegrityError naming what is wrong. Cheap: run it after steps in tests, and
+        whenever the serving loop goes idle."""
+        problems = self.pool.check()
+        owners: dict[int, Request] = {}
+        reqs = {id(r): r for r in (*self.requests.values(), *self.held.values(), *self.importing.values())}
+        reqs.update({id(t.request): t.request for t in self.relaying.values()})
+        for req in reqs.values():
+            for b in req.block_ids:
+                other = owners.setdefault(b, req)
+                if other is not req:
+                    problems.append(f"block {b} owned by {other.request_id!r} and {req.request_id!r}")
+        owned, used = set(owners), self.pool.used_ids
+        if owned - used:
+            problems.append(f"requests hold blocks the pool calls free: {sorted(owned - used)[:8]}")
+        if used - owned:
+            problems.append(f"{len(used - owned)} used blocks belong to no request (leaked)")
+        if problems:
+            raise KVIntegrityError("; ".join(problems))
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
     # --- the loop ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        outputs = self._step()
+        if CHECK_EVERY_STEP:
+            self.check_integrity()
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         results = [self._finalize(r) for r in self._aborted]
         self._aborted = []
         if self.live is not None:

@@ -41,3 +41,19 @@ class BlockPool:
                 raise RuntimeError(f"KV block {b} freed twice or never allocated")
             self._used.remove(b)
             self._free.append(b)
+
+    @property
+    def used_ids(self) -> frozenset[int]:
+        return frozenset(self._used)
+
+    def check(self) -> list[str]:
+        """What is wrong with the pool's own books (empty: nothing)."""
+        problems = []
+        free = set(self._free)
+        if len(free) != len(self._free):
+            problems.append("a block is on the free list twice")
+        if free & self._used:
+            problems.append(f"blocks both free and used: {sorted(free & self._used)[:8]}")
+        if len(free) + len(self._used) != self.num_blocks:
+            problems.append(f"free {len(free)} + used {len(self._used)} != {self.num_blocks} blocks")
+        return problems

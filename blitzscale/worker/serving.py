@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 from blitzscale.engine import EngineConfig, LLMEngine
+from blitzscale.engine.engine import CHECK_EVERY_STEP
 from blitzscale.engine.request import RequestOutput
-from blitzscale.errors import BlitzScaleError
+from blitzscale.errors import BlitzScaleError, KVIntegrityError
 from blitzscale.messages import (
     AbortMsg,
     ActivateMsg,
@@ -55,6 +56,7 @@ class ServingLoop(LiveSide):
         self._orphans: list[Move] = []  # timed-out receives: their buffers must stay alive
         self._init_live()
         self._last_stats = 0.0
+        self._was_idle = True
         self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
 
     @property
@@ -207,11 +209,24 @@ class ServingLoop(LiveSide):
             outs = self._step(e)
             if outs:
                 self.send(OutputsMsg(rank=self.rank, outputs=[self._output(e, o) for o in outs]))
+        self._check_when_idle(e)
         now = time.monotonic()
         if now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self.send(self.stats())
         return busy or bool(self._recvs or self._sends or self._relay_recvs or self._relay_sends)
+
+    def _check_when_idle(self, e: LLMEngine) -> None:
+        """Once each time the loop goes idle: the KV books must add up (logged if not)."""
+        idle = self.is_idle
+        if idle and not self._was_idle:
+            try:
+                e.check_integrity()
+            except KVIntegrityError as err:
+                log.error("rank %d: %s", self.rank, err)
+                if CHECK_EVERY_STEP:
+                    raise  # in tests a broken invariant stops the worker
+        self._was_idle = idle
 
     def _step(self, e: LLMEngine) -> list[RequestOutput]:
         """One engine step. If it raises, the requests it may have touched fail with the

@@ -138,3 +138,27 @@ def test_preemption_does_not_change_outputs(temperature: float, tiny_weights, mo
     assert tight_preemptions() > 0
     assert got == want
     assert tight.pool.num_free_blocks == tight.pool.num_blocks
+
+
+def test_check_integrity_finds_a_leak_and_a_block_with_two_owners(tiny_weights) -> None:
+    from blitzscale.errors import KVIntegrityError
+
+    engine = LLMEngine(tiny_weights("tiny-llama3"), None, EngineConfig(block_size=4, num_kv_blocks=32))
+    a = engine.add_request(list(range(1, 20)), SamplingParams(max_tokens=8, temperature=0))
+    engine.add_request(list(range(1, 12)), SamplingParams(max_tokens=8, temperature=0))
+    engine.step()
+    engine.check_integrity()  # a healthy engine mid-flight
+    leaked = engine.pool.allocate(1)  # blocks nobody owns
+    with pytest.raises(KVIntegrityError, match="leaked"):
+        engine.check_integrity()
+    engine.pool.free(leaked)
+    reqs = list(engine.requests.values())
+    reqs[1].block_ids.append(reqs[0].block_ids[0])  # one block, two owners
+    with pytest.raises(KVIntegrityError, match="owned by"):
+        engine.check_integrity()
+    reqs[1].block_ids.pop()
+    engine.abort(a)
+    while engine.has_unfinished():
+        engine.step()
+    engine.check_integrity()
+    assert engine.pool.num_used_blocks == 0
