@@ -66,6 +66,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     k.set_defaults(func=_run_soak)
 
+    d = bsub.add_parser("steady", help="closed-loop steady load: scale-ups and releases once settled")
+    d.add_argument("--streams", type=int, default=16)
+    d.add_argument("--seconds", type=float, default=60.0)
+    d.add_argument("--settle", type=float, default=10.0, help="events before this are not counted")
+    d.add_argument("--workers", type=int, default=4)
+    d.add_argument("--mode", choices=["pd", "colocated"], default="pd")
+    d.add_argument("--policy", default="blitz")
+    d.add_argument("--reload-cost-factor", type=float, default=None, help="override [planner] (0: old rule)")
+    d.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+    d.set_defaults(func=_run_steady)
+
+
+def _run_steady(args: argparse.Namespace) -> int:
+    from blitzscale.bench.steady import SteadyConfig, run_steady
+    from blitzscale.control.config import POLICY_NAMES
+    from blitzscale.errors import InvalidRequestError
+
+    if args.policy not in POLICY_NAMES:
+        raise InvalidRequestError(f"--policy: unknown policy {args.policy!r}; use {', '.join(POLICY_NAMES)}")
+    if args.streams < 1 or args.seconds <= 0 or args.settle < 0 or args.workers < 2:
+        raise InvalidRequestError("need --streams >= 1, --seconds > 0, --settle >= 0 and --workers >= 2")
+    if args.reload_cost_factor is not None and args.reload_cost_factor < 0:
+        raise InvalidRequestError(f"--reload-cost-factor must be >= 0, got {args.reload_cost_factor}")
+    cfg = SteadyConfig(
+        streams=args.streams,
+        seconds=args.seconds,
+        settle_s=args.settle,
+        workers=args.workers,
+        mode=args.mode,
+        policy=args.policy,
+        reload_cost_factor=args.reload_cost_factor,
+    )
+    _emit(run_steady(cfg), args.out)
+    return 0
+
+
+def _emit(result: dict, out: Path | None) -> None:
+    """Print the JSON, and write it to `out` too when given."""
+    text = json.dumps(result, indent=2)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    print(text)
+
 
 def _run_soak(args: argparse.Namespace) -> int:
     from blitzscale.bench.soak import SoakConfig, run_soak
@@ -93,11 +137,7 @@ def _run_soak(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         seed=args.seed,
     )
-    text = json.dumps(run_soak(cfg), indent=2)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    _emit(run_soak(cfg), args.out)
     return 0
 
 
