@@ -1,7 +1,7 @@
 """`create_app`: the FastAPI application of the HTTP edge, over any `ServingBackend`.
 
-Layers, outermost first: request counting (sees every answer, 401s included), the body
-size limit (413), the API key check (when a key is set), FastAPI's routing with our error
+Layers, outermost first: request counting (sees every answer, 401s included), the API key
+check (when a key is set), the body size limit (413), FastAPI's routing with our error
 handlers, then the OpenAI, TGI and operations routes. The app keeps no state of its own
 beyond its metrics: requests live in the backend, and each in-flight request's outputs are
 owned by its `Generation`.
@@ -54,9 +54,9 @@ def create_app(
     # metric labels: our route paths and FastAPI's own (/docs...); any other path is "unmatched"
     routes = [*app.routes, *(route for router in routers for route in router.routes)]
     endpoints = frozenset(path for route in routes if isinstance(path := getattr(route, "path", None), str))
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)  # inside the key check
     if api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key, open_paths=OPEN_PATHS)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     app.add_middleware(RequestCounterMiddleware, metrics=metrics, endpoints=endpoints)  # outermost
     return app
 

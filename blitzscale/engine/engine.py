@@ -97,6 +97,7 @@ class LLMEngine:
         self.relaying: dict[str, Relayed] = {}  # live tasks handed over, KV [0, k) not yet sent
         self.relays: dict[str, RelayIn] = {}  # tasks relayed here, finishing layers [k, L)
         self._aborted: list[Request] = []
+        self._step_outputs: list[RequestOutput] = []  # of the step under way
         self._ids = itertools.count()
 
     @classmethod
@@ -173,8 +174,9 @@ class LLMEngine:
     def fail_unfinished(self, error: str) -> list[RequestOutput]:
         """A step raised: every request that may have been in it (anything started, in the
         live queue or relayed in) fails with `error`; requests that never ran and held KV
-        are untouched. Returns their final outputs. The engine stays usable."""
-        failed = []
+        are untouched. Returns their final outputs, after the outputs the step produced
+        before it raised (requests it finished or held). The engine stays usable."""
+        failed, self._step_outputs = self._step_outputs, []  # what the step finished before it raised
         for req in list(self.requests.values()):
             untouched = req.status is RequestStatus.WAITING and req.num_computed_tokens == 0
             if untouched or not self.abort(req.request_id):  # (a relay still arriving: later)
@@ -212,60 +214,62 @@ class LLMEngine:
     # --- the loop ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        outputs = self._step()
+        self._step()
+        outputs, self._step_outputs = self._step_outputs, []
         if CHECK_EVERY_STEP:
             self.check_integrity()
         return outputs
 
-    def _step(self) -> list[RequestOutput]:
-        results = [self._finalize(r) for r in self._aborted]
-        self._aborted = []
+    def _step(self) -> None:
+        """One step; every output goes to `_step_outputs` as soon as it exists, so a step that
+        raises half-way still reports what it finished (`fail_unfinished`)."""
+        aborted, self._aborted = self._aborted, []
+        self._step_outputs += [self._finalize(r) for r in aborted]
         if self.live is not None:
             done = self.live.step()
             if done:
-                results += self._complete_prompts([r for r, _ in done], torch.stack([x for _, x in done]))
+                self._complete_prompts([r for r, _ in done], torch.stack([x for _, x in done]))
         ready = [t for t in self.relays.values() if t.ready]
         if ready:
             logits = finish_relayed(self.model, self.kv_cache, ready)
             for t in ready:
                 del self.relays[t.request.request_id]
                 t.request.num_computed_tokens = t.request.num_tokens
-            results += self._complete_prompts([t.request for t in ready], logits)
+            self._complete_prompts([t.request for t in ready], logits)
         if self.live is not None and not self.model.weights.readiness.all_ready:
-            return results  # nothing else can run on a partial model
+            return  # nothing else can run on a partial model
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            return results
+            return
         logits = self.runner.execute(sched)
         sampling = [s.request for s in sched.scheduled if s.completes_prompt]
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
-        return results + self._sample(sampling, logits)
+        self._sample(sampling, logits)
 
-    def _complete_prompts(self, reqs: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
+    def _complete_prompts(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Requests whose whole prompt was computed outside the scheduler (live or relayed):
         they join the running batch, then sample like any other."""
         for r in reqs:
             self.scheduler.add_running(r)
-        return self._sample(reqs, logits)
+        self._sample(reqs, logits)
 
-    def _sample(self, sampling: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
-        results = []
+    def _sample(self, sampling: list[Request], logits: torch.Tensor) -> None:
         tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
+        out = self._step_outputs
         for req, tok in zip(sampling, tokens, strict=True):
             if tok == NO_TOKEN:
-                results.append(self._fail(req, "the model produced non-finite logits for it"))
+                out.append(self._fail(req, "the model produced non-finite logits for it"))
                 continue
             req.token_ids.append(tok)
             reason = self.outputs.check_stop(req)
             if reason is not None:
                 self.scheduler.finish(req, reason)
-                results.append(self._finalize(req))
+                out.append(self._finalize(req))
             elif req.hold_kv:
-                results.append(self._hold(req))
+                out.append(self._hold(req))
             else:
-                results.append(self.outputs.make_output(req))
-        return results
+                out.append(self.outputs.make_output(req))
 
     # --- live scaling (design §2.3): this engine as a live target, or as its source -----
 

@@ -92,7 +92,7 @@ class LiveScaling:
         self.relays_total += 1
         tgt = self.instances.get(m.rank)
         if tgt is not None:
-            tgt.outstanding_tokens -= len(r.prompt)
+            tgt.take_tokens(len(r.prompt))
         src.outstanding_tokens += len(r.prompt)
         src.num_assigned += 1
         r.prefill_rank, r.relay_from = source, m.rank
@@ -143,7 +143,7 @@ class LiveScaling:
         target, source = relay[0], relay[1]
         src, tgt = self.instances.get(source), self.instances.get(target)
         if src is not None:
-            src.outstanding_tokens -= len(r.prompt)
+            src.take_tokens(len(r.prompt))
         self._unassign(source)
         if tgt is not None:
             tgt.outstanding_tokens += len(r.prompt)

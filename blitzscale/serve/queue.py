@@ -4,6 +4,7 @@ rather than left to wait without end."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 
@@ -37,11 +38,14 @@ class RequestQueue:
         return not self._q or not self.max_tokens or self.num_tokens + num_tokens <= self.max_tokens
 
     def push(self, r: RouterRequest) -> None:
+        r.queued_at = time.monotonic()
         self._q.append(r)
         self.num_tokens += len(r.prompt)
 
     def push_front(self, r: RouterRequest) -> None:
-        """Back to the head (a request its instance lost before any output)."""
+        """Back to the head (a request its instance lost before any output); its wait
+        starts again."""
+        r.queued_at = time.monotonic()
         self._q.appendleft(r)
         self.num_tokens += len(r.prompt)
 
@@ -58,7 +62,7 @@ class RequestQueue:
         """Requests that have waited longer than `max_wait_s` (oldest first), taken out."""
         if not self.max_wait_s:
             return []
-        late = [r for r in self._q if now - r.arrival > self.max_wait_s]
+        late = [r for r in self._q if now - r.queued_at > self.max_wait_s]
         for r in late:
             self.remove(r)
         return late

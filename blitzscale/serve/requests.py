@@ -17,6 +17,7 @@ class RouterRequest:
     params: SamplingParams
     out: asyncio.Queue[RequestOutput | Exception] = field(default_factory=asyncio.Queue)
     arrival: float = field(default_factory=time.monotonic)
+    queued_at: float = 0.0  # when it last entered the global queue
     stage: str = "queued"  # queued | prefill | migrating | decode | done (| aborting: KV still moving)
     prefill_rank: int | None = None
     decode_rank: int | None = None

@@ -308,7 +308,8 @@ class Router(LiveScaling):
             if r.stage != "migrating" or r.id not in self.reqs:
                 continue
             limit = self.cfg.max_migration_wait_s
-            if limit and r.migrating_since is not None and now - r.migrating_since > limit:
+            overdue = limit and r.migrating_since is not None and now - r.migrating_since > limit
+            if overdue and not self._can_adopt(r):
                 # no decode instance took it in time: drop the held KV, fail the request
                 await self._send(r.prefill_rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
                 r.out.put_nowait(
@@ -321,9 +322,8 @@ class Router(LiveScaling):
     async def _start_migration(self, r: RouterRequest) -> None:
         if r.migrating_since is None:
             r.migrating_since = time.monotonic()
-        own = self.instances.get(r.prefill_rank) if r.prefill_rank is not None else None
-        if own is not None and own.state in BECOMING_DECODE and r.prefill_rank in self.connected:
-            await self._adopt(r, own)
+        if self._can_adopt(r):
+            await self._adopt(r, self.instances[r.prefill_rank])  # type: ignore[index]
             return
         inst = self._pick("decode")
         if inst is None:
@@ -344,6 +344,10 @@ class Router(LiveScaling):
                 rng_state=r.rng_state,
             ),
         )
+
+    def _can_adopt(self, r: RouterRequest) -> bool:
+        own = self.instances.get(r.prefill_rank) if r.prefill_rank is not None else None
+        return own is not None and own.state in BECOMING_DECODE and own.rank in self.connected
 
     async def _adopt(self, r: RouterRequest, inst: Instance) -> None:
         """The prefill instance holding `r`'s KV is turning into a decode one: it decodes
@@ -410,7 +414,7 @@ class Router(LiveScaling):
             inst = self.instances.get(msg.rank)
             if r.stage == "prefill" and inst is not None and not r.prefilled:
                 r.prefilled = True
-                inst.outstanding_tokens -= len(r.prompt)
+                inst.take_tokens(len(r.prompt))
                 self._count_live(r, o.live_layers)
             if o.finish_reason == "error":  # the request broke its step: never rerun it
                 await r.out.put(RequestFailedError(f"request failed on rank {msg.rank}: {o.error}"))
@@ -446,8 +450,8 @@ class Router(LiveScaling):
             self._unassign(r.prefill_rank)
             r.prefill_rank = None
             r.stage = "decode"
-        elif ev.kind == "kv_failed" and ev.rank == r.decode_rank:  # no room there: try again later
-            self._unassign(r.decode_rank)
+        elif ev.kind == "kv_failed" and ev.rank == r.decode_rank and r.stage == "migrating":
+            self._unassign(r.decode_rank)  # no room there: try again later
             r.decode_rank = None
             self.pending_migrations.append(r)
         elif ev.kind in ("kv_failed", "rejected"):
@@ -463,7 +467,7 @@ class Router(LiveScaling):
             return
         if ev.kind in ("kv_failed", "lost") and ev.rank != prefill and prefill is not None:
             await self._send(prefill, AbortMsg(request_id=r.id))  # nothing was posted: free it
-        elif ev.kind not in ("kv_sent", "kv_failed"):
+        elif ev.kind not in ("kv_sent", "kv_failed", "lost"):
             return
         self._end_hand_off(r)
 
@@ -535,7 +539,7 @@ class Router(LiveScaling):
 
     def _release_assignment(self, r: RouterRequest) -> None:
         if r.stage == "prefill" and r.prefill_rank in self.instances and not r.prefilled:
-            self.instances[r.prefill_rank].outstanding_tokens -= len(r.prompt)
+            self.instances[r.prefill_rank].take_tokens(len(r.prompt))
         for rank in (r.prefill_rank, r.decode_rank, r.relay_from):
             self._unassign(rank)
         r.prefill_rank = r.decode_rank = r.relay_from = None

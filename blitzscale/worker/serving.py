@@ -42,6 +42,11 @@ from blitzscale.worker.relays import LiveSide
 
 STATS_INTERVAL_S = 0.05
 log = logging.getLogger("blitzscale.worker")
+MAX_FAILED_STEPS = 3  # engine steps failing in a row mean the worker itself is broken
+
+
+class WorkerBrokenError(BlitzScaleError):
+    """The engine fails step after step (a sticky device error): the worker must go."""
 
 
 class ServingLoop(LiveSide):
@@ -57,6 +62,7 @@ class ServingLoop(LiveSide):
         self._init_live()
         self._last_stats = 0.0
         self._was_idle = True
+        self._failed_steps = 0  # in a row
         self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
 
     @property
@@ -232,10 +238,17 @@ class ServingLoop(LiveSide):
         """One engine step. If it raises, the requests it may have touched fail with the
         error (the router does not retry them) and the worker goes on serving the rest."""
         try:
-            return e.step()
+            outs = e.step()
         except Exception as err:
             log.exception("rank %d: an engine step failed", self.rank)
+            self._failed_steps += 1
+            if self._failed_steps >= MAX_FAILED_STEPS:  # broken, not a bad request: die, so the
+                raise WorkerBrokenError(  # cluster reruns what it can elsewhere
+                    f"rank {self.rank}: {self._failed_steps} engine steps in a row failed"
+                ) from err
             return e.fail_unfinished(f"the engine step failed on rank {self.rank}: {short_error(err)}")
+        self._failed_steps = 0
+        return outs
 
     @staticmethod
     def _output(e: LLMEngine, o: RequestOutput) -> OutputMsg:

@@ -186,14 +186,15 @@ class Worker:
         def run() -> None:
             try:
                 result, ok, err = self._transfer(msg), True, ""
-            except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
+            except Exception as e:  # any failure is the transfer's, answered, never a dead thread
                 result, ok, err = {}, False, f"{type(e).__name__}: {e}"
                 if self.loading.pop(msg.model, None) is not None and self.serving_model == msg.model:
                     self.serving.live_failed = f"loading the weights failed: {err}"
+            finally:
+                # Free before the reply leaves: the controller may send the next transfer
+                # the moment it has the reply, before this thread has exited.
+                self._in_transfer = False
             reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
-            # Free before the reply leaves: the controller may send the next transfer the
-            # moment it has the reply, before this thread has exited.
-            self._in_transfer = False
             self._reply_from_thread(reply)
 
         self._transfer_thread = threading.Thread(target=run, name="transfer", daemon=True)

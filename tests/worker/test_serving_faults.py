@@ -123,3 +123,44 @@ def test_temperatures_too_small_to_divide_by_sample_greedily(
     last = loop.run()
     assert last["tiny"].finish_reason == last["greedy"].finish_reason == "length"
     assert loop.tokens("tiny") == loop.tokens("greedy")
+
+
+def test_a_step_that_raises_half_way_still_reports_what_it_finished(
+    smollm2_weights: Any, smollm2_tokenizer: Any, monkeypatch
+) -> None:
+    loop = Loop(smollm2_weights, smollm2_tokenizer)
+    e = loop.serving.engine
+    assert e is not None
+    real = e.outputs.check_stop
+
+    def check_stop(req: Any) -> Any:
+        if req.request_id == "second":
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a detokenizer bug")
+        return real(req)
+
+    monkeypatch.setattr(e.outputs, "check_stop", check_stop)
+    loop.submit("first", "The capital of France is", SamplingParams(max_tokens=1, temperature=0))
+    loop.submit("second", "def fibonacci(n):", GREEDY)
+    last = loop.run()
+    assert last["first"].finished and last["first"].finish_reason == "length"  # not lost
+    assert last["second"].finish_reason == "error" and "detokenizer" in last["second"].error
+    assert e.pool.num_used_blocks == 0
+
+
+def test_a_worker_whose_every_step_fails_gives_up(
+    smollm2_weights: Any, smollm2_tokenizer: Any, monkeypatch
+) -> None:
+    from blitzscale.worker.serving import MAX_FAILED_STEPS, WorkerBrokenError
+
+    loop = Loop(smollm2_weights, smollm2_tokenizer)
+    e = loop.serving.engine
+    assert e is not None
+
+    def broken(sched: Any) -> torch.Tensor:
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    monkeypatch.setattr(e.runner, "execute", broken)
+    with pytest.raises(WorkerBrokenError):
+        for k in range(MAX_FAILED_STEPS):
+            loop.submit(f"r{k}", "The capital of France is", GREEDY)
+            loop.run()
