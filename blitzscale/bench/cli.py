@@ -73,6 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--mode", choices=["pd", "colocated"], default="pd")
     d.add_argument("--policy", default="blitz")
+    d.add_argument("--max-tokens", type=int, default=32, help="tokens each streamed completion generates")
     d.add_argument("--reload-cost-factor", type=float, default=None, help="override [planner] (0: old rule)")
     d.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     d.set_defaults(func=_run_steady)
@@ -85,8 +86,10 @@ def _run_steady(args: argparse.Namespace) -> int:
 
     if args.policy not in POLICY_NAMES:
         raise InvalidRequestError(f"--policy: unknown policy {args.policy!r}; use {', '.join(POLICY_NAMES)}")
-    if args.streams < 1 or args.seconds <= 0 or args.settle < 0 or args.workers < 2:
-        raise InvalidRequestError("need --streams >= 1, --seconds > 0, --settle >= 0 and --workers >= 2")
+    if args.streams < 1 or args.seconds <= 0 or args.settle < 0 or args.workers < 2 or args.max_tokens < 1:
+        raise InvalidRequestError(
+            "need --streams >= 1, --seconds > 0, --settle >= 0, --workers >= 2 and --max-tokens >= 1"
+        )
     if args.reload_cost_factor is not None and args.reload_cost_factor < 0:
         raise InvalidRequestError(f"--reload-cost-factor must be >= 0, got {args.reload_cost_factor}")
     cfg = SteadyConfig(
@@ -96,6 +99,7 @@ def _run_steady(args: argparse.Namespace) -> int:
         workers=args.workers,
         mode=args.mode,
         policy=args.policy,
+        max_tokens=args.max_tokens,
         reload_cost_factor=args.reload_cost_factor,
     )
     _emit(run_steady(cfg), args.out)
