@@ -81,17 +81,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run_steady(args: argparse.Namespace) -> int:
     from blitzscale.bench.steady import SteadyConfig, run_steady
-    from blitzscale.control.config import POLICY_NAMES
-    from blitzscale.errors import InvalidRequestError
 
-    if args.policy not in POLICY_NAMES:
-        raise InvalidRequestError(f"--policy: unknown policy {args.policy!r}; use {', '.join(POLICY_NAMES)}")
-    if args.streams < 1 or args.seconds <= 0 or args.settle < 0 or args.workers < 2 or args.max_tokens < 1:
-        raise InvalidRequestError(
-            "need --streams >= 1, --seconds > 0, --settle >= 0, --workers >= 2 and --max-tokens >= 1"
-        )
-    if args.reload_cost_factor is not None and args.reload_cost_factor < 0:
-        raise InvalidRequestError(f"--reload-cost-factor must be >= 0, got {args.reload_cost_factor}")
+    _check_flags(
+        args.policy,
+        ("--streams", args.streams, args.streams >= 1),
+        ("--seconds", args.seconds, args.seconds > 0),
+        ("--settle", args.settle, args.settle >= 0),
+        ("--workers", args.workers, args.workers >= 2),
+        ("--max-tokens", args.max_tokens, args.max_tokens >= 1),
+        ("--reload-cost-factor", args.reload_cost_factor, (args.reload_cost_factor or 0) >= 0),
+    )
     cfg = SteadyConfig(
         streams=args.streams,
         seconds=args.seconds,
@@ -106,6 +105,18 @@ def _run_steady(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_flags(policy: str, *checks: tuple[str, object, bool]) -> None:
+    """Refuse, naming it, an unknown policy or a flag whose check is false."""
+    from blitzscale.control.config import POLICY_NAMES
+    from blitzscale.errors import InvalidRequestError
+
+    if policy not in POLICY_NAMES:
+        raise InvalidRequestError(f"--policy: unknown policy {policy!r}; use {', '.join(POLICY_NAMES)}")
+    for flag, value, ok in checks:
+        if not ok:
+            raise InvalidRequestError(f"{flag}: {value} is out of range (see --help)")
+
+
 def _emit(result: dict, out: Path | None) -> None:
     """Print the JSON, and write it to `out` too when given."""
     text = json.dumps(result, indent=2)
@@ -117,20 +128,15 @@ def _emit(result: dict, out: Path | None) -> None:
 
 def _run_soak(args: argparse.Namespace) -> int:
     from blitzscale.bench.soak import SoakConfig, run_soak
-    from blitzscale.control.config import POLICY_NAMES
-    from blitzscale.errors import InvalidRequestError
 
-    if args.policy not in POLICY_NAMES:
-        raise InvalidRequestError(f"--policy: unknown policy {args.policy!r}; use {', '.join(POLICY_NAMES)}")
-    for flag, value, ok in (
+    _check_flags(
+        args.policy,
         ("--minutes", args.minutes, args.minutes > 0),
         ("--rate-x", args.rate_x, args.rate_x > 0),
         ("--workers", args.workers, args.workers >= 2),
         ("--kills", args.kills, args.kills >= 0),
         ("--max-tokens", args.max_tokens, args.max_tokens >= 1),
-    ):
-        if not ok:
-            raise InvalidRequestError(f"{flag}: {value} is out of range (see --help)")
+    )
     cfg = SoakConfig(
         minutes=args.minutes,
         rate_x=args.rate_x,

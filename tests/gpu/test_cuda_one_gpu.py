@@ -10,11 +10,11 @@ import os
 import pytest
 import torch
 
-from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
-from blitzscale.engine.engine import default_dtype
+from blitzscale.engine import SamplingParams
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
+from tests.gpu.reference import local_tokens
 from tests.listeners import LOOPBACK, listening
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -22,9 +22,6 @@ MODEL = "random:tiny-llama3"
 
 
 def test_one_cuda_worker_serves_exact_tokens_and_listens_on_loopback_only(tmp_path) -> None:
-    from blitzscale.checkpoint import load_weights, resolve_model
-    from blitzscale.serve.server import prepare_model
-
     cfg = ServeConfig().with_overrides(
         model={"name": MODEL, "cache_dir": str(tmp_path)},
         cluster={"num_workers": 1, "device": "cuda"},
@@ -33,10 +30,7 @@ def test_one_cuda_worker_serves_exact_tokens_and_listens_on_loopback_only(tmp_pa
     )
     prompts = [list(range(3 + i, 40 + 7 * i)) for i in range(4)]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    folder = prepare_model(MODEL, str(tmp_path))
-    w = load_weights(resolve_model(folder), dtype=default_dtype("cuda"), device="cuda")
-    ref = [o.token_ids for o in LLMEngine(w, None, EngineConfig(block_size=16)).generate(prompts, params)]
-    del w
+    ref = local_tokens(MODEL, tmp_path, prompts, params)
     lt = LoopThread()
     service = ServingCluster(cfg)
     try:

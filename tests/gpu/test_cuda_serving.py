@@ -8,11 +8,11 @@ import asyncio
 import pytest
 import torch
 
-from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
-from blitzscale.engine.engine import default_dtype
+from blitzscale.engine import SamplingParams
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
+from tests.gpu.reference import local_tokens
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,14 +30,7 @@ def test_pd_mode_over_nccl_matches_a_local_engine(tmp_path) -> None:
     )
     prompts = [list(range(3 + i, 40 + 7 * i)) for i in range(4)]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    from blitzscale.checkpoint import load_weights, resolve_model
-    from blitzscale.serve.server import prepare_model
-
-    # the exact weights the workers load (random weights depend on the generating device)
-    folder = prepare_model(MODEL, str(tmp_path))
-    w = load_weights(resolve_model(folder), dtype=default_dtype("cuda"), device="cuda")
-    ref = [o.token_ids for o in LLMEngine(w, None, EngineConfig(block_size=16)).generate(prompts, params)]
-    del w
+    ref = local_tokens(MODEL, tmp_path, prompts, params)
 
     lt = LoopThread()
     service = ServingCluster(cfg)

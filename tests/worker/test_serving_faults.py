@@ -50,14 +50,16 @@ class Loop:
         return last
 
 
+@pytest.fixture
+def loop(smollm2_weights: Any, smollm2_tokenizer: Any) -> Loop:
+    return Loop(smollm2_weights, smollm2_tokenizer)
+
+
 GREEDY = SamplingParams(max_tokens=6, temperature=0)
 SAMPLED = SamplingParams(max_tokens=6, temperature=0.8, seed=7)
 
 
-def test_non_finite_logits_fail_only_that_request(
-    smollm2_weights: Any, smollm2_tokenizer: Any, monkeypatch
-) -> None:
-    loop = Loop(smollm2_weights, smollm2_tokenizer)
+def test_non_finite_logits_fail_only_that_request(loop: Loop, monkeypatch) -> None:
     e = loop.serving.engine
     assert e is not None
     real = e.runner.execute
@@ -84,10 +86,7 @@ def test_non_finite_logits_fail_only_that_request(
     assert e.pool.num_used_blocks == 0
 
 
-def test_a_step_that_raises_fails_its_requests_and_the_loop_serves_on(
-    smollm2_weights: Any, smollm2_tokenizer: Any, monkeypatch
-) -> None:
-    loop = Loop(smollm2_weights, smollm2_tokenizer)
+def test_a_step_that_raises_fails_its_requests_and_the_loop_serves_on(loop: Loop, monkeypatch) -> None:
     e = loop.serving.engine
     assert e is not None
     real = e.runner.execute
@@ -114,10 +113,7 @@ def test_a_step_that_raises_fails_its_requests_and_the_loop_serves_on(
 
 
 @pytest.mark.parametrize("temperature", [1e-40, 1e-30, 5e-6])
-def test_temperatures_too_small_to_divide_by_sample_greedily(
-    smollm2_weights: Any, smollm2_tokenizer: Any, temperature: float
-) -> None:
-    loop = Loop(smollm2_weights, smollm2_tokenizer)
+def test_temperatures_too_small_to_divide_by_sample_greedily(loop: Loop, temperature: float) -> None:
     loop.submit("tiny", "The capital of France is", SamplingParams(max_tokens=6, temperature=temperature))
     loop.submit("greedy", "The capital of France is", GREEDY)
     last = loop.run()
@@ -125,10 +121,7 @@ def test_temperatures_too_small_to_divide_by_sample_greedily(
     assert loop.tokens("tiny") == loop.tokens("greedy")
 
 
-def test_a_step_that_raises_half_way_still_reports_what_it_finished(
-    smollm2_weights: Any, smollm2_tokenizer: Any, monkeypatch
-) -> None:
-    loop = Loop(smollm2_weights, smollm2_tokenizer)
+def test_a_step_that_raises_half_way_still_reports_what_it_finished(loop: Loop, monkeypatch) -> None:
     e = loop.serving.engine
     assert e is not None
     real = e.outputs.check_stop
@@ -147,12 +140,9 @@ def test_a_step_that_raises_half_way_still_reports_what_it_finished(
     assert e.pool.num_used_blocks == 0
 
 
-def test_a_worker_whose_every_step_fails_gives_up(
-    smollm2_weights: Any, smollm2_tokenizer: Any, monkeypatch
-) -> None:
+def test_a_worker_whose_every_step_fails_gives_up(loop: Loop, monkeypatch) -> None:
     from blitzscale.worker.serving import MAX_FAILED_STEPS, WorkerBrokenError
 
-    loop = Loop(smollm2_weights, smollm2_tokenizer)
     e = loop.serving.engine
     assert e is not None
 
