@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from blitzscale.engine.config import EngineConfig
+from blitzscale.engine.integrity import kv_problems
 from blitzscale.engine.live import LiveQueue, Relayed, RelayIn, finish_relayed
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
@@ -191,20 +192,9 @@ class LLMEngine:
         relayed in or out, held for migration, importing) and free + used = total; raises
         KVIntegrityError naming what is wrong. Cheap: run it after steps in tests, and
         whenever the serving loop goes idle."""
-        problems = self.pool.check()
-        owners: dict[int, Request] = {}
-        reqs = {id(r): r for r in (*self.requests.values(), *self.held.values(), *self.importing.values())}
-        reqs.update({id(t.request): t.request for t in self.relaying.values()})
-        for req in reqs.values():
-            for b in req.block_ids:
-                other = owners.setdefault(b, req)
-                if other is not req:
-                    problems.append(f"block {b} owned by {other.request_id!r} and {req.request_id!r}")
-        owned, used = set(owners), self.pool.used_ids
-        if owned - used:
-            problems.append(f"requests hold blocks the pool calls free: {sorted(owned - used)[:8]}")
-        if used - owned:
-            problems.append(f"{len(used - owned)} used blocks belong to no request (leaked)")
+        owners = [*self.requests.values(), *self.held.values(), *self.importing.values()]
+        owners += [t.request for t in self.relaying.values()]
+        problems = kv_problems(self.pool, owners)
         if problems:
             raise KVIntegrityError("; ".join(problems))
 

@@ -27,16 +27,13 @@ from blitzscale.engine.request import RequestOutput, SamplingParams
 from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFailedError, UnavailableError
 from blitzscale.messages import (
     AbortMsg,
-    AdoptKVMsg,
     EventMsg,
     FrameError,
     GenerateMsg,
     HelloMsg,
     Message,
     OutputsMsg,
-    RecvKVMsg,
     RelayedMsg,
-    SendKVMsg,
     SendRelayMsg,
     StatsMsg,
     encode,
@@ -44,6 +41,7 @@ from blitzscale.messages import (
 )
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.live import LiveScaling
+from blitzscale.serve.migration import KVMigrations
 from blitzscale.serve.queue import RequestQueue
 from blitzscale.serve.requests import RouterRequest
 
@@ -52,7 +50,6 @@ T = TypeVar("T")
 # A request whose instance died before it produced anything runs again, once: if a second
 # instance dies under it too, the request itself may be what kills them, so it fails.
 MAX_RERUNS = 1
-BECOMING_DECODE = (InstanceState.MUTATING_TO_DECODE, InstanceState.DECODE)
 
 
 @dataclass(frozen=True)
@@ -99,9 +96,7 @@ class Router(LiveScaling):
         self.queue = RequestQueue(cfg.max_queue_tokens, cfg.max_queue_wait_s)
         self.num_refused: Counter[str] = Counter()  # requests refused, by reason
         self.reqs: dict[str, RouterRequest] = {}
-        self.pending_migrations: deque[RouterRequest] = deque()
-        # aborted requests whose KV hand-off must still run to its end (see `abort`)
-        self._hand_offs: dict[str, RouterRequest] = {}
+        self.migrations = KVMigrations(self)  # pd mode: prefilled KV on its way to decode
         self.connected: set[int] = set()
         self.dead_ranks: set[int] = set()  # workers found dead
         self._init_live()
@@ -176,24 +171,17 @@ class Router(LiveScaling):
         if r.stage == "queued":
             self.queue.remove(r)
         if r.stage == "migrating" and r.decode_rank is not None and r.prefill_rank is not None:
-            await self._abort_hand_off(r)
+            await self.migrations.abort(r)  # its hand-off must still be matched
             return
         for rank in {r.prefill_rank, r.decode_rank, r.relay_from} - {None}:
             await self._send(rank, AbortMsg(request_id=request_id))  # type: ignore[arg-type]
         self._release_assignment(r)
         r.stage = "done"
 
-    async def _abort_hand_off(self, r: RouterRequest) -> None:
-        """The client left while the KV moves: the decode side may have posted its receive,
-        and a posted receive left unmatched would swallow the next hand-off between the two
-        ranks (a wrong answer). So the decode side drops the request now (its blocks go; the
-        data is discarded when it lands) and the prefill side still sends, or frees the KV
-        if the decode side never posted (`_on_hand_off_event`)."""
-        assert r.decode_rank is not None
-        await self._send(r.decode_rank, AbortMsg(request_id=r.id))
-        self._unassign(r.decode_rank)
-        r.stage = "aborting"
-        self._hand_offs[r.id] = r
+    @property
+    def pending_migrations(self) -> deque[RouterRequest]:
+        """Prefilled requests waiting for a decode instance."""
+        return self.migrations.pending
 
     def queue_time_s(self, request_id: str) -> float | None:
         """Seconds the request waited in the global queue (the API's x-queue-time)."""
@@ -227,7 +215,7 @@ class Router(LiveScaling):
             self._wake.clear()
             try:
                 await self._dispatch_queue()
-                await self._retry_migrations()
+                await self.migrations.retry()
                 await self._relay_round()
                 if time.monotonic() - last_check > self.cfg.health_check_s:
                     last_check = time.monotonic()
@@ -301,62 +289,6 @@ class Router(LiveScaling):
                 ),
             )
 
-    async def _retry_migrations(self) -> None:
-        now = time.monotonic()
-        for _ in range(len(self.pending_migrations)):
-            r = self.pending_migrations.popleft()
-            if r.stage != "migrating" or r.id not in self.reqs:
-                continue
-            limit = self.cfg.max_migration_wait_s
-            overdue = limit and r.migrating_since is not None and now - r.migrating_since > limit
-            if overdue and not self._can_adopt(r):
-                # no decode instance took it in time: drop the held KV, fail the request
-                await self._send(r.prefill_rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
-                r.out.put_nowait(
-                    UnavailableError(f"no decode instance could take the request within {limit:g} s")
-                )
-                self._finish(r)
-                continue
-            await self._start_migration(r)
-
-    async def _start_migration(self, r: RouterRequest) -> None:
-        if r.migrating_since is None:
-            r.migrating_since = time.monotonic()
-        if self._can_adopt(r):
-            await self._adopt(r, self.instances[r.prefill_rank])  # type: ignore[index]
-            return
-        inst = self._pick("decode")
-        if inst is None:
-            self.pending_migrations.append(r)
-            return
-        r.decode_rank = inst.rank
-        inst.num_assigned += 1
-        inst.idle_since = None
-        await self._send(
-            inst.rank,
-            RecvKVMsg(
-                request_id=r.id,
-                src_rank=r.prefill_rank,
-                token_ids=r.token_ids,  # type: ignore[arg-type]
-                num_prompt_tokens=len(r.prompt),
-                num_emitted_chars=len(r.text),
-                params=r.sampling_msg(),
-                rng_state=r.rng_state,
-            ),
-        )
-
-    def _can_adopt(self, r: RouterRequest) -> bool:
-        own = self.instances.get(r.prefill_rank) if r.prefill_rank is not None else None
-        return own is not None and own.state in BECOMING_DECODE and own.rank in self.connected
-
-    async def _adopt(self, r: RouterRequest, inst: Instance) -> None:
-        """The prefill instance holding `r`'s KV is turning into a decode one: it decodes
-        `r` itself. (Migrating to a new decode instance would wait for one that may never
-        come, while the held KV keeps the mutation from draining.)"""
-        r.decode_rank, r.prefill_rank = inst.rank, None
-        r.stage = "decode"
-        await self._send(inst.rank, AdoptKVMsg(request_id=r.id))
-
     # --- lost requests ------------------------------------------------------------------
 
     def _lost(self, r: RouterRequest, why: str, dead: set[int] | None = None) -> None:
@@ -423,7 +355,7 @@ class Router(LiveScaling):
                 r.rng_state = o.rng_state
                 await r.out.put(r.accept(o, finished=False))
                 r.stage = "migrating"
-                await self._start_migration(r)
+                await self.migrations.start(r)
             else:
                 await r.out.put(r.accept(o, finished=o.finished))
                 if o.finished:
@@ -437,46 +369,17 @@ class Router(LiveScaling):
             await self._on_relay_event(ev)
             return
         r = self.reqs.get(ev.request_id)
-        if r is None:
-            if ev.request_id in self._hand_offs:
-                await self._on_hand_off_event(self._hand_offs[ev.request_id], ev)
+        if r is None:  # gone, or aborted with its hand-off still running
+            await self.migrations.on_aborted_event(ev)
             return
         if ev.kind == "lost":
             self._lost(r, f"rank {ev.rank} lost it: {ev.error}")
+        elif await self.migrations.on_event(r, ev):
             return
-        if ev.kind == "kv_ready":
-            await self._send(r.prefill_rank, SendKVMsg(request_id=r.id, dst_rank=ev.rank))  # type: ignore[arg-type]
-        elif ev.kind == "kv_sent":
-            self._unassign(r.prefill_rank)
-            r.prefill_rank = None
-            r.stage = "decode"
-        elif ev.kind == "kv_failed" and ev.rank == r.decode_rank and r.stage == "migrating":
-            self._unassign(r.decode_rank)  # no room there: try again later
-            r.decode_rank = None
-            self.pending_migrations.append(r)
         elif ev.kind in ("kv_failed", "rejected"):
             err = InvalidRequestError(ev.error) if ev.kind == "rejected" else RequestFailedError(ev.error)
             await r.out.put(err)
             self._finish(r)
-
-    async def _on_hand_off_event(self, r: RouterRequest, ev: EventMsg) -> None:
-        """An aborted request's KV hand-off runs to its end so both sides stay matched."""
-        prefill = r.prefill_rank
-        if ev.kind == "kv_ready" and prefill is not None:  # the receive is posted: match it
-            await self._send(prefill, SendKVMsg(request_id=r.id, dst_rank=ev.rank))
-            return
-        if ev.kind in ("kv_failed", "lost") and ev.rank != prefill and prefill is not None:
-            await self._send(prefill, AbortMsg(request_id=r.id))  # nothing was posted: free it
-        elif ev.kind not in ("kv_sent", "kv_failed", "lost"):
-            return
-        self._end_hand_off(r)
-
-    def _end_hand_off(self, r: RouterRequest) -> None:
-        self._hand_offs.pop(r.id, None)
-        self._unassign(r.prefill_rank)
-        r.prefill_rank = r.decode_rank = None
-        r.stage = "done"
-        self._wake.set()
 
     def _on_stats(self, s: StatsMsg) -> None:
         inst = self.instances.get(s.rank)
@@ -505,11 +408,7 @@ class Router(LiveScaling):
                 self._send_nowait(target, SendRelayMsg(request_id=rid, dst_rank=-1))
                 if r is not None:
                     self._take_back(r, [target, source])
-        for r in list(self._hand_offs.values()):
-            if r.prefill_rank in dead or r.decode_rank in dead:
-                if r.prefill_rank not in dead:  # the KV cannot go anywhere now
-                    self._send_nowait(r.prefill_rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
-                self._end_hand_off(r)
+        self.migrations.drop_dead(dead)
         for r in list(self.reqs.values()):
             involved = {r.prefill_rank, r.decode_rank, r.relay_from} - {None}
             ranks = involved & dead

@@ -160,7 +160,7 @@ class Scaler(Loads):
             live_target_tokens=sum(
                 i.outstanding_tokens for i in r.instances.values() if i.rank in r.live_pairs
             ),
-            migrating_tokens=sum(len(q.prompt) for q in r.pending_migrations),
+            migrating_tokens=r.migrations.waiting_tokens,
             free_ranks=tuple(
                 x for x in r.cluster.alive_ranks() if x not in used and self.backoff.may_load(x, now)
             ),
