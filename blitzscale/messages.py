@@ -25,6 +25,7 @@ class HelloMsg(Msg):
     pid: int
     device: str
     warmup_s: float = 0.0  # connecting to every other rank at start (paid once, not per scale)
+    incarnation: int = 0  # 0 at cluster start, +1 each time the rank is respawned
 
 
 class ReplyMsg(Msg):
@@ -121,6 +122,15 @@ class SetRoleMsg(Msg):
 
     op_id: int
     role: str
+
+
+class LinkMsg(Msg):
+    """`peer` was respawned: build this rank's link to its new incarnation (worker/world.py);
+    the reply comes once one message has gone both ways on it."""
+
+    op_id: int
+    peer: int
+    incarnation: int
 
 
 # --- data plane: router <-> serving workers (a socket of its own) ---------------------
@@ -277,6 +287,7 @@ Message = (
     | ActivateMsg
     | DeactivateMsg
     | SetRoleMsg
+    | LinkMsg
     | GenerateMsg
     | AbortMsg
     | RecvKVMsg

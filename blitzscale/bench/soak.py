@@ -251,7 +251,7 @@ async def _soak(cfg: SoakConfig, svc: BackgroundService) -> dict[str, Any]:
         "requests_left_in_router": left_in_router,
         "leaked_kv_blocks": leaked,
         "kills": soak.kills,
-        "worker_restarts": 0,  # dead workers are not respawned yet
+        "worker_restarts": router.respawner.restarts if router is not None else 0,
         "workers_alive_at_end": len(svc.service.cluster.alive_ranks()) if svc.service.cluster else 0,
         "scale_ups": sum(1 for e in events if e["direction"] == "up"),
         "scale_downs": sum(1 for e in events if e["direction"] == "down"),

@@ -20,12 +20,15 @@ class ClusterConfig:
     ranks_per_host: int = 0  # topology for per-host policies (sllm); 0: all ranks on one host
     disk_bytes_per_s: float = 0.0  # cap scale-up disk reads (0: none), to reproduce a slower disk
     transfer_bytes_per_s: float = 0.0  # cap GPU-to-GPU weight transfers (0: none): slow links
+    max_restarts: int = 5  # a dead worker is respawned up to this many times (0: never)
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0 (0: never respawn), got {self.max_restarts}")
         for name in ("disk_bytes_per_s", "transfer_bytes_per_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no cap), got {getattr(self, name)}")

@@ -11,29 +11,31 @@ import logging
 import multiprocessing as mp
 import secrets
 import socket
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 import zmq
 
 from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.shards import ShardPlan, transfer_report
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     ChecksumMsg,
-    FrameError,
     HelloMsg,
     HostCacheMsg,
+    LinkMsg,
     LoadMsg,
     Message,
     ReleaseMsg,
     ReplyMsg,
     ShutdownMsg,
     TransferMsg,
-    encode,
-    open_frames,
 )
 from blitzscale.worker.worker import WorkerConfig, worker_main
 
@@ -68,9 +70,16 @@ class LocalCluster:
         self.hellos: dict[int, HelloMsg] = {}
         self._op_ids = itertools.count(1)
         self.token = secrets.token_bytes(16)  # every worker frame carries it (messages.py)
+        self.incarnations: list[int] = []  # per rank: 0, then +1 each time it is respawned
+        self.restarts: Counter[int] = Counter()  # respawns that succeeded, by rank
+        self._hello_cv = threading.Condition()
         self._store: Any = None
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        self._mail: Mailbox | None = None
+        self._dist_port = 0
+        self._control_port = 0
+        self._respawn_lock = threading.Lock()
 
     @property
     def world_size(self) -> int:
@@ -92,30 +101,52 @@ class LocalCluster:
         self._sock.setsockopt(zmq.LINGER, 0)
         if cfg.control_port:
             self._sock.bind(f"tcp://{cfg.host}:{cfg.control_port}")
-            control_port = cfg.control_port
+            self._control_port = cfg.control_port
         else:
-            control_port = self._sock.bind_to_random_port(f"tcp://{cfg.host}")
-        dist_port = self._start_store()
-        spawn = mp.get_context("spawn")
+            self._control_port = self._sock.bind_to_random_port(f"tcp://{cfg.host}")
+        self._mail = Mailbox(self._sock, self.token, self._on_hello)
+        self._dist_port = self._start_store()
+        self.incarnations = [0] * n
         for rank in range(n):
-            wcfg = WorkerConfig(
-                rank=rank,
-                world_size=n,
-                device=f"cuda:{rank}" if cfg.device == "cuda" else "cpu",
-                dist_addr=cfg.host,
-                dist_port=dist_port,
-                control_addr=f"tcp://{cfg.host}:{control_port}",
-                data_addr=self.data_addr,
-                dtype=cfg.resolved_dtype,
-                init_timeout_s=cfg.startup_timeout_s,
-                tokenizer_source=self.tokenizer_source,
-                token=self.token,
-            )
-            p = spawn.Process(target=worker_main, args=(wcfg,), name=f"blitzscale-worker-{rank}", daemon=True)
-            p.start()
-            self.procs.append(p)
+            self.procs.append(self._spawn(rank, n, 0, ()))
         self._wait_hellos()
         return self
+
+    def _spawn(self, rank: int, n: int, incarnation: int, peers: tuple[tuple[int, int], ...]) -> mp.Process:
+        cfg = self.cfg
+        wcfg = WorkerConfig(
+            rank=rank,
+            world_size=n,
+            device=f"cuda:{rank}" if cfg.device == "cuda" else "cpu",
+            dist_addr=cfg.host,
+            dist_port=self._dist_port,
+            control_addr=f"tcp://{cfg.host}:{self._control_port}",
+            data_addr=self.data_addr,
+            dtype=cfg.resolved_dtype,
+            init_timeout_s=cfg.startup_timeout_s,
+            tokenizer_source=self.tokenizer_source,
+            token=self.token,
+            incarnation=incarnation,
+            peers=peers,
+        )
+        name = f"blitzscale-worker-{rank}" + (f".{incarnation}" if incarnation else "")
+        p = mp.get_context("spawn").Process(target=worker_main, args=(wcfg,), name=name, daemon=True)
+        p.start()
+        return p
+
+    def _on_hello(self, msg: HelloMsg) -> None:  # on the mailbox's thread
+        if msg.rank < len(self.incarnations) and msg.incarnation == self.incarnations[msg.rank]:
+            with self._hello_cv:
+                self.hellos[msg.rank] = msg
+                self._hello_cv.notify_all()
+            log.info(
+                "worker %d up on %s (pid %d, incarnation %d), links built in %.2f s",
+                msg.rank,
+                msg.device,
+                msg.pid,
+                msg.incarnation,
+                msg.warmup_s,
+            )
 
     def _start_store(self) -> int:
         """The torch.distributed rendezvous store, served from here on a socket bound to
@@ -146,27 +177,22 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 self.stop()
                 raise BlitzScaleError(f"workers did not start within {self.cfg.startup_timeout_s} s")
-            msg = self._recv(timeout_ms=100)
-            if isinstance(msg, HelloMsg):
-                self.hellos[msg.rank] = msg
-                log.info(
-                    "worker %d up on %s (pid %d), pairs warmed in %.2f s",
-                    msg.rank,
-                    msg.device,
-                    msg.pid,
-                    msg.warmup_s,
-                )
+            with self._hello_cv:
+                self._hello_cv.wait(timeout=0.1)
 
     def stop(self) -> None:
-        if self._sock is not None:
+        if self._mail is not None:
             for rank in self.alive_ranks():
-                self._send(rank, ShutdownMsg())
+                self._mail.send(rank, ShutdownMsg())
         for p in self.procs:
             p.join(timeout=10)
         for p in self.procs:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+        if self._mail is not None:
+            self._mail.close()
+            self._mail = None
         if self._sock is not None:
             self._sock.close()
             self._ctx.term()
@@ -185,24 +211,18 @@ class LocalCluster:
     # --- messaging ----------------------------------------------------------------------
 
     def _send(self, rank: int, msg: Message) -> None:
-        assert self._sock is not None
-        self._sock.send_multipart([f"w{rank}".encode(), encode(msg)])
-
-    def _recv(self, timeout_ms: int) -> Message | None:
-        assert self._sock is not None
-        if not self._sock.poll(timeout_ms):
-            return None
-        frames = self._sock.recv_multipart()
-        try:
-            return open_frames(frames, self.token)
-        except FrameError as e:  # a stray or hostile local process: drop it, go on
-            log.warning("dropped a frame on the control socket from %r: %s", frames[0][:32], e)
-            return None
+        assert self._mail is not None
+        self._mail.send(rank, msg)
 
     def forget_rank(self, rank: int) -> None:
         """`rank`'s process is gone: it takes no more commands and holds no copy."""
         self.dead.add(rank)
         self.pool.forget_rank(rank)
+
+    def find_dead(self) -> list[int]:
+        """Ranks whose process has exited since they were last seen alive; each is forgotten
+        (it takes no more commands and holds no copy) and may be respawned."""
+        return self._check_alive(set(range(self.world_size)))
 
     def _check_alive(self, ranks: set[int], starting: bool = False) -> list[int]:
         died = [r for r in ranks if r not in self.dead and not self.procs[r].is_alive()]
@@ -212,6 +232,60 @@ class LocalCluster:
             self.stop()
             raise BlitzScaleError(f"workers {died} exited during start-up (see their output above)")
         return died
+
+    def respawn(self, rank: int) -> dict[str, Any]:
+        """Replace the dead worker `rank` with a fresh process (its next incarnation) and
+        rebuild every live worker's link to it; the rank is usable again (holding nothing)
+        once all of them have answered. Other operations go on meanwhile."""
+        if rank not in self.dead:
+            raise BlitzScaleError(f"worker {rank} is not dead")
+        with self._respawn_lock:  # one at a time: each replacement links to those before it
+            t = time.monotonic()
+            try:
+                incarnation = self._respawn(rank, t + self.cfg.startup_timeout_s)
+            except BaseException:
+                if self.procs[rank].is_alive():  # half started: it must not linger
+                    self.procs[rank].kill()
+                    self.procs[rank].join(timeout=5)
+                raise
+            self.dead.discard(rank)
+            self.restarts[rank] += 1
+        seconds = time.monotonic() - t
+        log.warning("worker %d respawned (incarnation %d) in %.1f s", rank, incarnation, seconds)
+        return {"rank": rank, "incarnation": incarnation, "seconds": seconds}
+
+    def _respawn(self, rank: int, deadline: float) -> int:
+        assert self._mail is not None
+        self.procs[rank].join(timeout=1)  # reap the old process
+        peers = {s: self.incarnations[s] for s in self.alive_ranks()}
+        incarnation = self.incarnations[rank] + 1
+        with self._hello_cv:
+            self.hellos.pop(rank, None)
+            self.incarnations[rank] = incarnation
+        self.procs[rank] = self._spawn(rank, self.world_size, incarnation, tuple(sorted(peers.items())))
+        links = {s: LinkMsg(op_id=self.next_op(), peer=rank, incarnation=incarnation) for s in peers}
+        futures = {s: self._mail.expect(s, m.op_id) for s, m in links.items()}
+        try:
+            for s, m in links.items():
+                self._send(s, m)  # each survivor builds its side while the replacement starts
+            self._wait_hello(rank, deadline)  # sent once it has linked to every peer
+            wait(list(futures.values()), timeout=self.cfg.op_timeout_s)
+        finally:
+            self._mail.forget([(s, m.op_id) for s, m in links.items()])
+        no_reply = ReplyMsg(op_id=0, rank=-1, ok=False, error="no reply in time")
+        replies = {s: f.result() if f.done() else no_reply for s, f in futures.items()}
+        if not all(m.ok for m in replies.values()):
+            raise ClusterOpError(f"links to respawned rank {rank}", replies)
+        return incarnation
+
+    def _wait_hello(self, rank: int, deadline: float) -> None:
+        with self._hello_cv:
+            while rank not in self.hellos:
+                if not self.procs[rank].is_alive():
+                    raise BlitzScaleError(f"respawned worker {rank} exited during start-up")
+                if time.monotonic() > deadline:
+                    raise BlitzScaleError(f"respawned worker {rank} did not start in time")
+                self._hello_cv.wait(timeout=0.1)
 
     def call(
         self, msgs: dict[int, Message], what: str, timeout_s: float | None = None
@@ -230,11 +304,14 @@ class LocalCluster:
         """Send every (rank, message) in order (a rank may get several, and one plan's
         message goes to several ranks under one op id) and wait for all replies, keyed by
         (rank, op id); `on_reply` sees each as it arrives."""
-        keys: list[tuple[int, int]] = []
+        assert self._mail is not None
+        futures: dict[tuple[int, int], Future[ReplyMsg]] = {}
         for rank, msg in ops:
             if rank in self.dead:
+                self._mail.forget(list(futures))
                 raise BlitzScaleError(f"{what}: worker {rank} is dead")
-            keys.append((rank, msg.op_id))  # type: ignore[union-attr]
+            key = (rank, msg.op_id)  # type: ignore[union-attr]
+            futures[key] = self._mail.expect(*key)
             self._send(rank, msg)
         replies: dict[tuple[int, int], ReplyMsg] = {}
 
@@ -244,21 +321,25 @@ class LocalCluster:
                 on_reply(reply)
 
         deadline = time.monotonic() + (timeout_s or self.cfg.op_timeout_s)
-        while len(replies) < len(keys):
-            pending = [k for k in keys if k not in replies]
-            ranks = {r for r, _ in pending}
-            died = set(self._check_alive(ranks)) | (ranks & self.dead)
-            for r, op in pending:
-                if r in died:
-                    got(ReplyMsg(op_id=op, rank=r, ok=False, error="worker died"))
-            if time.monotonic() > deadline:
+        try:
+            while len(replies) < len(futures):
+                pending = [k for k in futures if k not in replies]
+                wait([futures[k] for k in pending], timeout=0.05, return_when=FIRST_COMPLETED)
+                for k in pending:
+                    if futures[k].done():
+                        got(futures[k].result())
+                pending = [k for k in pending if k not in replies]
+                ranks = {r for r, _ in pending}
+                died = set(self._check_alive(ranks)) | (ranks & self.dead)
                 for r, op in pending:
-                    if (r, op) not in replies:
-                        got(ReplyMsg(op_id=op, rank=r, ok=False, error="no reply in time"))
-                break
-            msg = self._recv(timeout_ms=50)
-            if isinstance(msg, ReplyMsg) and (msg.rank, msg.op_id) in pending:
-                got(msg)
+                    if r in died:
+                        got(ReplyMsg(op_id=op, rank=r, ok=False, error="worker died"))
+                if time.monotonic() > deadline:
+                    for r, op in pending:
+                        if (r, op) not in replies:
+                            got(ReplyMsg(op_id=op, rank=r, ok=False, error="no reply in time"))
+        finally:
+            self._mail.forget(list(futures))
         return replies
 
     def _call_ok(self, msgs: dict[int, Message], what: str) -> dict[int, ReplyMsg]:

@@ -35,6 +35,10 @@ class ParameterPool:
     def host_holder(self, model: str) -> int | None:
         return self._models[model].host if model in self._models else None
 
+    def host_ranks(self) -> set[int]:
+        """Ranks that hold some model's host copy."""
+        return {c.host for c in self._models.values() if c.host is not None}
+
     def models_on(self, rank: int) -> list[str]:
         return sorted(m for m, c in self._models.items() if rank in c.gpu or rank in c.loading)
 

@@ -34,3 +34,8 @@ class LoadBackoff:
     def succeeded(self, rank: int) -> None:
         self._failures.pop(rank, None)
         self._until.pop(rank, None)
+
+    def fresh(self, rank: int) -> None:
+        """`rank` is a new process now (respawned): its history is not its own."""
+        self.succeeded(rank)
+        self.out_of_service.discard(rank)

@@ -81,11 +81,12 @@ class Loads:
             if self.backoff.failed(t, now):
                 log.error(
                     "rank %d is out of service after %d failed loads in a row (last: %s); "
-                    "restart the server to use it again",
+                    "its worker is restarted",
                     t,
                     self.backoff.max_failures,
                     e,
                 )
+                self.router.respawner.restart(t)  # a fresh process, fresh links
 
     def _load_succeeded(self, targets: tuple[int, ...]) -> None:
         for t in targets:

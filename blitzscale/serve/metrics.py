@@ -61,8 +61,14 @@ class _RouterCollector(Collector):
         for reason in ("queue_full", "queue_timeout"):
             refused.add_metric([reason], self.router.num_refused.get(reason, 0))
         yield refused
+        respawner = self.router.respawner
         yield CounterMetricFamily(
-            "blitzscale_worker_deaths", "Worker processes found dead", value=len(self.router.dead_ranks)
+            "blitzscale_worker_deaths", "Worker processes found dead", value=respawner.deaths
+        )
+        yield CounterMetricFamily(
+            "blitzscale_worker_restarts",
+            "Dead workers respawned, links rebuilt, handed back to the planner",
+            value=respawner.restarts,
         )
         yield CounterMetricFamily(
             "blitzscale_live_requests",

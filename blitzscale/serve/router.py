@@ -44,6 +44,7 @@ from blitzscale.serve.live import LiveScaling
 from blitzscale.serve.migration import KVMigrations
 from blitzscale.serve.queue import RequestQueue
 from blitzscale.serve.requests import RouterRequest
+from blitzscale.serve.respawn import Respawner
 
 log = logging.getLogger("blitzscale.router")
 T = TypeVar("T")
@@ -98,7 +99,9 @@ class Router(LiveScaling):
         self.reqs: dict[str, RouterRequest] = {}
         self.migrations = KVMigrations(self)  # pd mode: prefilled KV on its way to decode
         self.connected: set[int] = set()
-        self.dead_ranks: set[int] = set()  # workers found dead
+        self.dead_ranks: set[int] = set()  # workers found dead and not yet back
+        self.respawner = Respawner(cluster, cluster.cfg.max_restarts, self._rank_back)
+        self.on_rank_back: list[Callable[[int], None]] = []  # e.g. the scaler's backoff
         self._init_live()
         self._wake = asyncio.Event()
         self._cluster_lock = asyncio.Lock()
@@ -113,6 +116,7 @@ class Router(LiveScaling):
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.respawner.stop()
 
     async def cluster_call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Run a blocking LocalCluster operation off the loop, one at a time."""
@@ -395,9 +399,10 @@ class Router(LiveScaling):
         dead = {r for r, p in enumerate(self.cluster.procs) if not p.is_alive()}
         if not dead:
             return
-        for rank in dead - self.dead_ranks:
+        for rank in sorted(dead - self.dead_ranks):
             log.error("worker %d died; its requests run again or fail, its copies leave the pool", rank)
             self.cluster.forget_rank(rank)
+            self.respawner.died(rank)
         self.dead_ranks |= dead
         for rid, (target, source, sent) in list(self._relays.items()):
             if not {target, source} & dead:
@@ -427,6 +432,13 @@ class Router(LiveScaling):
                 if src == rank:  # the target goes on alone
                     self.live_pairs[t] = None
                     self._relay_asked.discard(rank)
+
+    def _rank_back(self, rank: int) -> None:
+        """A respawned worker is up with its links rebuilt: the planner may use it again."""
+        self.dead_ranks.discard(rank)
+        for fn in self.on_rank_back:
+            fn(rank)
+        self._wake.set()
 
     # --- bookkeeping --------------------------------------------------------------------
 

@@ -78,6 +78,7 @@ class Scaler(Loads):
         self.metrics = metrics
         self.host_cache = HostCacheState(ttl_s=policy.sllm_ttl_s)
         self.backoff = LoadBackoff(base_s=planner.load_retry_s, max_failures=planner.max_load_failures)
+        router.on_rank_back.append(self.backoff.fresh)  # a respawned worker starts with a clean slate
         self.busy: set[int] = set()  # instances with an action in flight
         self.events: list[dict[str, Any]] = []  # scale events, for the demo and tests
         self._tasks: set[asyncio.Task[None]] = set()

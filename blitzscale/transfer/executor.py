@@ -13,6 +13,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,15 @@ from blitzscale.transfer.plan import Piece, make_pieces, pieces_per_segment, rol
 
 class TransferError(BlitzScaleError):
     """A transfer could not complete (a peer died or timed out)."""
+
+
+class Links(Protocol):
+    """Point-to-point ops to other ranks by their cluster rank (worker/world.py); weights
+    move on the "weights" plane."""
+
+    def isend(self, t: torch.Tensor, dst: int, plane: str) -> dist.Work: ...
+
+    def irecv(self, t: torch.Tensor, src: int, plane: str) -> dist.Work: ...
 
 
 @dataclass
@@ -57,6 +67,7 @@ _MAX_STAGED = 4
 class _Channel:
     """Point-to-point ops with deadlines; on CUDA, completion is observed through events."""
 
+    links: Links
     device: torch.device
     timeout_s: float
     max_bytes_per_s: float
@@ -74,8 +85,11 @@ class _Channel:
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def irecv(self, t: torch.Tensor, src: int) -> dist.Work:
-        with self._posting():
-            return dist.irecv(t, src=src)
+        try:
+            with self._posting():
+                return self.links.irecv(t, src, "weights")
+        except RuntimeError as e:  # gloo: the peer's connection is gone
+            raise TransferError(f"receive from rank {src}: {str(e).splitlines()[0]}") from e
 
     def isend(self, t: torch.Tensor, dst: int) -> None:
         if self.max_bytes_per_s > 0:
@@ -87,7 +101,7 @@ class _Channel:
                 time.sleep(delay)
         try:
             with self._posting():
-                self.sends.append((dist.isend(t, dst=dst), dst, t))
+                self.sends.append((self.links.isend(t, dst, "weights"), dst, t))
         except RuntimeError as e:  # gloo: the peer's connection is gone
             raise TransferError(f"send to rank {dst}: {str(e).splitlines()[0]}") from e
 
@@ -129,6 +143,7 @@ class _Channel:
 
 def run_transfer(
     rank: int,
+    links: Links,
     msg: TransferMsg,
     layout: WeightLayout,
     device: torch.device,
@@ -148,7 +163,7 @@ def run_transfer(
         readiness.set_expected(pieces_per_segment(pieces, len(layout.segments)))
     if msg.host_source and heads and host_buffer is None:
         raise TransferError(f"rank {rank} holds no host copy of {msg.model}")
-    chan = _Channel(device, msg.timeout_s, msg.max_bytes_per_s)
+    chan = _Channel(links, device, msg.timeout_s, msg.max_bytes_per_s)
     recvs = {
         i: chan.irecv(_view(buffer, p), role.recv_from[p.stripe])
         for i, p in enumerate(pieces)

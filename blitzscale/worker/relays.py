@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from blitzscale.engine import LLMEngine
 from blitzscale.errors import BlitzScaleError
@@ -26,11 +24,12 @@ from blitzscale.messages import (
     SendRelayMsg,
 )
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_all
+from blitzscale.worker.world import Links
 
 
 class LiveSide:
     rank: int
-    kv_group: Any
+    links: Links
     send: Callable[[Message], None]
     engine: LLMEngine | None
     role: str
@@ -79,8 +78,8 @@ class LiveSide:
             )
             buf = torch.empty(kv.packed_shape(n, msg.layer), dtype=kv.data.dtype, device=kv.data.device)
             works = [
-                dist.irecv(hidden, src=msg.src_rank, group=self.kv_group),
-                dist.irecv(buf, src=msg.src_rank, group=self.kv_group),
+                self.links.irecv(hidden, msg.src_rank, "kv"),
+                self.links.irecv(buf, msg.src_rank, "kv"),
             ]
             done = self._waiters.submit(wait_all, works, buf.device)
             self._relay_recvs[msg.request_id] = Move(done, buf, hidden=hidden)
@@ -103,8 +102,8 @@ class LiveSide:
         buf = e.kv_cache.gather_blocks(r.request.block_ids, (0, r.layer))
         hidden = r.hidden.contiguous()
         works = [
-            dist.isend(hidden, dst=msg.dst_rank, group=self.kv_group),
-            dist.isend(buf, dst=msg.dst_rank, group=self.kv_group),
+            self.links.isend(hidden, msg.dst_rank, "kv"),
+            self.links.isend(buf, msg.dst_rank, "kv"),
         ]
         done = self._waiters.submit(wait_all, works, buf.device)
         self._relay_sends[msg.request_id] = Move(done, buf, hidden=hidden)

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from blitzscale.engine import EngineConfig, LLMEngine
 from blitzscale.engine.engine import CHECK_EVERY_STEP
@@ -39,6 +38,7 @@ from blitzscale.messages import (
 from blitzscale.model.weights import ModelWeights
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_one
 from blitzscale.worker.relays import LiveSide
+from blitzscale.worker.world import Links
 
 STATS_INTERVAL_S = 0.05
 log = logging.getLogger("blitzscale.worker")
@@ -50,9 +50,9 @@ class WorkerBrokenError(BlitzScaleError):
 
 
 class ServingLoop(LiveSide):
-    def __init__(self, rank: int, kv_group: Any, send: Callable[[Message], None]) -> None:
+    def __init__(self, rank: int, links: Links, send: Callable[[Message], None]) -> None:
         self.rank = rank
-        self.kv_group = kv_group
+        self.links = links
         self.send = send
         self.engine: LLMEngine | None = None
         self.role = ""
@@ -178,8 +178,8 @@ class ServingLoop(LiveSide):
         kv = e.kv_cache
         buf = torch.empty(kv.packed_shape(n), dtype=kv.data.dtype, device=kv.data.device)
         try:
-            work = dist.irecv(buf, src=msg.src_rank, group=self.kv_group)
-        except RuntimeError:  # the sender is gone: give the blocks back
+            work = self.links.irecv(buf, msg.src_rank, "kv")
+        except (RuntimeError, BlitzScaleError):  # the sender is gone: give the blocks back
             e.cancel_import(msg.request_id)
             raise
         done = self._waiters.submit(wait_one, work, buf.device)
@@ -193,7 +193,7 @@ class ServingLoop(LiveSide):
         if req is None:
             raise BlitzScaleError(f"request {msg.request_id!r} holds no KV here")
         buf = e.kv_cache.gather_blocks(req.block_ids)
-        work = dist.isend(buf, dst=msg.dst_rank, group=self.kv_group)
+        work = self.links.isend(buf, msg.dst_rank, "kv")
         done = self._waiters.submit(wait_one, work, buf.device)
         self._sends[msg.request_id] = Move(done, buf)
 

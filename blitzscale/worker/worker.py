@@ -28,6 +28,7 @@ from blitzscale.messages import (
     DeactivateMsg,
     HelloMsg,
     HostCacheMsg,
+    LinkMsg,
     LoadMsg,
     Message,
     ReleaseMsg,
@@ -44,7 +45,7 @@ from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker.disk_source import load_local
 from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.warmup import warm_up_compute
-from blitzscale.worker.world import init_world, new_world_group, warm_up_pairs
+from blitzscale.worker.world import Links
 
 log = logging.getLogger("blitzscale.worker")
 
@@ -62,6 +63,8 @@ class WorkerConfig:
     init_timeout_s: float = 120.0
     tokenizer_source: str = ""  # load this model's tokenizer in the background at start
     token: bytes = b""  # the cluster's secret: every frame this worker sends carries it
+    incarnation: int = 0  # > 0: a replacement of a worker that died
+    peers: tuple[tuple[int, int], ...] = ()  # a replacement's live peers: (rank, incarnation)
 
 
 class Worker:
@@ -91,12 +94,11 @@ class Worker:
 
     def _init_world(self) -> None:
         c = self.cfg
-        init_world(c.rank, c.world_size, c.dist_addr, c.dist_port, self.device, c.init_timeout_s)
-        t = time.perf_counter()
-        self.kv_group = new_world_group(self.device)
-        warm_up_pairs(c.rank, c.world_size, self.device)
-        warm_up_pairs(c.rank, c.world_size, self.device, self.kv_group)
-        self.warmup_s = time.perf_counter() - t
+        self.links = Links(c.rank, c.incarnation, c.dist_addr, c.dist_port, self.device, c.init_timeout_s)
+        if c.incarnation == 0:
+            self.warmup_s = self.links.connect_world(c.world_size)
+        else:  # each live peer builds its side when the controller sends it a LinkMsg
+            self.warmup_s = self.links.connect_peers(dict(c.peers))
 
     def _init_control(self) -> None:
         self.ctx = zmq.Context()
@@ -104,7 +106,13 @@ class Worker:
         self.sock.setsockopt(zmq.IDENTITY, f"w{self.rank}".encode())
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.connect(self.cfg.control_addr)
-        hello = HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device), warmup_s=self.warmup_s)
+        hello = HelloMsg(
+            rank=self.rank,
+            pid=os.getpid(),
+            device=str(self.device),
+            warmup_s=self.warmup_s,
+            incarnation=self.cfg.incarnation,
+        )
         self._send_control(hello)
 
     def _init_serving(self) -> None:
@@ -119,7 +127,7 @@ class Worker:
                     self.cfg.token, HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device))
                 )
             )
-        self.serving = ServingLoop(self.rank, self.kv_group, self._send_data)
+        self.serving = ServingLoop(self.rank, self.links, self._send_data)
 
     def _send_data(self, msg: Message) -> None:
         if self.data is not None:
@@ -167,6 +175,9 @@ class Worker:
             if isinstance(msg, TransferMsg):
                 self._start_transfer(msg)  # replies from its thread, on a socket of its own
                 return
+            if isinstance(msg, LinkMsg):
+                self._start_link(msg)  # likewise: the new peer may still be starting
+                return
             self._reply(op_id, True, self.handle(msg))
         except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
             self._reply(op_id, False, {}, f"{type(e).__name__}: {e}")
@@ -199,6 +210,24 @@ class Worker:
 
         self._transfer_thread = threading.Thread(target=run, name="transfer", daemon=True)
         self._transfer_thread.start()
+
+    def _start_link(self, msg: LinkMsg) -> None:
+        """Build the link to a respawned peer on a thread of its own: building waits for the
+        peer to reach its side, and this worker keeps serving meanwhile."""
+        self.links.drop(msg.peer)  # the old link led to a dead process
+
+        def run() -> None:
+            t = time.perf_counter()
+            try:
+                self.links.connect(msg.peer, msg.incarnation)
+                ok, err = True, ""
+            except Exception as e:  # answered, never a dead thread
+                ok, err = False, f"{type(e).__name__}: {e}"
+            result = {"seconds": time.perf_counter() - t}
+            reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
+            self._reply_from_thread(reply)
+
+        threading.Thread(target=run, name=f"link-{msg.peer}", daemon=True).start()
 
     def _reply_from_thread(self, reply: ReplyMsg) -> None:
         """Answer on a socket of this thread's own (sockets are not thread-safe): through the
@@ -275,6 +304,7 @@ class Worker:
             raise ValueError(f"rank {self.rank} holds no copy of {msg.model}")
         stats = run_transfer(
             self.rank,
+            self.links,
             msg,
             layout_src.layout,
             self.device,
@@ -375,11 +405,4 @@ def worker_main(cfg: WorkerConfig) -> None:
         # a live target's first forward pass would stall until its weights had all arrived.
         os.environ["CUDA_MODULE_LOADING"] = "EAGER"
     torch.set_num_threads(1)
-    worker = Worker(cfg)
-    try:
-        worker.serve_forever()
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    Worker(cfg).serve_forever()

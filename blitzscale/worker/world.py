@@ -1,7 +1,17 @@
-"""Joining the worker world and warming up every point-to-point connection at start.
+"""A worker's links to the others: one pair of process groups per peer, rebuilt when a
+peer is replaced.
+
+A world-sized process group cannot take a new member, so a worker that died could never be
+replaced. Instead every pair of workers has two groups of size two of its own (weights,
+and KV: a migration never interleaves with a weight transfer on one communicator), built
+from the controller's rendezvous store under a key that names both members' incarnations.
+When a worker is respawned only the links that touch it are rebuilt; the others keep
+serving and transferring as they were. On NCCL this is what lazy initialisation gave each
+pair anyway: a communicator and stream of its own, so a relay can receive from its
+predecessor while sending to its successor.
 
 Creating a communicator costs ~100 ms on NCCL; paying it at scale time would eat the whole
-budget, so every pair exchanges one message at cluster start.
+budget, so every link exchanges one message as soon as it is built.
 """
 
 from __future__ import annotations
@@ -11,35 +21,117 @@ import itertools
 import os
 import socket
 import struct
+import threading
+import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from blitzscale.errors import BlitzScaleError
 
-def init_world(
-    rank: int, world_size: int, addr: str, port: int, device: torch.device, timeout_s: float
-) -> None:
-    # No device_id: eager NCCL init would put every point-to-point op on the one default
-    # communicator and serialize them; lazily, each pair gets its own communicator and
-    # stream, so a relay can receive from its predecessor while sending to its successor.
-    # The store is served by the controller, bound to `addr` only (cluster/local.py); gloo's
-    # own listeners go on the interface that carries `addr` (by default gloo binds to the
-    # address the machine's hostname resolves to, reachable from other hosts).
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    iface = interface_of(addr)
-    if iface is not None:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)  # NCCL bootstrap
-    store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
-    dist.init_process_group(
-        backend,
-        store=store,
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
-        pg_options=_nccl_options(device),
-    )
+PLANES = ("weights", "kv")
+
+
+class NoLinkError(BlitzScaleError):
+    """There is no live link to that rank (it died and has not been replaced yet)."""
+
+
+@dataclass(frozen=True)
+class _Pair:
+    groups: dict[str, dist.ProcessGroup]
+    peer_index: int  # the peer's rank inside the pair's groups (0 or 1)
+
+
+class Links:
+    def __init__(
+        self, rank: int, incarnation: int, addr: str, port: int, device: torch.device, timeout_s: float
+    ) -> None:
+        # The store is served by the controller, bound to `addr` only (cluster/local.py);
+        # gloo's own listeners go on the interface that carries `addr` (by default gloo binds
+        # to the address the machine's hostname resolves to, reachable from other hosts).
+        iface = interface_of(addr)
+        if iface is not None:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)  # NCCL bootstrap
+        self.rank = rank
+        self.incarnation = incarnation
+        self.device = device
+        self.timeout = timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(addr, port, is_master=False, timeout=self.timeout)
+        self._pairs: dict[int, _Pair] = {}
+        self._lock = threading.Lock()  # links are rebuilt on a helper thread
+
+    # --- building ------------------------------------------------------------------------
+
+    def connect_world(self, world_size: int) -> float:
+        """At cluster start (every member in its first incarnation): a link to every other
+        rank, pairs in one global order (deadlock-free: the first unbuilt pair always has
+        both members waiting on it). Returns the seconds it took."""
+        t = time.perf_counter()
+        for a, b in itertools.combinations(range(world_size), 2):
+            if self.rank in (a, b):
+                self.connect(b if self.rank == a else a, 0)
+        return time.perf_counter() - t
+
+    def connect_peers(self, peers: dict[int, int]) -> float:
+        """A replacement: a link to every live peer (rank -> its incarnation), in rank order;
+        each peer builds its side when the controller tells it to."""
+        t = time.perf_counter()
+        for peer in sorted(peers):
+            self.connect(peer, peers[peer])
+        return time.perf_counter() - t
+
+    def connect(self, peer: int, peer_incarnation: int) -> None:
+        """Build (or rebuild) the link to `peer`; returns when one message went both ways."""
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank} cannot link to itself")
+        ends = sorted([(self.rank, self.incarnation), (peer, peer_incarnation)])
+        key = "link/" + "-".join(f"{r}.{i}" for r, i in ends)
+        me = 0 if ends[0][0] == self.rank else 1
+        groups = {plane: self._group(dist.PrefixStore(f"{key}/{plane}", self.store), me) for plane in PLANES}
+        pair = _Pair(groups, 1 - me)
+        token = torch.zeros(1, device=self.device)
+        for g in groups.values():  # the lower rank speaks first
+            first, second = (g.send, g.recv) if me == 0 else (g.recv, g.send)
+            first([token], pair.peer_index, 0).wait(self.timeout)
+            second([token], pair.peer_index, 0).wait(self.timeout)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        with self._lock:
+            self._pairs[peer] = pair
+
+    def _group(self, store: dist.Store, me: int) -> dist.ProcessGroup:
+        if self.device.type == "cuda":
+            return dist.ProcessGroupNCCL(store, me, 2, _nccl_options(self.timeout))
+        return dist.ProcessGroupGloo(store, me, 2, self.timeout)
+
+    def drop(self, peer: int) -> None:
+        with self._lock:
+            self._pairs.pop(peer, None)
+
+    @property
+    def peers(self) -> list[int]:
+        with self._lock:
+            return sorted(self._pairs)
+
+    # --- moving tensors ------------------------------------------------------------------
+
+    def isend(self, t: torch.Tensor, dst: int, plane: str) -> dist.Work:
+        group, peer = self._link(dst, plane)
+        return group.send([t], peer, 0)
+
+    def irecv(self, t: torch.Tensor, src: int, plane: str) -> dist.Work:
+        group, peer = self._link(src, plane)
+        return group.recv([t], peer, 0)
+
+    def _link(self, rank: int, plane: str) -> tuple[dist.ProcessGroup, int]:
+        with self._lock:
+            pair = self._pairs.get(rank)
+        if pair is None:
+            raise NoLinkError(f"rank {self.rank} has no link to rank {rank}")
+        return pair.groups[plane], pair.peer_index
 
 
 def interface_of(addr: str) -> str | None:
@@ -61,41 +153,10 @@ def interface_of(addr: str) -> str | None:
     return None
 
 
-def _nccl_options(device: torch.device) -> object | None:
+def _nccl_options(timeout: timedelta) -> object:
     """High-priority streams for NCCL: weights and KV keep moving while the engine's kernels
     fill the GPU (a source serves while it sends)."""
-    if device.type != "cuda":
-        return None
     opts = dist.ProcessGroupNCCL.Options()
     opts.is_high_priority_stream = True
+    opts._timeout = timeout
     return opts
-
-
-def new_world_group(device: torch.device) -> dist.ProcessGroup:
-    """A second group over all ranks with communicators of its own (KV migration uses it,
-    so it never interleaves with weight transfers on one pair's communicator)."""
-    return dist.new_group(
-        backend="nccl" if device.type == "cuda" else "gloo", pg_options=_nccl_options(device)
-    )
-
-
-def warm_up_pairs(
-    rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None
-) -> int:
-    """Exchange one message with every other rank, pairs in one global order (deadlock-free:
-    the first unfinished pair always has both members waiting on it). Returns pairs touched."""
-    token = torch.zeros(1, device=device)
-    touched = 0
-    for a, b in itertools.combinations(range(world_size), 2):
-        if rank == a:
-            dist.send(token, dst=b, group=group)
-            dist.recv(token, src=b, group=group)
-        elif rank == b:
-            dist.recv(token, src=a, group=group)
-            dist.send(token, dst=a, group=group)
-        else:
-            continue
-        touched += 1
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return touched

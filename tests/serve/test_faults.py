@@ -1,10 +1,12 @@
 """A worker dying under load: its requests fail at once with a clear error, the pool
-forgets its copies, and a request accepted afterwards is still served (from disk)."""
+forgets its copies, a request accepted afterwards is still served (from disk), and the dead
+worker is respawned and used again."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -13,6 +15,13 @@ from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
+
+
+async def _until(cond: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
 
 
 def test_dead_instance_fails_its_requests_and_the_cluster_recovers() -> None:
@@ -41,12 +50,20 @@ def test_dead_instance_fails_its_requests_and_the_cluster_recovers() -> None:
                 await long
             failed_after = time.monotonic() - t0
             after = await asyncio.wait_for(one("after", 8), 60)
-            return failed_after, after
+            assert service.cluster.pool.gpu_holders(cfg.model.name) == [1]
+            # The dead worker comes back (a new process, links rebuilt) holding nothing...
+            await _until(lambda: router.respawner.restarts == 1 and 0 in router.connected, "respawn")
+            assert 0 not in router.dead_ranks and 0 in service.cluster.alive_ranks()
+            # ...and is the only rank left to serve once the other one dies too.
+            service.cluster.procs[1].kill()
+            again = await asyncio.wait_for(one("again", 8), 120)
+            return failed_after, after + again
 
-        failed_after, after = lt.run(scenario())
+        failed_after, tokens = lt.run(scenario())
         assert failed_after < 5
-        assert len(after) == 8
-        assert service.cluster.pool.gpu_holders(cfg.model.name) == [1]
+        assert len(tokens) == 16 and tokens[:8] == tokens[8:]  # greedy: the same answer
+        assert 0 in service.cluster.pool.gpu_holders(cfg.model.name)
+        assert router.respawner.deaths == 2
         assert not router.reqs
     finally:
         lt.run(service.stop())
