@@ -140,7 +140,7 @@ def run_variant(cfg: LiveBenchConfig, path: str) -> dict[str, Any]:
         router, cluster = service.router, service.cluster
         assert router is not None and cluster is not None
         if path == "host":  # the cluster's one host copy (kept by every policy but fixed)
-            lt.run(router.cluster_call(cluster.cache_on_host, service.cfg.model.name, 0))
+            lt.run(cluster.cache_on_host(service.cfg.model.name, 0))
         prompts = _prompts(cfg.requests, cfg.prompt_len, router.vocab_size)
         lt.run(_burst(service, "warmup", prompts[:2], 1))  # kernels and allocator warm
         result = lt.run(_burst(service, path, prompts, cfg.max_tokens))

@@ -18,7 +18,7 @@ from blitzscale.checkpoint import native, resolve_model
 from blitzscale.checkpoint.loader import load_weights
 from blitzscale.checkpoint.pack import hf_state_dict
 from blitzscale.cluster.config import ClusterConfig
-from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.local import Blocking, LocalCluster
 from blitzscale.errors import BlitzScaleError
 from blitzscale.transfer.disk import drop_page_cache
 
@@ -38,7 +38,7 @@ class TransferBenchConfig:
     limits: bool = False
 
 
-def _checked(c: LocalCluster, ranks: list[int], report: dict[int, dict[str, Any]], ref: str) -> list[dict]:
+def _checked(c: Blocking, ranks: list[int], report: dict[int, dict[str, Any]], ref: str) -> list[dict]:
     rows = []
     for r in ranks:
         ck = c.checksum(M, r)
@@ -58,12 +58,12 @@ def _round(v: Any) -> Any:
     return round(v, 5) if isinstance(v, float) else v
 
 
-def _release_all(c: LocalCluster) -> None:
+def _release_all(c: Blocking) -> None:
     for r in c.pool.gpu_holders(M):
         c.release(M, r)
 
 
-def _network(c: LocalCluster, cfg: TransferBenchConfig, mode: str) -> dict[str, Any]:
+def _network(c: Blocking, cfg: TransferBenchConfig, mode: str) -> dict[str, Any]:
     n = c.world_size
     c.load(M, 0, cfg.model)
     ref = c.checksum(M, 0)
@@ -82,7 +82,7 @@ def _network(c: LocalCluster, cfg: TransferBenchConfig, mode: str) -> dict[str, 
     return {"sources": sources, "targets": rows}
 
 
-def _host(c: LocalCluster, cfg: TransferBenchConfig) -> dict[str, Any]:
+def _host(c: Blocking, cfg: TransferBenchConfig) -> dict[str, Any]:
     c.load(M, 0, cfg.model)
     ref = c.checksum(M, 0)
     c.cache_on_host(M, 0)
@@ -123,7 +123,7 @@ def _write_model(cfg: TransferBenchConfig, kind: str) -> tuple[Path, str]:
     return out, "written"
 
 
-def _from_disk(c: LocalCluster, cfg: TransferBenchConfig, kind: str) -> dict[str, Any]:
+def _from_disk(c: Blocking, cfg: TransferBenchConfig, kind: str) -> dict[str, Any]:
     folder, _ = _write_model(cfg, kind)
     files = list(folder.glob("*.bzw" if kind == "native" else "*.safetensors"))
     out: dict[str, Any] = {"folder": str(folder)}
@@ -178,7 +178,7 @@ def _limits(cfg: TransferBenchConfig) -> dict[str, Any]:
     return out
 
 
-def _run_mode(c: LocalCluster, cfg: TransferBenchConfig, mode: str) -> dict[str, Any]:
+def _run_mode(c: Blocking, cfg: TransferBenchConfig, mode: str) -> dict[str, Any]:
     if mode in ("p2p", "chain", "striped"):
         return _network(c, cfg, mode)
     if mode == "host":
@@ -196,7 +196,7 @@ def run_transfer_bench(cfg: TransferBenchConfig) -> dict[str, Any]:
     if cfg.limits:
         result["limits"] = _limits(cfg)
     ccfg = ClusterConfig(num_workers=cfg.workers, device=cfg.device, piece_bytes=cfg.piece_bytes)
-    with LocalCluster(ccfg) as c:
+    with LocalCluster(ccfg).blocking as c:
         result["workers"] = c.world_size
         for mode in cfg.modes:
             t = time.perf_counter()

@@ -6,6 +6,10 @@ pool only when the worker that holds it has said its load completed.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
+import inspect
 import itertools
 import logging
 import multiprocessing as mp
@@ -13,9 +17,9 @@ import secrets
 import socket
 import threading
 import time
+from asyncio import FIRST_COMPLETED
 from collections import Counter
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import zmq
@@ -26,7 +30,9 @@ from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.shards import ShardPlan, transfer_report
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
+    ActivateMsg,
     ChecksumMsg,
+    DeactivateMsg,
     HelloMsg,
     HostCacheMsg,
     LinkMsg,
@@ -34,6 +40,7 @@ from blitzscale.messages import (
     Message,
     ReleaseMsg,
     ReplyMsg,
+    SetRoleMsg,
     ShutdownMsg,
     TransferMsg,
 )
@@ -55,6 +62,32 @@ def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+class Blocking:
+    """A LocalCluster whose async operations block instead (`LocalCluster.blocking`); any
+    other attribute is the cluster's own."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self._cluster = cluster
+
+    def __enter__(self) -> Blocking:
+        self._cluster.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._cluster.stop()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._cluster, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def run(*args: Any, **kw: Any) -> Any:
+            return asyncio.run(attr(*args, **kw))
+
+        return run
 
 
 class LocalCluster:
@@ -79,7 +112,8 @@ class LocalCluster:
         self._mail: Mailbox | None = None
         self._dist_port = 0
         self._control_port = 0
-        self._respawn_lock = threading.Lock()
+        self._locks: dict[int | str, asyncio.Lock] = {}  # per rank (and "respawn")
+        self._locks_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def world_size(self) -> int:
@@ -224,6 +258,17 @@ class LocalCluster:
         (it takes no more commands and holds no copy) and may be respawned."""
         return self._check_alive(set(range(self.world_size)))
 
+    def dead_now(self) -> set[int]:
+        """Ranks with no live process now (a rank being respawned has one)."""
+        self.find_dead()
+        return {r for r, p in enumerate(self.procs) if not p.is_alive()}
+
+    @property
+    def blocking(self) -> Blocking:
+        """This cluster for code that is not async (scripts, benchmarks, tests): every
+        operation runs to completion on an event loop of its own."""
+        return Blocking(self)
+
     def _check_alive(self, ranks: set[int], starting: bool = False) -> list[int]:
         died = [r for r in ranks if r not in self.dead and not self.procs[r].is_alive()]
         for r in died:
@@ -233,20 +278,20 @@ class LocalCluster:
             raise BlitzScaleError(f"workers {died} exited during start-up (see their output above)")
         return died
 
-    def respawn(self, rank: int) -> dict[str, Any]:
+    async def respawn(self, rank: int) -> dict[str, Any]:
         """Replace the dead worker `rank` with a fresh process (its next incarnation) and
         rebuild every live worker's link to it; the rank is usable again (holding nothing)
         once all of them have answered. Other operations go on meanwhile."""
         if rank not in self.dead:
             raise BlitzScaleError(f"worker {rank} is not dead")
-        with self._respawn_lock:  # one at a time: each replacement links to those before it
+        async with self._lock("respawn"):  # one at a time: each replacement links to those before it
             t = time.monotonic()
             try:
-                incarnation = self._respawn(rank, t + self.cfg.startup_timeout_s)
+                incarnation = await self._respawn(rank, t + self.cfg.startup_timeout_s)
             except BaseException:
                 if self.procs[rank].is_alive():  # half started: it must not linger
                     self.procs[rank].kill()
-                    self.procs[rank].join(timeout=5)
+                    await asyncio.to_thread(self.procs[rank].join, 5)
                 raise
             self.dead.discard(rank)
             self.restarts[rank] += 1
@@ -254,47 +299,65 @@ class LocalCluster:
         log.warning("worker %d respawned (incarnation %d) in %.1f s", rank, incarnation, seconds)
         return {"rank": rank, "incarnation": incarnation, "seconds": seconds}
 
-    def _respawn(self, rank: int, deadline: float) -> int:
-        assert self._mail is not None
-        self.procs[rank].join(timeout=1)  # reap the old process
+    async def _respawn(self, rank: int, deadline: float) -> int:
+        await asyncio.to_thread(self.procs[rank].join, 1)  # reap the old process
         peers = {s: self.incarnations[s] for s in self.alive_ranks()}
         incarnation = self.incarnations[rank] + 1
         with self._hello_cv:
             self.hellos.pop(rank, None)
             self.incarnations[rank] = incarnation
-        self.procs[rank] = self._spawn(rank, self.world_size, incarnation, tuple(sorted(peers.items())))
+        self.procs[rank] = await asyncio.to_thread(
+            self._spawn, rank, self.world_size, incarnation, tuple(sorted(peers.items()))
+        )
         links = {s: LinkMsg(op_id=self.next_op(), peer=rank, incarnation=incarnation) for s in peers}
-        futures = {s: self._mail.expect(s, m.op_id) for s, m in links.items()}
+        # Each survivor builds its side while the replacement starts; the replacement says
+        # hello once it has linked to every one of them.
+        waiting = asyncio.ensure_future(self._call(links, f"links to respawned rank {rank}"))
         try:
-            for s, m in links.items():
-                self._send(s, m)  # each survivor builds its side while the replacement starts
-            self._wait_hello(rank, deadline)  # sent once it has linked to every peer
-            wait(list(futures.values()), timeout=self.cfg.op_timeout_s)
-        finally:
-            self._mail.forget([(s, m.op_id) for s, m in links.items()])
-        no_reply = ReplyMsg(op_id=0, rank=-1, ok=False, error="no reply in time")
-        replies = {s: f.result() if f.done() else no_reply for s, f in futures.items()}
-        if not all(m.ok for m in replies.values()):
-            raise ClusterOpError(f"links to respawned rank {rank}", replies)
-        return incarnation
-
-    def _wait_hello(self, rank: int, deadline: float) -> None:
-        with self._hello_cv:
             while rank not in self.hellos:
                 if not self.procs[rank].is_alive():
                     raise BlitzScaleError(f"respawned worker {rank} exited during start-up")
                 if time.monotonic() > deadline:
                     raise BlitzScaleError(f"respawned worker {rank} did not start in time")
-                self._hello_cv.wait(timeout=0.1)
+                await asyncio.sleep(0.05)
+            replies = await waiting
+        finally:
+            waiting.cancel()
+        if not all(m.ok for m in replies.values()):
+            raise ClusterOpError(f"links to respawned rank {rank}", replies)
+        return incarnation
 
-    def call(
+    def kill(self, rank: int) -> None:
+        """End a worker's process now (it is then found dead and respawned like any death)."""
+        if self.procs[rank].is_alive():
+            self.procs[rank].kill()
+
+    # --- waiting for replies ----------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, ranks: list[int]) -> AsyncIterator[None]:
+        """Operations on one rank run in the order they were called; on different ranks,
+        side by side. An operation on several ranks holds them all (taken in rank order,
+        so two of them never wait on each other)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for r in sorted(set(ranks)):
+                await stack.enter_async_context(self._lock(r))
+            yield
+
+    def _lock(self, key: int | str) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if loop is not self._locks_loop:  # a blocking caller runs each call on a loop of its own
+            self._locks_loop, self._locks = loop, {}
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    async def _call(
         self, msgs: dict[int, Message], what: str, timeout_s: float | None = None
     ) -> dict[int, ReplyMsg]:
         """Send each rank its message and wait for all replies; a dead rank answers as failed."""
-        replies = self.call_ops(list(msgs.items()), what, timeout_s)
+        replies = await self._call_ops(list(msgs.items()), what, timeout_s)
         return {rank: replies[rank, msg.op_id] for rank, msg in msgs.items()}  # type: ignore[union-attr]
 
-    def call_ops(
+    async def _call_ops(
         self,
         ops: list[tuple[int, Message]],
         what: str,
@@ -305,14 +368,26 @@ class LocalCluster:
         message goes to several ranks under one op id) and wait for all replies, keyed by
         (rank, op id); `on_reply` sees each as it arrives."""
         assert self._mail is not None
-        futures: dict[tuple[int, int], Future[ReplyMsg]] = {}
-        for rank, msg in ops:
-            if rank in self.dead:
-                self._mail.forget(list(futures))
-                raise BlitzScaleError(f"{what}: worker {rank} is dead")
-            key = (rank, msg.op_id)  # type: ignore[union-attr]
-            futures[key] = self._mail.expect(*key)
-            self._send(rank, msg)
+        futures: dict[tuple[int, int], asyncio.Future[ReplyMsg]] = {}
+        try:
+            for rank, msg in ops:
+                if rank in self.dead:
+                    raise BlitzScaleError(f"{what}: worker {rank} is dead")
+                key = (rank, msg.op_id)  # type: ignore[union-attr]
+                futures[key] = asyncio.wrap_future(self._mail.expect(*key))
+                self._send(rank, msg)
+            return await self._replies(futures, timeout_s or self.cfg.op_timeout_s, on_reply)
+        finally:
+            self._mail.forget(list(futures))
+            for f in futures.values():
+                f.cancel()
+
+    async def _replies(
+        self,
+        futures: dict[tuple[int, int], asyncio.Future[ReplyMsg]],
+        timeout_s: float,
+        on_reply: Callable[[ReplyMsg], None] | None,
+    ) -> dict[tuple[int, int], ReplyMsg]:
         replies: dict[tuple[int, int], ReplyMsg] = {}
 
         def got(reply: ReplyMsg) -> None:
@@ -320,30 +395,27 @@ class LocalCluster:
             if on_reply is not None:
                 on_reply(reply)
 
-        deadline = time.monotonic() + (timeout_s or self.cfg.op_timeout_s)
-        try:
-            while len(replies) < len(futures):
-                pending = [k for k in futures if k not in replies]
-                wait([futures[k] for k in pending], timeout=0.05, return_when=FIRST_COMPLETED)
-                for k in pending:
-                    if futures[k].done():
-                        got(futures[k].result())
-                pending = [k for k in pending if k not in replies]
-                ranks = {r for r, _ in pending}
-                died = set(self._check_alive(ranks)) | (ranks & self.dead)
+        deadline = time.monotonic() + timeout_s
+        while len(replies) < len(futures):
+            pending = [k for k in futures if k not in replies]
+            await asyncio.wait([futures[k] for k in pending], timeout=0.05, return_when=FIRST_COMPLETED)
+            for k in pending:
+                if futures[k].done():
+                    got(futures[k].result())
+            pending = [k for k in pending if k not in replies]
+            ranks = {r for r, _ in pending}
+            died = set(self._check_alive(ranks)) | (ranks & self.dead)
+            for r, op in pending:
+                if r in died:
+                    got(ReplyMsg(op_id=op, rank=r, ok=False, error="worker died"))
+            if time.monotonic() > deadline:
                 for r, op in pending:
-                    if r in died:
-                        got(ReplyMsg(op_id=op, rank=r, ok=False, error="worker died"))
-                if time.monotonic() > deadline:
-                    for r, op in pending:
-                        if (r, op) not in replies:
-                            got(ReplyMsg(op_id=op, rank=r, ok=False, error="no reply in time"))
-        finally:
-            self._mail.forget(list(futures))
+                    if (r, op) not in replies:
+                        got(ReplyMsg(op_id=op, rank=r, ok=False, error="no reply in time"))
         return replies
 
-    def _call_ok(self, msgs: dict[int, Message], what: str) -> dict[int, ReplyMsg]:
-        replies = self.call(msgs, what)
+    async def _call_ok(self, msgs: dict[int, Message], what: str) -> dict[int, ReplyMsg]:
+        replies = await self._call(msgs, what)
         if not all(m.ok for m in replies.values()):
             raise ClusterOpError(what, replies)
         return replies
@@ -353,17 +425,17 @@ class LocalCluster:
 
     # --- operations ---------------------------------------------------------------------
 
-    def load(
+    async def load(
         self,
         model: str,
         rank: int,
         source: str,
         readers: int = 8,
         direct_io: bool = False,
+        *,
         max_bytes_per_s: float = 0.0,
     ) -> dict[str, Any]:
         """Load from a local source (disk, HF folder, random weights) onto one rank."""
-        self.pool.begin_load(model, [rank])
         msg = LoadMsg(
             op_id=self.next_op(),
             model=model,
@@ -372,15 +444,17 @@ class LocalCluster:
             direct_io=direct_io,
             max_bytes_per_s=max_bytes_per_s,
         )
-        try:
-            reply = self._call_ok({rank: msg}, f"load {model} on rank {rank}")[rank]
-        except BlitzScaleError:
-            self.pool.abort_load(model, [rank])
-            raise
-        self.pool.commit_load(model, [rank])
-        return reply.result
+        async with self._holding([rank]):
+            self.pool.begin_load(model, [rank])
+            try:
+                replies = await self._call_ok({rank: msg}, f"load {model} on rank {rank}")
+            except BaseException:
+                self.pool.abort_load(model, [rank])
+                raise
+            self.pool.commit_load(model, [rank])
+        return replies[rank].result
 
-    def transfer(
+    async def transfer(
         self,
         model: str,
         source: str,
@@ -401,9 +475,9 @@ class LocalCluster:
         come, long before the transfer ends."""
         shard = ShardPlan(sources, targets, 0)
         rate = max_bytes_per_s or (0.0 if from_host else self.cfg.transfer_bytes_per_s)
-        return self._transfer([shard], model, source, 1, from_host, rate, piece_bytes, live, on_live)
+        return await self._transfer([shard], model, source, 1, from_host, rate, piece_bytes, live, on_live)
 
-    def transfer_instances(
+    async def transfer_instances(
         self,
         model: str,
         source: str,
@@ -420,9 +494,9 @@ class LocalCluster:
             raise BlitzScaleError(f"all instances must have tp={tp}: {sources} -> {targets}")
         shards = [ShardPlan([s[k] for s in sources], [t[k] for t in targets], k) for k in range(tp)]
         rate = max_bytes_per_s or self.cfg.transfer_bytes_per_s
-        return self._transfer(shards, model, source, tp, False, rate, piece_bytes, None, None)
+        return await self._transfer(shards, model, source, tp, False, rate, piece_bytes, None, None)
 
-    def _transfer(
+    async def _transfer(
         self,
         shards: list[ShardPlan],
         model: str,
@@ -459,7 +533,6 @@ class LocalCluster:
                     raise BlitzScaleError(f"rank {r} appears in two shards of one transfer")
                 msgs[r] = msg
                 chains_of[r] = chains
-        self.pool.begin_load(model, receivers)
         extra = list((live or {}).items())
         live_ops = {m.op_id for _, m in extra}  # type: ignore[union-attr]
 
@@ -467,7 +540,13 @@ class LocalCluster:
             if reply.op_id in live_ops and on_live is not None:
                 on_live(reply)
 
-        by_op = self.call_ops([*msgs.items(), *extra], f"transfer {model}", on_reply=seen)
+        async with self._holding(list(msgs)):
+            self.pool.begin_load(model, receivers)
+            try:
+                by_op = await self._call_ops([*msgs.items(), *extra], f"transfer {model}", on_reply=seen)
+            except BaseException:
+                self.pool.abort_load(model, receivers)
+                raise
         replies = {r: by_op[r, m.op_id] for r, m in msgs.items()}  # type: ignore[union-attr]
         done = [r for r in receivers if replies[r].ok]
         self.pool.commit_load(model, done)
@@ -483,53 +562,84 @@ class LocalCluster:
             entry["replied_s"] = time.time() - t0
         return report
 
-    def load_instance(self, model: str, ranks: list[int], source: str) -> None:
+    async def load_instance(self, model: str, ranks: list[int], source: str) -> None:
         """Load a tensor-parallel instance: rank k of `ranks` gets shard k."""
         tp = len(ranks)
-        self.pool.begin_load(model, ranks)
         msgs = {
             r: LoadMsg(op_id=self.next_op(), model=model, source=source, tp_size=tp, tp_rank=k)
             for k, r in enumerate(ranks)
         }
-        try:
-            self._call_ok(msgs, f"load {model} on ranks {ranks}")
-        except BlitzScaleError:
-            self.pool.abort_load(model, ranks)
-            raise
-        self.pool.commit_load(model, ranks)
+        async with self._holding(ranks):
+            self.pool.begin_load(model, ranks)
+            try:
+                await self._call_ok(msgs, f"load {model} on ranks {ranks}")
+            except BaseException:
+                self.pool.abort_load(model, ranks)
+                raise
+            self.pool.commit_load(model, ranks)
 
-    def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
+    async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
         """Make `rank`'s device copy the cluster's one host copy of `model`."""
-        self.pool.add_host_copy(model, rank)  # refuses a second host copy
-        try:
-            reply = self._call_ok({rank: HostCacheMsg(op_id=self.next_op(), model=model)}, "host cache")
-        except BlitzScaleError:
-            self.pool.drop_host_copy(model)
-            raise
+        msg = HostCacheMsg(op_id=self.next_op(), model=model)
+        async with self._holding([rank]):
+            self.pool.add_host_copy(model, rank)  # refuses a second host copy
+            try:
+                reply = await self._call_ok({rank: msg}, "host cache")
+            except BaseException:
+                self.pool.drop_host_copy(model)
+                raise
         return reply[rank].result
 
-    def release_host_copy(self, model: str) -> None:
-        rank = self.pool.drop_host_copy(model)
-        if rank is not None:
-            msg = HostCacheMsg(op_id=self.next_op(), model=model, keep=False)
-            self._call_ok({rank: msg}, f"drop host copy of {model}")
+    async def release_host_copy(self, model: str) -> None:
+        rank = self.pool.host_holder(model)
+        if rank is None:
+            return
+        msg = HostCacheMsg(op_id=self.next_op(), model=model, keep=False)
+        async with self._holding([rank]):
+            if self.pool.drop_host_copy(model) is not None:
+                await self._call_ok({rank: msg}, f"drop host copy of {model}")
 
-    def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
-        self.pool.release(model, rank)
-        if host_copy and self.pool.host_holder(model) == rank:
-            self.pool.drop_host_copy(model)
+    async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
         msg = ReleaseMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
-        return self._call_ok({rank: msg}, f"release {model} on rank {rank}")[rank].result
+        async with self._holding([rank]):
+            self.pool.release(model, rank)
+            if host_copy and self.pool.host_holder(model) == rank:
+                self.pool.drop_host_copy(model)
+            replies = await self._call_ok({rank: msg}, f"release {model} on rank {rank}")
+        return replies[rank].result
 
-    def command(self, rank: int, msg: Message) -> dict[str, Any]:
+    async def command(self, rank: int, msg: Message) -> dict[str, Any]:
         """Any other command to one worker; raises ClusterOpError if it fails."""
-        return self.command_many({rank: msg})[rank]
+        return (await self.command_many({rank: msg}))[rank]
 
-    def command_many(self, msgs: dict[int, Message]) -> dict[int, dict[str, Any]]:
+    async def command_many(self, msgs: dict[int, Message]) -> dict[int, dict[str, Any]]:
         """Commands to several workers at once (they run concurrently)."""
         what = f"{type(next(iter(msgs.values()))).__name__} on ranks {sorted(msgs)}"
-        return {r: m.result for r, m in self._call_ok(msgs, what).items()}
+        async with self._holding(list(msgs)):
+            replies = await self._call_ok(msgs, what)
+        return {r: m.result for r, m in replies.items()}
 
-    def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
+    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]:
+        """Start engines on ranks that hold the model (or, live, are receiving it)."""
+        return await self.command_many(dict(msgs))
+
+    async def set_role(self, rank: int, role: str) -> None:
+        await self.command(rank, SetRoleMsg(op_id=self.next_op(), role=role))
+
+    async def deactivate(self, rank: int) -> None:
+        await self.command(rank, DeactivateMsg(op_id=self.next_op()))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "alive": self.alive_ranks(),
+            "dead": sorted(self.dead),
+            "incarnations": list(self.incarnations),
+            "restarts": dict(self.restarts),
+            "pool": self.pool.snapshot(),
+        }
+
+    async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         msg = ChecksumMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
-        return self._call_ok({rank: msg}, f"checksum {model} on rank {rank}")[rank].result["checksum"]
+        async with self._holding([rank]):
+            replies = await self._call_ok({rank: msg}, f"checksum {model} on rank {rank}")
+        return replies[rank].result["checksum"]

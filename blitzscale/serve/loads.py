@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blitzscale.checkpoint.native import rank_file
-from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.base import Cluster
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
@@ -28,7 +28,7 @@ log = logging.getLogger("blitzscale.scaler")
 
 class Loads:
     router: Router
-    cluster: LocalCluster
+    cluster: Cluster
     model: str
     source: str
     disk_source: str
@@ -55,13 +55,18 @@ class Loads:
 
     async def _load(self, a: LoadAction) -> None:
         role = "prefill" if self.pd_mode else "colocated"
+        from_host = a.path == "host" and self.cluster.pool.host_holder(self.model) is not None
+        if a.path != "network" and not from_host:
+            # Disk loads are independent: each target reads on its own and serves as soon
+            # as its own load ends, whatever the others do.
+            await asyncio.to_thread(drop_page_cache, rank_file(Path(self.disk_source), 0))  # cold, as an SSD
+            await asyncio.gather(*(self._load_disk(t, role) for t in a.target_ranks))
+            return
         try:
             if a.path == "network":
                 await self._load_network(a.sources, a.target_ranks, a.multicast)
-            elif a.path == "host" and self.cluster.pool.host_holder(self.model) is not None:
-                await self._load_host(a.target_ranks)
             else:
-                await self._load_disk(a.target_ranks)
+                await self._load_host(a.target_ranks)
         except BlitzScaleError as e:
             self._load_failed(a.target_ranks, e)
             return
@@ -102,21 +107,19 @@ class Loads:
         else:
             partner = None
         self.router.begin_live(a.target_ranks, partner.rank if partner is not None else None)
-        loop = asyncio.get_running_loop()
         activated: set[int] = set()
 
-        def on_live(reply: ReplyMsg) -> None:  # on the cluster thread
+        def on_live(reply: ReplyMsg) -> None:  # on this loop, as each reply arrives
             if reply.ok:
                 activated.add(reply.rank)
             else:
                 log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
-            loop.call_soon_threadsafe(self.router._wake.set)
+            self.router._wake.set()
 
         live = {t: self._activate_msg(role, live=True) for t in a.target_ranks}
         t0 = time.monotonic()
         try:
-            report = await self.router.cluster_call(
-                self.cluster.transfer,
+            report = await self.cluster.transfer(
                 self.model,
                 self.source,
                 list(a.sources),
@@ -146,31 +149,26 @@ class Loads:
         groups = [targets] if multicast else [(t,) for t in targets]
         for group in groups:
             t0 = time.monotonic()
-            report = await self.router.cluster_call(
-                self.cluster.transfer, self.model, self.source, list(sources), list(group)
-            )
+            report = await self.cluster.transfer(self.model, self.source, list(sources), list(group))
             nbytes = sum(v["bytes"] for v in report.values())
             self._record("up", "network", list(group), time.monotonic() - t0, nbytes, list(sources), report)
 
     async def _load_host(self, targets: tuple[int, ...]) -> None:
         holder = self.cluster.pool.host_holder(self.model)
         t0 = time.monotonic()
-        report = await self.router.cluster_call(
-            self.cluster.transfer, self.model, self.source, [holder], list(targets), from_host=True
-        )
+        report = await self.cluster.transfer(self.model, self.source, [holder], list(targets), from_host=True)
         nbytes = sum(v["bytes"] for v in report.values())
         self._record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder], report)
 
-    async def _load_disk(self, targets: tuple[int, ...]) -> None:
-        """A cold read, as from an SSD: the page cache is dropped first."""
-        for t in targets:
-            await asyncio.to_thread(drop_page_cache, rank_file(Path(self.disk_source), 0))
-            t0 = time.monotonic()
-            res = await self.router.cluster_call(
-                self.cluster.load,
-                self.model,
-                t,
-                self.disk_source,
-                max_bytes_per_s=self.cluster.cfg.disk_bytes_per_s,
+    async def _load_disk(self, target: int, role: str) -> None:
+        t0 = time.monotonic()
+        try:
+            res = await self.cluster.load(
+                self.model, target, self.disk_source, max_bytes_per_s=self.cluster.cfg.disk_bytes_per_s
             )
-            self._record("up", "disk", [t], time.monotonic() - t0, int(res.get("bytes", 0)), [])
+        except BlitzScaleError as e:
+            self._load_failed((target,), e)
+            return
+        self._record("up", "disk", [target], time.monotonic() - t0, int(res.get("bytes", 0)), [])
+        self._load_succeeded((target,))
+        await self._activate_many([self._instance(target)], role)

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.base import Cluster
 from blitzscale.errors import BlitzScaleError
 
 log = logging.getLogger("blitzscale.router")
@@ -20,7 +20,7 @@ ATTEMPTS = 3  # respawns tried for one death
 
 
 class Respawner:
-    def __init__(self, cluster: LocalCluster, max_restarts: int, on_back: Callable[[int], None]) -> None:
+    def __init__(self, cluster: Cluster, max_restarts: int, on_back: Callable[[int], None]) -> None:
         self.cluster = cluster
         self.max_restarts = max_restarts
         self.on_back = on_back  # called on the loop when a rank is back, holding nothing
@@ -54,17 +54,16 @@ class Respawner:
             return  # it would not come back: leave it out of service, as it is
         if pool.models_on(rank) or rank in pool.host_ranks():
             return  # it still holds a copy someone may need
-        proc = self.cluster.procs[rank]
-        if proc.is_alive():
+        if rank in self.cluster.alive_ranks():
             log.warning("restarting worker %d: its loads keep failing", rank)
-            proc.kill()
+            self.cluster.kill(rank)
 
     async def _respawn(self, rank: int) -> None:
         pause = RETRY_S
         try:
             for _ in range(ATTEMPTS):
                 try:
-                    await asyncio.to_thread(self.cluster.respawn, rank)
+                    await self.cluster.respawn(rank)
                 except (BlitzScaleError, OSError) as e:
                     log.error("respawning worker %d failed (next try in %.0f s): %s", rank, pause, e)
                     await asyncio.sleep(pause)

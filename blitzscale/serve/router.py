@@ -2,8 +2,8 @@
 
 Everything here runs on one asyncio loop and is the only writer of the request table and
 the instance table. Workers are reached over the data socket (msgspec messages); control
-operations (activate, transfer, release) go through the LocalCluster on a worker thread,
-one at a time.
+operations (activate, transfer, release) are the cluster's async operations (cluster/base.py),
+side by side on different ranks.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.base import Cluster
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.engine.engine import validate_request
 from blitzscale.engine.request import RequestOutput, SamplingParams
@@ -79,7 +79,7 @@ class Router(LiveScaling):
     def __init__(
         self,
         cfg: RouterConfig,
-        cluster: LocalCluster,
+        cluster: Cluster,
         data: zmq.asyncio.Socket,
         tokenizer: Any,
         model_name: str,
@@ -104,7 +104,6 @@ class Router(LiveScaling):
         self.on_rank_back: list[Callable[[int], None]] = []  # e.g. the scaler's backoff
         self._init_live()
         self._wake = asyncio.Event()
-        self._cluster_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -117,11 +116,6 @@ class Router(LiveScaling):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.respawner.stop()
-
-    async def cluster_call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
-        """Run a blocking LocalCluster operation off the loop, one at a time."""
-        async with self._cluster_lock:
-            return await asyncio.to_thread(fn, *args, **kw)
 
     # --- ServingBackend -----------------------------------------------------------------
 
@@ -396,12 +390,11 @@ class Router(LiveScaling):
             inst.idle_since = None
 
     def _fail_dead_instances(self) -> None:
-        dead = {r for r, p in enumerate(self.cluster.procs) if not p.is_alive()}
+        dead = self.cluster.dead_now()  # newly dead ranks leave the pool
         if not dead:
             return
         for rank in sorted(dead - self.dead_ranks):
             log.error("worker %d died; its requests run again or fail, its copies leave the pool", rank)
-            self.cluster.forget_rank(rank)
             self.respawner.died(rank)
         self.dead_ranks |= dead
         for rid, (target, source, sent) in list(self._relays.items()):

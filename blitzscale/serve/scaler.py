@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.base import Cluster
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.host_cache import HostCacheState
@@ -29,7 +29,7 @@ from blitzscale.control.policies import (
     scale_actions,
 )
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
-from blitzscale.messages import ActivateMsg, DeactivateMsg, Message, SetRoleMsg
+from blitzscale.messages import ActivateMsg
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
 from blitzscale.serve.metrics import ClusterMetrics
@@ -68,7 +68,7 @@ class Scaler(Loads):
         metrics: ClusterMetrics,
     ) -> None:
         self.router = router
-        self.cluster: LocalCluster = router.cluster
+        self.cluster: Cluster = router.cluster
         self.planner = planner
         self.policy = policy
         self.model = model
@@ -93,10 +93,10 @@ class Scaler(Loads):
         """First instances: rank 0 from disk, the rest over the network from it."""
         first = self._instance(0)
         first.set_state(InstanceState.LOADING, "(disk)")
-        res = await self.router.cluster_call(self.cluster.load, self.model, 0, self.disk_source)
+        res = await self.cluster.load(self.model, 0, self.disk_source)
         self._record("up", "disk", [0], res.get("seconds", 0.0), int(res.get("bytes", 0)), [])
         if keep_host_copy:  # the cluster's one host copy, for scaling from zero
-            await self.router.cluster_call(self.cluster.cache_on_host, self.model, 0)
+            await self.cluster.cache_on_host(self.model, 0)
         roles = (
             ["prefill"] * num_prefill + ["decode"] * num_decode
             if self.pd_mode
@@ -137,8 +137,8 @@ class Scaler(Loads):
 
     async def _activate_many(self, insts: list[Instance], role: str) -> None:
         """Start engines on freshly loaded instances, all at once."""
-        msgs: dict[int, Message] = {inst.rank: self._activate_msg(role) for inst in insts}
-        await self.router.cluster_call(self.cluster.command_many, msgs)
+        msgs = {inst.rank: self._activate_msg(role) for inst in insts}
+        await self.cluster.activate(msgs)
         for inst in insts:
             if role == "decode":  # decode instances are made from prefill ones (design §4)
                 inst.set_state(InstanceState.PREFILL, "(activated)")
@@ -259,19 +259,15 @@ class Scaler(Loads):
     # --- actions ------------------------------------------------------------------------
 
     async def _finish_mutation(self, inst: Instance) -> None:
-        await self.router.cluster_call(
-            self.cluster.command, inst.rank, SetRoleMsg(op_id=self.cluster.next_op(), role="decode")
-        )
+        await self.cluster.set_role(inst.rank, "decode")
         inst.set_state(InstanceState.DECODE, "(mutated)")
         self.router._wake.set()
 
     async def _release(self, inst: Instance) -> None:
         if inst.state is not InstanceState.SHUTTING_NULL or not inst.is_idle:
             return
-        await self.router.cluster_call(
-            self.cluster.command, inst.rank, DeactivateMsg(op_id=self.cluster.next_op())
-        )
-        res = await self.router.cluster_call(self.cluster.release, self.model, inst.rank)
+        await self.cluster.deactivate(inst.rank)
+        res = await self.cluster.release(self.model, inst.rank)
         inst.set_state(InstanceState.INACTIVE, "(released)")
         inst.stats = None
         self._record("down", "release", [inst.rank], 0.0, int(res.get("freed_bytes", 0)), [])

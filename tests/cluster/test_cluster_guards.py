@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from blitzscale.cluster.config import ClusterConfig
-from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.local import Blocking, LocalCluster
 from blitzscale.messages import HelloMsg, ReplyMsg, encode
 from tests.listeners import LOOPBACK, listening
 
@@ -19,19 +19,19 @@ SRC = "random:tiny-llama3"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(ClusterConfig(num_workers=2, transfer_timeout_s=20)) as c:
+def cluster() -> Iterator[Blocking]:
+    with LocalCluster(ClusterConfig(num_workers=2, transfer_timeout_s=20)).blocking as c:
         yield c
 
 
-def test_every_listener_of_the_cluster_is_bound_to_the_configured_host(cluster: LocalCluster) -> None:
+def test_every_listener_of_the_cluster_is_bound_to_the_configured_host(cluster: Blocking) -> None:
     pids = [os.getpid(), *(p.pid for p in cluster.procs)]
     addrs = listening(pids)
     assert addrs, "found no listening socket at all"
     assert all(a.split(":")[0] == LOOPBACK for a in addrs), addrs
 
 
-def test_foreign_frames_on_the_control_socket_are_dropped(cluster: LocalCluster) -> None:
+def test_foreign_frames_on_the_control_socket_are_dropped(cluster: Blocking) -> None:
     assert cluster._sock is not None
     endpoint = cluster._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
     ctx = zmq.Context()
@@ -52,7 +52,7 @@ def test_foreign_frames_on_the_control_socket_are_dropped(cluster: LocalCluster)
     cluster.release(M, 0)
 
 
-def test_back_to_back_transfers_through_one_worker_are_never_refused(cluster: LocalCluster) -> None:
+def test_back_to_back_transfers_through_one_worker_are_never_refused(cluster: Blocking) -> None:
     """The next transfer to a worker may arrive the moment the last one's reply is out."""
     cluster.load(M, 0, SRC)
     try:

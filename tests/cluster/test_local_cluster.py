@@ -16,7 +16,7 @@ import pytest
 
 from blitzscale.checkpoint.convert import convert
 from blitzscale.cluster.config import ClusterConfig
-from blitzscale.cluster.local import ClusterOpError, LocalCluster
+from blitzscale.cluster.local import Blocking, ClusterOpError, LocalCluster
 from blitzscale.cluster.pool import PoolError
 
 M = "smollm2"
@@ -29,18 +29,18 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(smollm2_dir: Path) -> Iterator[LocalCluster]:
-    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=10)) as c:
+def cluster(smollm2_dir: Path) -> Iterator[Blocking]:
+    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=10)).blocking as c:
         yield c
 
 
-def _reset(c: LocalCluster) -> None:
+def _reset(c: Blocking) -> None:
     for r in c.pool.gpu_holders(M):
         c.release(M, r)
     c.release_host_copy(M)
 
 
-def test_world_is_warm_and_disk_load_marks_every_segment(cluster: LocalCluster, smollm2_dir: Path) -> None:
+def test_world_is_warm_and_disk_load_marks_every_segment(cluster: Blocking, smollm2_dir: Path) -> None:
     assert sorted(cluster.hellos) == [0, 1, 2, 3]
     res = cluster.load(M, 0, str(smollm2_dir))
     assert res["path"] == "disk" and res["bytes"] > 500e6
@@ -49,7 +49,7 @@ def test_world_is_warm_and_disk_load_marks_every_segment(cluster: LocalCluster, 
 
 
 def test_chain_multicast_to_three_targets_is_bit_identical_in_layer_order(
-    cluster: LocalCluster, smollm2_dir: Path
+    cluster: Blocking, smollm2_dir: Path
 ) -> None:
     cluster.load(M, 0, str(smollm2_dir))
     ref = cluster.checksum(M, 0)
@@ -64,7 +64,7 @@ def test_chain_multicast_to_three_targets_is_bit_identical_in_layer_order(
     _reset(cluster)
 
 
-def test_striped_from_two_sources_is_bit_identical(cluster: LocalCluster, smollm2_dir: Path) -> None:
+def test_striped_from_two_sources_is_bit_identical(cluster: Blocking, smollm2_dir: Path) -> None:
     cluster.load(M, 0, str(smollm2_dir))
     ref = cluster.checksum(M, 0)
     cluster.transfer(M, str(smollm2_dir), [0], [1])
@@ -75,7 +75,7 @@ def test_striped_from_two_sources_is_bit_identical(cluster: LocalCluster, smollm
     _reset(cluster)
 
 
-def test_scale_from_zero_uses_the_one_host_copy(cluster: LocalCluster, smollm2_dir: Path) -> None:
+def test_scale_from_zero_uses_the_one_host_copy(cluster: Blocking, smollm2_dir: Path) -> None:
     cluster.load(M, 0, str(smollm2_dir))
     ref = cluster.checksum(M, 0)
     cluster.cache_on_host(M, 0)
@@ -94,7 +94,7 @@ def test_scale_from_zero_uses_the_one_host_copy(cluster: LocalCluster, smollm2_d
     _reset(cluster)
 
 
-def test_release_returns_the_memory(cluster: LocalCluster, smollm2_dir: Path) -> None:
+def test_release_returns_the_memory(cluster: Blocking, smollm2_dir: Path) -> None:
     cluster.load(M, 2, str(smollm2_dir))
     res = cluster.release(M, 2)
     assert res["freed_bytes"] > 500e6 and res["device_bytes_in_use"] == 0
@@ -102,7 +102,7 @@ def test_release_returns_the_memory(cluster: LocalCluster, smollm2_dir: Path) ->
 
 
 def test_killed_target_fails_cleanly_and_a_retry_from_another_source_works(smollm2_dir: Path) -> None:
-    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=5)) as c:
+    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=5)).blocking as c:
         c.load(M, 0, str(smollm2_dir))
         c.transfer(M, str(smollm2_dir), [0], [3])
         ref = c.checksum(M, 0)
@@ -121,7 +121,7 @@ def test_killed_target_fails_cleanly_and_a_retry_from_another_source_works(smoll
         assert c.checksum(M, 2) == ref
 
 
-def test_tensor_parallel_instances_move_shard_k_to_shard_k(cluster: LocalCluster) -> None:
+def test_tensor_parallel_instances_move_shard_k_to_shard_k(cluster: Blocking) -> None:
     model, spec = "tiny-tp2", "random:tiny-llama3"
     cluster.load_instance(model, [0, 1], spec)
     refs = [cluster.checksum(model, r) for r in (0, 1)]
@@ -135,7 +135,7 @@ def test_tensor_parallel_instances_move_shard_k_to_shard_k(cluster: LocalCluster
 
 def test_configured_bandwidth_cap_slows_a_transfer_to_its_rate(smollm2_dir: Path) -> None:
     rate = 200e6  # bytes/s: 540 MB take about 2.7 s
-    with LocalCluster(ClusterConfig(num_workers=2, transfer_bytes_per_s=rate)) as c:
+    with LocalCluster(ClusterConfig(num_workers=2, transfer_bytes_per_s=rate)).blocking as c:
         c.load(M, 0, str(smollm2_dir))
         report = c.transfer(M, str(smollm2_dir), [0], [1], piece_bytes=8 << 20)
         nbytes = report[1]["bytes"]

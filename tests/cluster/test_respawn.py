@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from blitzscale.cluster.config import ClusterConfig
-from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.local import Blocking, LocalCluster
 from blitzscale.errors import BlitzScaleError
 
 M = "tiny"
@@ -17,18 +17,18 @@ SRC = "random:tiny-llama3"
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(ClusterConfig(num_workers=3, transfer_timeout_s=20)) as c:
+def cluster() -> Iterator[Blocking]:
+    with LocalCluster(ClusterConfig(num_workers=3, transfer_timeout_s=20)).blocking as c:
         yield c
 
 
-def _kill(c: LocalCluster, rank: int) -> None:
+def _kill(c: Blocking, rank: int) -> None:
     c.procs[rank].kill()
     c.procs[rank].join(timeout=30)
     assert c.find_dead() == [rank]
 
 
-def test_a_respawned_worker_takes_and_gives_weights_over_rebuilt_links(cluster: LocalCluster) -> None:
+def test_a_respawned_worker_takes_and_gives_weights_over_rebuilt_links(cluster: Blocking) -> None:
     cluster.load(M, 0, SRC)
     ref = cluster.checksum(M, 0)
     cluster.transfer(M, SRC, [0], [1, 2])
@@ -57,6 +57,6 @@ def test_a_respawned_worker_takes_and_gives_weights_over_rebuilt_links(cluster: 
     assert cluster.checksum(M, 1) == ref
 
 
-def test_only_a_dead_worker_is_respawned(cluster: LocalCluster) -> None:
+def test_only_a_dead_worker_is_respawned(cluster: Blocking) -> None:
     with pytest.raises(BlitzScaleError, match="not dead"):
         cluster.respawn(0)

@@ -16,7 +16,7 @@ MODEL = "random:tiny-llama3"
 
 
 def test_p2p_and_host_paths_are_bit_identical_over_nccl() -> None:
-    with LocalCluster(ClusterConfig(num_workers=2, device="cuda", transfer_timeout_s=20)) as c:
+    with LocalCluster(ClusterConfig(num_workers=2, device="cuda", transfer_timeout_s=20)).blocking as c:
         c.load("m", 0, MODEL)
         ref = c.checksum("m", 0)
         report = c.transfer("m", MODEL, [0], [1], piece_bytes=1 << 16)

@@ -1,0 +1,76 @@
+"""What the control plane needs of a cluster of workers, whatever runs them.
+
+`LocalCluster` (processes on this machine) implements it; the Ray and simulated backends
+implement the same. Every operation is async and returns when it is done: operations on
+different ranks run side by side, operations on one rank in the order they were called.
+A failed operation raises `BlitzScaleError` (a `ClusterOpError` names each rank's answer).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.pool import ParameterPool
+from blitzscale.messages import ActivateMsg, Message, ReplyMsg
+
+
+class Cluster(Protocol):
+    cfg: ClusterConfig
+    pool: ParameterPool  # where every copy is; the cluster writes it, the control plane reads
+    restarts: Counter[int]  # respawns that succeeded, by rank
+
+    @property
+    def world_size(self) -> int: ...
+
+    # --- status ---------------------------------------------------------------------------
+
+    def alive_ranks(self) -> list[int]: ...
+
+    def dead_now(self) -> set[int]:
+        """Ranks with no live worker now; each newly dead one is forgotten by the pool."""
+        ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def next_op(self) -> int: ...
+
+    # --- loads: disk (local source), network (device copies), host (the one host copy) ---
+
+    async def load(
+        self, model: str, rank: int, source: str, *, max_bytes_per_s: float = 0.0
+    ) -> dict[str, Any]: ...
+
+    async def transfer(
+        self,
+        model: str,
+        source: str,
+        sources: list[int],
+        targets: list[int],
+        *,
+        from_host: bool = False,
+        live: dict[int, Message] | None = None,
+        on_live: Callable[[ReplyMsg], None] | None = None,
+    ) -> dict[int, dict[str, Any]]: ...
+
+    async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]: ...
+
+    # --- serving ------------------------------------------------------------------------
+
+    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]: ...
+
+    async def set_role(self, rank: int, role: str) -> None: ...
+
+    async def deactivate(self, rank: int) -> None: ...
+
+    # --- the rest -----------------------------------------------------------------------
+
+    async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]: ...
+
+    async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str: ...
+
+    async def respawn(self, rank: int) -> dict[str, Any]: ...
+
+    def kill(self, rank: int) -> None: ...
