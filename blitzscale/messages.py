@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+
+Role = Literal["prefill", "decode", "colocated"]  # what a serving instance does
 
 
 class Msg(msgspec.Struct, tag=True, kw_only=True, frozen=True):
@@ -102,7 +104,7 @@ class ActivateMsg(Msg):
     op_id: int
     model: str
     source: str  # model spec, for its tokenizer
-    role: str
+    role: Role
     block_size: int = 16
     num_kv_blocks: int = 0  # 0: sized from memory
     max_num_batched_tokens: int = 2048
@@ -121,7 +123,7 @@ class SetRoleMsg(Msg):
     """A prefill instance mutating to decode (or back); the engine and its KV stay."""
 
     op_id: int
-    role: str
+    role: Role
 
 
 class LinkMsg(Msg):
@@ -252,17 +254,82 @@ class OutputsMsg(Msg):
     outputs: list[OutputMsg]
 
 
-class EventMsg(Msg):
-    """A data-plane event about a request: kv_ready / kv_sent / kv_received / kv_failed /
-    rejected (bad request) / lost (the instance lost it before any output: run it again) /
-    relay_none / relay_ready / relay_failed / relay_sent; or, with no request, about a live
-    target: live_ready (first layers landed) / live_loaded / live_done (back to normal) /
-    live_failed (its weights will not all arrive)."""
+class RequestEvent(Msg):
+    """Base of the data-plane events about one request (not sent as itself)."""
 
     rank: int
     request_id: str
-    kind: str
     error: str = ""
+
+
+class KVReadyMsg(RequestEvent):
+    """Decode side: the receive for the request's KV is posted (the prefill side may send)."""
+
+
+class KVSentMsg(RequestEvent):
+    """Prefill side: the KV has gone; its blocks are free here."""
+
+
+class KVFailedMsg(RequestEvent):
+    """A KV hand-off could not start or complete on this side (`error` says why)."""
+
+
+class RejectedMsg(RequestEvent):
+    """The worker refused the request itself (a bad request: 400)."""
+
+
+class LostMsg(RequestEvent):
+    """This instance lost the request before producing anything (not the request's fault):
+    the router may run it again elsewhere."""
+
+
+class RelayReadyMsg(RequestEvent):
+    """Live source: the receives for a relayed task are posted (the target may send)."""
+
+
+class RelaySentMsg(RequestEvent):
+    """Live target: the relayed task's hidden states and KV have gone."""
+
+
+class RelayFailedMsg(RequestEvent):
+    """Live source: no room for the relayed task; the target keeps it."""
+
+
+class RelayLostMsg(RequestEvent):
+    """A relay broke on the wire (a side died): the request is lost."""
+
+
+RelayEvent = RelayReadyMsg | RelaySentMsg | RelayFailedMsg | RelayLostMsg
+RELAY_EVENTS = (RelayReadyMsg, RelaySentMsg, RelayFailedMsg, RelayLostMsg)
+
+
+class RelayNoneMsg(Msg):
+    """Live target: asked for a task to relay, it had none."""
+
+    rank: int
+
+
+class LiveEvent(Msg):
+    """Base of a live target's progress events (not sent as itself)."""
+
+    rank: int
+    error: str = ""
+
+
+class LiveReadyMsg(LiveEvent):
+    """The first layers have landed: the target can take prompts."""
+
+
+class LiveLoadedMsg(LiveEvent):
+    """Every layer has landed."""
+
+
+class LiveDoneMsg(LiveEvent):
+    """Its live queue is drained: it serves as a normal instance from here."""
+
+
+class LiveFailedMsg(LiveEvent):
+    """Its weights will not all arrive: it serves no more."""
 
 
 class StatsMsg(Msg):
@@ -298,7 +365,20 @@ Message = (
     | RelayInMsg
     | SendRelayMsg
     | OutputsMsg
-    | EventMsg
+    | KVReadyMsg
+    | KVSentMsg
+    | KVFailedMsg
+    | RejectedMsg
+    | LostMsg
+    | RelayReadyMsg
+    | RelaySentMsg
+    | RelayFailedMsg
+    | RelayLostMsg
+    | RelayNoneMsg
+    | LiveReadyMsg
+    | LiveLoadedMsg
+    | LiveDoneMsg
+    | LiveFailedMsg
     | StatsMsg
 )
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
-from blitzscale.messages import ActivateMsg, Message, ReplyMsg
+from blitzscale.messages import ActivateMsg, Message, ReplyMsg, Role
 
 
 class Cluster(Protocol):
@@ -61,7 +61,7 @@ class Cluster(Protocol):
 
     async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]: ...
 
-    async def set_role(self, rank: int, role: str) -> None: ...
+    async def set_role(self, rank: int, role: Role) -> None: ...
 
     async def deactivate(self, rank: int) -> None: ...
 

@@ -40,6 +40,7 @@ from blitzscale.messages import (
     Message,
     ReleaseMsg,
     ReplyMsg,
+    Role,
     SetRoleMsg,
     ShutdownMsg,
     TransferMsg,
@@ -623,7 +624,7 @@ class LocalCluster:
         """Start engines on ranks that hold the model (or, live, are receiving it)."""
         return await self.command_many(dict(msgs))
 
-    async def set_role(self, rank: int, role: str) -> None:
+    async def set_role(self, rank: int, role: Role) -> None:
         await self.command(rank, SetRoleMsg(op_id=self.next_op(), role=role))
 
     async def deactivate(self, rank: int) -> None:

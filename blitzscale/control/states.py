@@ -7,11 +7,10 @@ release).
 
 from __future__ import annotations
 
-from typing import Literal
-
 from blitzscale.control.snapshot import InstanceState as S
+from blitzscale.messages import Role
 
-Role = Literal["prefill", "decode", "colocated"]
+__all__ = ["Role"]
 
 _NORMAL: dict[S, frozenset[S]] = {
     S.INACTIVE: frozenset({S.LOADING, S.NEW_PREFILL}),

@@ -11,7 +11,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from blitzscale.control.snapshot import InstanceState
-from blitzscale.messages import AbortMsg, EventMsg, Message, RelayedMsg, RelayInMsg, RelayMsg, SendRelayMsg
+from blitzscale.messages import (
+    AbortMsg,
+    LiveDoneMsg,
+    LiveEvent,
+    LiveFailedMsg,
+    LiveLoadedMsg,
+    LiveReadyMsg,
+    Message,
+    RelayedMsg,
+    RelayEvent,
+    RelayInMsg,
+    RelayLostMsg,
+    RelayMsg,
+    RelayReadyMsg,
+    RelaySentMsg,
+    SendRelayMsg,
+)
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.requests import RouterRequest
 
@@ -109,27 +125,25 @@ class LiveScaling:
             ),
         )
 
-    async def _on_relay_event(self, ev: EventMsg) -> None:
+    async def _on_relay_event(self, ev: RelayEvent) -> None:
         relay = self._relays.get(ev.request_id)
-        if ev.kind == "relay_none":
-            self._relay_asked.discard(self.live_pairs.get(ev.rank))  # type: ignore[arg-type]
-        elif relay is None:
+        if relay is None:
             return
-        elif ev.kind == "relay_ready":  # the source's receives are posted: the target sends
+        if isinstance(ev, RelayReadyMsg):  # the source's receives are posted: the target sends
             relay[2] = True
             await self._send(relay[0], SendRelayMsg(request_id=ev.request_id, dst_rank=ev.rank))
-        elif ev.kind == "relay_sent":
+        elif isinstance(ev, RelaySentMsg):
             del self._relays[ev.request_id]
             self._unassign(relay[0])
             r = self.reqs.get(ev.request_id)
             if r is not None:
                 r.relay_from = None
-        elif ev.kind == "relay_lost":  # a side died mid-relay
+        elif isinstance(ev, RelayLostMsg):  # a side died mid-relay
             del self._relays[ev.request_id]
             r = self.reqs.get(ev.request_id)
             if r is not None:
                 self._lost(r, f"relay between ranks {relay[0]} and {relay[1]} failed ({ev.error})")
-        elif ev.kind == "relay_failed":  # the source had no room: the target keeps the task
+        else:  # RelayFailedMsg: the source had no room, the target keeps the task
             del self._relays[ev.request_id]
             await self._send(relay[0], SendRelayMsg(request_id=ev.request_id, dst_rank=-1))
             r = self.reqs.get(ev.request_id)
@@ -157,17 +171,17 @@ class LiveScaling:
             r.live = True
             self.live_requests_total += 1
 
-    def _on_live_event(self, ev: EventMsg) -> None:
+    def _on_live_event(self, ev: LiveEvent) -> None:
         inst = self.instances.get(ev.rank)
         if inst is None or ev.rank not in self.live_pairs:
             return
-        if ev.kind == "live_ready":
+        if isinstance(ev, LiveReadyMsg):
             inst.live_ready = True
-        elif ev.kind == "live_loaded" and inst.state is InstanceState.NEW_PREFILL:
+        elif isinstance(ev, LiveLoadedMsg) and inst.state is InstanceState.NEW_PREFILL:
             inst.set_state(InstanceState.REFRACTORY_PREFILL, "(fully loaded)")
-        elif ev.kind == "live_done":
+        elif isinstance(ev, LiveDoneMsg):
             self.end_live(ev.rank)
-        elif ev.kind == "live_failed":  # its weights will not all arrive: it serves no more
+        elif isinstance(ev, LiveFailedMsg):  # its weights will not all arrive: it serves no more
             inst.set_state(InstanceState.INACTIVE, "(live load failed)")
             self.end_live(ev.rank)
         self._wake.set()

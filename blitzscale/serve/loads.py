@@ -17,7 +17,7 @@ from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, ReplyMsg
+from blitzscale.messages import ActivateMsg, ReplyMsg, Role
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.router import Router
@@ -40,8 +40,8 @@ class Loads:
         @property
         def pd_mode(self) -> bool: ...
         def _instance(self, rank: int) -> Instance: ...
-        def _activate_msg(self, role: str, live: bool = False) -> ActivateMsg: ...
-        async def _activate_many(self, insts: list[Instance], role: str) -> None: ...
+        def _activate_msg(self, role: Role, live: bool = False) -> ActivateMsg: ...
+        async def _activate_many(self, insts: list[Instance], role: Role) -> None: ...
         def _record(
             self,
             direction: str,
@@ -160,7 +160,7 @@ class Loads:
         nbytes = sum(v["bytes"] for v in report.values())
         self._record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder], report)
 
-    async def _load_disk(self, target: int, role: str) -> None:
+    async def _load_disk(self, target: int, role: Role) -> None:
         t0 = time.monotonic()
         try:
             res = await self.cluster.load(

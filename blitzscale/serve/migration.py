@@ -18,7 +18,17 @@ from typing import TYPE_CHECKING
 
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.errors import UnavailableError
-from blitzscale.messages import AbortMsg, AdoptKVMsg, EventMsg, RecvKVMsg, SendKVMsg
+from blitzscale.messages import (
+    AbortMsg,
+    AdoptKVMsg,
+    KVFailedMsg,
+    KVReadyMsg,
+    KVSentMsg,
+    LostMsg,
+    RecvKVMsg,
+    RequestEvent,
+    SendKVMsg,
+)
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.requests import RouterRequest
 
@@ -104,16 +114,16 @@ class KVMigrations:
 
     # --- events of a live request -------------------------------------------------------
 
-    async def on_event(self, r: RouterRequest, ev: EventMsg) -> bool:
+    async def on_event(self, r: RouterRequest, ev: RequestEvent) -> bool:
         """A hand-off event of a request the client still waits for; False if it is none."""
         rt = self.router
-        if ev.kind == "kv_ready":  # the decode side's receive is posted: the prefill side sends
+        if isinstance(ev, KVReadyMsg):  # the decode side's receive is posted: the prefill side sends
             await rt._send(r.prefill_rank, SendKVMsg(request_id=r.id, dst_rank=ev.rank))  # type: ignore[arg-type]
-        elif ev.kind == "kv_sent":
+        elif isinstance(ev, KVSentMsg):
             rt._unassign(r.prefill_rank)
             r.prefill_rank = None
             r.stage = "decode"
-        elif ev.kind == "kv_failed" and ev.rank == r.decode_rank and r.stage == "migrating":
+        elif isinstance(ev, KVFailedMsg) and ev.rank == r.decode_rank and r.stage == "migrating":
             rt._unassign(r.decode_rank)  # no room there: try again later
             r.decode_rank = None
             self.pending.append(r)
@@ -134,18 +144,18 @@ class KVMigrations:
         r.stage = "aborting"
         self.aborting[r.id] = r
 
-    async def on_aborted_event(self, ev: EventMsg) -> None:
+    async def on_aborted_event(self, ev: RequestEvent) -> None:
         """An aborted request's hand-off runs to its end so both sides stay matched."""
         r = self.aborting.get(ev.request_id)
         if r is None:
             return
         prefill = r.prefill_rank
-        if ev.kind == "kv_ready" and prefill is not None:  # the receive is posted: match it
+        if isinstance(ev, KVReadyMsg) and prefill is not None:  # the receive is posted: match it
             await self.router._send(prefill, SendKVMsg(request_id=r.id, dst_rank=ev.rank))
             return
-        if ev.kind in ("kv_failed", "lost") and ev.rank != prefill and prefill is not None:
+        if isinstance(ev, KVFailedMsg | LostMsg) and ev.rank != prefill and prefill is not None:
             await self.router._send(prefill, AbortMsg(request_id=r.id))  # nothing was posted: free it
-        elif ev.kind not in ("kv_sent", "kv_failed", "lost"):
+        elif not isinstance(ev, KVSentMsg | KVFailedMsg | LostMsg):
             return
         self._end_aborted(r)
 

@@ -26,14 +26,21 @@ from blitzscale.engine.engine import validate_request
 from blitzscale.engine.request import RequestOutput, SamplingParams
 from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFailedError, UnavailableError
 from blitzscale.messages import (
+    RELAY_EVENTS,
     AbortMsg,
-    EventMsg,
     FrameError,
     GenerateMsg,
     HelloMsg,
+    KVFailedMsg,
+    LiveEvent,
+    LostMsg,
     Message,
     OutputsMsg,
+    RejectedMsg,
     RelayedMsg,
+    RelayNoneMsg,
+    RequestEvent,
+    Role,
     SendRelayMsg,
     StatsMsg,
     encode,
@@ -237,7 +244,7 @@ class Router(LiveScaling):
             return "colocated"
         return role
 
-    def _pick(self, role: str, need_tokens: int = 0) -> Instance | None:
+    def _pick(self, role: Role, need_tokens: int = 0) -> Instance | None:
         best: Instance | None = None
         for inst in self.instances.values():
             if self._accepts(inst) != role or inst.rank not in self.connected:
@@ -326,7 +333,13 @@ class Router(LiveScaling):
     async def _on_message(self, msg: Message) -> None:
         if isinstance(msg, OutputsMsg):
             await self._on_outputs(msg)
-        elif isinstance(msg, EventMsg):
+        elif isinstance(msg, LiveEvent):
+            self._on_live_event(msg)
+        elif isinstance(msg, RelayNoneMsg):
+            self._relay_asked.discard(self.live_pairs.get(msg.rank))  # type: ignore[arg-type]
+        elif isinstance(msg, RELAY_EVENTS):
+            await self._on_relay_event(msg)
+        elif isinstance(msg, RequestEvent):
             await self._on_event(msg)
         elif isinstance(msg, StatsMsg):
             self._on_stats(msg)
@@ -359,24 +372,18 @@ class Router(LiveScaling):
                 if o.finished:
                     self._finish(r)
 
-    async def _on_event(self, ev: EventMsg) -> None:
-        if ev.kind in ("live_ready", "live_loaded", "live_done", "live_failed"):
-            self._on_live_event(ev)
-            return
-        if ev.kind.startswith("relay_"):
-            await self._on_relay_event(ev)
-            return
+    async def _on_event(self, ev: RequestEvent) -> None:
         r = self.reqs.get(ev.request_id)
         if r is None:  # gone, or aborted with its hand-off still running
             await self.migrations.on_aborted_event(ev)
             return
-        if ev.kind == "lost":
+        if isinstance(ev, LostMsg):
             self._lost(r, f"rank {ev.rank} lost it: {ev.error}")
         elif await self.migrations.on_event(r, ev):
             return
-        elif ev.kind in ("kv_failed", "rejected"):
-            err = InvalidRequestError(ev.error) if ev.kind == "rejected" else RequestFailedError(ev.error)
-            await r.out.put(err)
+        elif isinstance(ev, KVFailedMsg | RejectedMsg):
+            bad = isinstance(ev, RejectedMsg)
+            await r.out.put(InvalidRequestError(ev.error) if bad else RequestFailedError(ev.error))
             self._finish(r)
 
     def _on_stats(self, s: StatsMsg) -> None:

@@ -29,7 +29,7 @@ from blitzscale.control.policies import (
     scale_actions,
 )
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
-from blitzscale.messages import ActivateMsg
+from blitzscale.messages import ActivateMsg, Role
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
 from blitzscale.serve.metrics import ClusterMetrics
@@ -117,10 +117,10 @@ class Scaler(Loads):
             inst = self.router.instances[rank] = Instance(id=rank, ranks=(rank,))
         return inst
 
-    async def _activate(self, inst: Instance, role: str) -> None:
+    async def _activate(self, inst: Instance, role: Role) -> None:
         await self._activate_many([inst], role)
 
-    def _activate_msg(self, role: str, live: bool = False) -> ActivateMsg:
+    def _activate_msg(self, role: Role, live: bool = False) -> ActivateMsg:
         e = self.engine
         return ActivateMsg(
             op_id=self.cluster.next_op(),
@@ -135,7 +135,7 @@ class Scaler(Loads):
             live=live,
         )
 
-    async def _activate_many(self, insts: list[Instance], role: str) -> None:
+    async def _activate_many(self, insts: list[Instance], role: Role) -> None:
         """Start engines on freshly loaded instances, all at once."""
         msgs = {inst.rank: self._activate_msg(role) for inst in insts}
         await self.cluster.activate(msgs)

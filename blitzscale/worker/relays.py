@@ -16,11 +16,20 @@ import torch
 from blitzscale.engine import LLMEngine
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
-    EventMsg,
+    LiveDoneMsg,
+    LiveEvent,
+    LiveFailedMsg,
+    LiveLoadedMsg,
+    LiveReadyMsg,
+    LostMsg,
     Message,
     RelayedMsg,
     RelayInMsg,
+    RelayLostMsg,
     RelayMsg,
+    RelayNoneMsg,
+    RelayReadyMsg,
+    RelaySentMsg,
     SendRelayMsg,
 )
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_all
@@ -39,7 +48,7 @@ class LiveSide:
     def _init_live(self) -> None:
         self._relay_recvs: dict[str, Move] = {}  # source side
         self._relay_sends: dict[str, Move] = {}  # target side
-        self._live_events: set[str] = set()  # live-target events already sent
+        self._live_events: set[type[LiveEvent]] = set()  # live-target events already sent
         self.live_failed = ""  # set (from the transfer thread) when a live target's load fails
 
     def _relay_out(self, msg: RelayMsg) -> None:
@@ -49,7 +58,7 @@ class LiveSide:
         assert e is not None
         r = e.relay_out()
         if r is None:
-            self.send(EventMsg(rank=self.rank, request_id="", kind="relay_none"))
+            self.send(RelayNoneMsg(rank=self.rank))
             return
         self.send(
             RelayedMsg(
@@ -83,7 +92,7 @@ class LiveSide:
             ]
             done = self._waiters.submit(wait_all, works, buf.device)
             self._relay_recvs[msg.request_id] = Move(done, buf, hidden=hidden)
-        self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="relay_ready"))
+        self.send(RelayReadyMsg(rank=self.rank, request_id=msg.request_id))
 
     def _start_relay_send(self, msg: SendRelayMsg) -> None:
         e = self.engine
@@ -96,7 +105,7 @@ class LiveSide:
             raise BlitzScaleError(f"request {msg.request_id!r} is not being relayed here")
         if r.layer == 0:
             e.relay_sent(msg.request_id)
-            self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="relay_sent"))
+            self.send(RelaySentMsg(rank=self.rank, request_id=msg.request_id))
             return
         assert r.hidden is not None
         buf = e.kv_cache.gather_blocks(r.request.block_ids, (0, r.layer))
@@ -118,14 +127,14 @@ class LiveSide:
             e.cancel_relay(rid)
             if err is not None:
                 text = f"relay from a live target failed: {short_error(err)}"
-                self.send(EventMsg(rank=self.rank, request_id=rid, kind="relay_lost", error=text))
+                self.send(RelayLostMsg(rank=self.rank, request_id=rid, error=text))
         for rid, _m, err in finished(self._relay_sends, self._orphans):
             e.relay_sent(rid)
             if err is None:
-                self.send(EventMsg(rank=self.rank, request_id=rid, kind="relay_sent"))
+                self.send(RelaySentMsg(rank=self.rank, request_id=rid))
             else:
                 text = f"relay send: {short_error(err)}"
-                self.send(EventMsg(rank=self.rank, request_id=rid, kind="relay_lost", error=text))
+                self.send(RelayLostMsg(rank=self.rank, request_id=rid, error=text))
 
     def _live_progress(self, e: LLMEngine) -> None:
         """Tell the router how a live target is doing: first layers in, fully loaded, and
@@ -134,24 +143,24 @@ class LiveSide:
             self._fail_live(e, self.live_failed)
             return
         ready = e.model.weights.readiness
-        if "live_ready" not in self._live_events and ready.num_ready_prefix >= 2:
-            self._live_event("live_ready")
-        if "live_loaded" not in self._live_events and ready.all_ready:
-            self._live_event("live_loaded")
+        if LiveReadyMsg not in self._live_events and ready.num_ready_prefix >= 2:
+            self._live_event(LiveReadyMsg)
+        if LiveLoadedMsg not in self._live_events and ready.all_ready:
+            self._live_event(LiveLoadedMsg)
         if e.live_drained:
             e.end_live()
-            self._live_event("live_done")
+            self._live_event(LiveDoneMsg)
 
-    def _live_event(self, kind: str) -> None:
-        self._live_events.add(kind)
-        self.send(EventMsg(rank=self.rank, request_id="", kind=kind))
+    def _live_event(self, event: type[LiveEvent]) -> None:
+        self._live_events.add(event)
+        self.send(event(rank=self.rank))
 
     def _fail_live(self, e: LLMEngine, error: str) -> None:
         """The weights will never all arrive: every request here is lost (the router runs
         again those that have no output yet), and the engine goes."""
-        self._live_event("live_failed")
+        self._live_event(LiveFailedMsg)
         for rid in [*e.requests, *e.held, *e.relaying]:
-            self.send(EventMsg(rank=self.rank, request_id=rid, kind="lost", error=error))
+            self.send(LostMsg(rank=self.rank, request_id=rid, error=error))
         self.engine = None
         self.role = ""
         self.live_failed = ""

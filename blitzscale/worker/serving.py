@@ -23,14 +23,21 @@ from blitzscale.messages import (
     AbortMsg,
     ActivateMsg,
     AdoptKVMsg,
-    EventMsg,
     GenerateMsg,
+    KVFailedMsg,
+    KVReadyMsg,
+    KVSentMsg,
+    LostMsg,
     Message,
     OutputMsg,
     OutputsMsg,
     RecvKVMsg,
+    RejectedMsg,
+    RelayFailedMsg,
     RelayInMsg,
+    RelayLostMsg,
     RelayMsg,
+    RequestEvent,
     SendKVMsg,
     SendRelayMsg,
     StatsMsg,
@@ -109,11 +116,7 @@ class ServingLoop(LiveSide):
         e = self.engine
         rid = getattr(msg, "request_id", "")
         if e is None:  # not the request's fault: it can run elsewhere
-            self.send(
-                EventMsg(
-                    rank=self.rank, request_id=rid, kind="lost", error=f"rank {self.rank} is not serving"
-                )
-            )
+            self.send(LostMsg(rank=self.rank, request_id=rid, error=f"rank {self.rank} is not serving"))
             return
         try:
             if isinstance(msg, GenerateMsg):
@@ -135,20 +138,21 @@ class ServingLoop(LiveSide):
             elif isinstance(msg, SendRelayMsg):
                 self._start_relay_send(msg)
         except BlitzScaleError as err:
+            event: type[RequestEvent]
             if isinstance(msg, RelayInMsg):
-                kind = "relay_failed"
+                event = RelayFailedMsg
             elif isinstance(msg, SendRelayMsg):
-                kind = "relay_lost"
+                event = RelayLostMsg
             elif isinstance(msg, RecvKVMsg | SendKVMsg | AdoptKVMsg):
-                kind = "kv_failed"
+                event = KVFailedMsg
             else:
-                kind = "rejected"
-            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=str(err)))
+                event = RejectedMsg
+            self.send(event(rank=self.rank, request_id=rid, error=str(err)))
         except RuntimeError as err:  # torch.distributed: the peer is gone
             if isinstance(msg, RelayInMsg):
                 e.cancel_relay(rid)
-            kind = "relay_lost" if isinstance(msg, RelayInMsg | SendRelayMsg) else "kv_failed"
-            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=short_error(err)))
+            event = RelayLostMsg if isinstance(msg, RelayInMsg | SendRelayMsg) else KVFailedMsg
+            self.send(event(rank=self.rank, request_id=rid, error=short_error(err)))
 
     def _abort(self, request_id: str) -> None:
         e = self.engine
@@ -184,7 +188,7 @@ class ServingLoop(LiveSide):
             raise
         done = self._waiters.submit(wait_one, work, buf.device)
         self._recvs[msg.request_id] = Move(done, buf)
-        self.send(EventMsg(rank=self.rank, request_id=msg.request_id, kind="kv_ready"))
+        self.send(KVReadyMsg(rank=self.rank, request_id=msg.request_id))
 
     def _start_send(self, msg: SendKVMsg) -> None:
         e = self.engine
@@ -280,15 +284,16 @@ class ServingLoop(LiveSide):
             if err is None:
                 req = e.importing[rid]
                 e.kv_cache.scatter_blocks(req.block_ids[: m.buf.shape[2]], m.buf)
-                e.commit_import(rid)
-                self.send(EventMsg(rank=self.rank, request_id=rid, kind="kv_received"))
+                e.commit_import(rid)  # its outputs tell the router it decodes here
             else:
                 e.cancel_import(rid)
-                self.send(EventMsg(rank=self.rank, request_id=rid, kind="kv_failed", error=f"receive: {err}"))
+                self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=f"receive: {err}"))
         for rid, _m, err in finished(self._sends, self._orphans):
             e.release_held(rid)
-            kind, text = ("kv_sent", "") if err is None else ("kv_failed", f"send: {err}")
-            self.send(EventMsg(rank=self.rank, request_id=rid, kind=kind, error=text))
+            if err is None:
+                self.send(KVSentMsg(rank=self.rank, request_id=rid))
+            else:
+                self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=f"send: {err}"))
 
 
 def _to_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:
