@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from blitzscale.engine.config import EngineConfig
+
 Role = Literal["prefill", "decode", "colocated"]  # what a serving instance does
 
 
@@ -105,11 +107,7 @@ class ActivateMsg(Msg):
     model: str
     source: str  # model spec, for its tokenizer
     role: Role
-    block_size: int = 16
-    num_kv_blocks: int = 0  # 0: sized from memory
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    max_model_len: int = 2048
+    engine: EngineConfig  # the `[engine]` section the server was configured with
     live: bool = False  # a live target: serve while the weights are still arriving (ZigZag)
 
 

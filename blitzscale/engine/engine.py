@@ -69,7 +69,7 @@ class LLMEngine:
     def _init_kv_cache(self, weights: ModelWeights) -> None:
         cfg, bs = self.config, self.config.block_size
         per_block = KVCache.bytes_per_block(weights.config, bs, weights.dtype, weights.layout.tp_size)
-        if cfg.num_kv_blocks is not None:
+        if cfg.num_kv_blocks:
             num_blocks = cfg.num_kv_blocks
         elif weights.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(weights.device)

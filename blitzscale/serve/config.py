@@ -4,7 +4,7 @@
     [server]   host, port, api_key
     [cluster]  workers, device, ports, timeouts       (blitzscale.cluster.config.ClusterConfig)
     [router]   mode = "pd" | "colocated", budgets     (blitzscale.serve.router.RouterConfig)
-    [engine]   block_size, num_kv_blocks, ...         (blitzscale.serve.scaler.EngineSettings)
+    [engine]   block_size, num_kv_blocks, ...         (blitzscale.engine.config.EngineConfig)
     [planner]  bands, rates, bounds, idle thresholds  (blitzscale.control.config.PlannerConfig)
     [policy]   name = "blitz" | ... , fixed counts    (blitzscale.control.config.PolicyConfig)
 
@@ -20,9 +20,9 @@ from typing import Any
 
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.control.config import PlannerConfig, PolicyConfig
+from blitzscale.engine.config import EngineConfig
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.router import RouterConfig
-from blitzscale.serve.scaler import EngineSettings
 from blitzscale.tomlfile import read_toml
 
 
@@ -47,13 +47,18 @@ class ServerSection:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
 
 
+# What every instance's engine gets unless the [engine] section says otherwise: small
+# blocks and a fixed KV budget per instance, sized for CPU workers.
+SERVE_ENGINE = EngineConfig(block_size=16, num_kv_blocks=512, max_num_seqs=64, max_model_len=2048)
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     model: ModelSection = field(default_factory=ModelSection)
     server: ServerSection = field(default_factory=ServerSection)
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(num_workers=3))
     router: RouterConfig = field(default_factory=RouterConfig)
-    engine: EngineSettings = field(default_factory=EngineSettings)
+    engine: EngineConfig = field(default_factory=lambda: SERVE_ENGINE)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from blitzscale.cluster.base import Cluster
@@ -29,6 +28,7 @@ from blitzscale.control.policies import (
     scale_actions,
 )
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
+from blitzscale.engine.config import EngineConfig
 from blitzscale.messages import ActivateMsg, Role
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
@@ -44,17 +44,6 @@ ROLE_STATE = {
 DRAINING = {InstanceState.SHUTTING_PREFILL, InstanceState.SHUTTING_DECODE}
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """What every activated instance's engine gets."""
-
-    block_size: int = 16
-    num_kv_blocks: int = 512  # per instance; 0: sized from memory (1 GiB on CPU)
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    max_model_len: int = 2048
-
-
 class Scaler(Loads):
     def __init__(
         self,
@@ -64,7 +53,7 @@ class Scaler(Loads):
         model: str,
         source: str,
         disk_source: str,
-        engine: EngineSettings,
+        engine: EngineConfig,
         metrics: ClusterMetrics,
     ) -> None:
         self.router = router
@@ -121,17 +110,12 @@ class Scaler(Loads):
         await self._activate_many([inst], role)
 
     def _activate_msg(self, role: Role, live: bool = False) -> ActivateMsg:
-        e = self.engine
         return ActivateMsg(
             op_id=self.cluster.next_op(),
             model=self.model,
             source=self.source,
             role=role,
-            block_size=e.block_size,
-            num_kv_blocks=e.num_kv_blocks,
-            max_num_batched_tokens=e.max_num_batched_tokens,
-            max_num_seqs=e.max_num_seqs,
-            max_model_len=e.max_model_len,
+            engine=self.engine,
             live=live,
         )
 

@@ -68,7 +68,7 @@ class ServingCluster:
         await asyncio.to_thread(self.cluster.start)
         src = resolve_model(folder)
         mcfg = load_config(src)
-        max_len = min(cfg.engine.max_model_len, mcfg.max_position_embeddings)
+        max_len = min(cfg.engine.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
         self.router = Router(
             cfg.router, self.cluster, data, load_tokenizer(src), cfg.model.name, mcfg.vocab_size, max_len
         )

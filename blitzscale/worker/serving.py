@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from blitzscale.engine import EngineConfig, LLMEngine
+from blitzscale.engine import LLMEngine
 from blitzscale.engine.engine import CHECK_EVERY_STEP
 from blitzscale.engine.request import RequestOutput
 from blitzscale.errors import BlitzScaleError, KVIntegrityError
@@ -89,14 +89,7 @@ class ServingLoop(LiveSide):
     def activate(self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg) -> dict[str, Any]:
         if self.engine is not None:
             raise BlitzScaleError(f"rank {self.rank} is already serving")
-        cfg = EngineConfig(
-            block_size=msg.block_size,
-            num_kv_blocks=msg.num_kv_blocks or None,
-            max_num_batched_tokens=msg.max_num_batched_tokens,
-            max_num_seqs=msg.max_num_seqs,
-            max_model_len=msg.max_model_len,
-        )
-        self.engine = LLMEngine(weights, tokenizer, cfg)
+        self.engine = LLMEngine(weights, tokenizer, msg.engine)
         self.role = msg.role
         self._live_events = set()
         self.live_failed = ""
