@@ -74,6 +74,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--mode", choices=["pd", "colocated"], default="pd")
     d.add_argument("--policy", default="blitz")
     d.add_argument("--max-tokens", type=int, default=32, help="tokens each streamed completion generates")
+    d.add_argument("--prompt-words", type=int, default=0, help="pad each prompt to about this many words")
     d.add_argument("--reload-cost-factor", type=float, default=None, help="override [planner] (0: old rule)")
     d.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     d.set_defaults(func=_run_steady)
@@ -89,6 +90,7 @@ def _run_steady(args: argparse.Namespace) -> int:
         ("--settle", args.settle, args.settle >= 0),
         ("--workers", args.workers, args.workers >= 2),
         ("--max-tokens", args.max_tokens, args.max_tokens >= 1),
+        ("--prompt-words", args.prompt_words, args.prompt_words >= 0),
         ("--reload-cost-factor", args.reload_cost_factor, (args.reload_cost_factor or 0) >= 0),
     )
     cfg = SteadyConfig(
@@ -99,6 +101,7 @@ def _run_steady(args: argparse.Namespace) -> int:
         mode=args.mode,
         policy=args.policy,
         max_tokens=args.max_tokens,
+        prompt_words=args.prompt_words,
         reload_cost_factor=args.reload_cost_factor,
     )
     _emit(run_steady(cfg), args.out)

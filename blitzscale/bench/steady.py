@@ -29,6 +29,7 @@ class SteadyConfig:
     mode: str = "pd"
     policy: str = "blitz"
     max_tokens: int = 32
+    prompt_words: int = 0  # 0: the short prompts; else each prompt is padded to about this many words
     reload_cost_factor: float | None = None  # None: the planner's default (0: the old rule)
 
 
@@ -37,12 +38,23 @@ async def _client(url: str, cfg: SteadyConfig, k: int, t_end: float, done: list[
     async with httpx.AsyncClient(timeout=300) as client:
         i = k
         while time.monotonic() < t_end:
-            prompt = PROMPTS[i % len(PROMPTS)]
+            prompt = _prompt(i, cfg.prompt_words)
             async with client.stream("POST", f"{url}/v1/completions", json={**body, "prompt": prompt}) as r:
                 async for _line in r.aiter_lines():
                     pass
             done.append(r.status_code)
             i += cfg.streams
+
+
+def _prompt(i: int, words: int) -> str:
+    """Prompt i, padded with context (other prompts, in turn) to about `words` words."""
+    prompt = PROMPTS[i % len(PROMPTS)]
+    context: list[str] = []
+    j = i + 1
+    while words and len(" ".join(context).split()) + len(prompt.split()) < words:
+        context.append(PROMPTS[j % len(PROMPTS)])
+        j += 1
+    return "\n".join([*context, prompt])
 
 
 def run_steady(cfg: SteadyConfig) -> dict[str, Any]:
@@ -74,15 +86,7 @@ def run_steady(cfg: SteadyConfig) -> dict[str, Any]:
             "releases": sum(1 for e in events if e["direction"] == "down"),
             "scale_ups_after_settle": sum(1 for e in late if e["direction"] == "up"),
             "releases_after_settle": sum(1 for e in late if e["direction"] == "down"),
-            "events": [
-                {
-                    "at_s": round(e["time"] - t0, 2),
-                    "direction": e["direction"],
-                    "path": e["path"],
-                    "ranks": e["ranks"],
-                }
-                for e in events
-            ],
+            "events": [_event(e, t0) for e in events],
         }
 
 

@@ -71,13 +71,23 @@ class RouterConfig:
     max_queue_wait_s: float = 60.0  # a queued request that waited this long is refused
     retry_after_s: float = 2.0  # what a refused client is told to wait
     max_migration_wait_s: float = 30.0  # a prefilled request no decode instance took fails
+    # pd mode: no new prompt is prefilled while this many prefilled requests wait for a
+    # decode instance (0: no bound); they wait in the queue instead, where a request that
+    # cannot be served in time is refused (429) before any work is spent on it.
+    max_pending_migrations: int = 64
 
     def __post_init__(self) -> None:
         if self.mode not in ("pd", "colocated"):
             raise ValueError(f"mode must be 'pd' or 'colocated', got {self.mode!r}")
         if self.prefill_budget_tokens < 1 or self.max_requests_per_instance < 1:
             raise ValueError("prefill_budget_tokens and max_requests_per_instance must be >= 1")
-        for name in ("max_queue_tokens", "max_queue_wait_s", "retry_after_s", "max_migration_wait_s"):
+        for name in (
+            "max_queue_tokens",
+            "max_queue_wait_s",
+            "retry_after_s",
+            "max_migration_wait_s",
+            "max_pending_migrations",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no bound), got {getattr(self, name)}")
 
@@ -276,7 +286,10 @@ class Router(LiveScaling):
                 )
             )
             self._finish(late)
+        backlog = self.cfg.max_pending_migrations if self.cfg.mode == "pd" else 0
         while self.queue:
+            if backlog and len(self.migrations.pending) >= backlog:
+                return  # decode is the bottleneck: prefilling more would only fail later
             r = self.queue.head
             inst = self._pick(role, len(r.prompt))
             if inst is None:

@@ -4,6 +4,7 @@ can serve. One colocated instance that takes one request at a time."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from blitzscale.engine.request import SamplingParams
+from blitzscale.messages import GenerateMsg, Message
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.server import ServingCluster
 from tests.serve.conftest import make_service, start_http, stop_http
@@ -99,3 +102,51 @@ def test_a_body_over_the_limit_gets_413_by_length_or_by_chunks(url: str) -> None
     r = httpx.post(f"{url}/v1/completions", content=chunks(), timeout=WAIT_S)
     assert r.status_code == 413
     assert httpx.get(f"{url}/health", timeout=WAIT_S).status_code in (200, 503)
+
+
+decode_bound = pytest.fixture(scope="module")(
+    make_service(
+        cluster={"num_workers": 2},
+        router={"mode": "pd", "max_requests_per_instance": 2, "max_pending_migrations": 1},
+        policy={"name": "fixed", "fixed_prefill": 1, "fixed_decode": 1},
+    )
+)
+
+
+def test_prompts_wait_in_the_queue_while_decode_is_the_bottleneck(
+    decode_bound: tuple[ServingCluster, LoopThread],
+) -> None:
+    """One decode instance takes two requests; while a prefilled request waits for it, no
+    new prompt is prefilled: prompts wait in the queue (where shedding applies), and every
+    request still completes with the right answer."""
+    service, lt = decode_bound
+    router = service.router
+    assert router is not None
+    ids = router.encode("Once upon a time")
+    waiting_at_dispatch: list[int] = []  # prefilled requests waiting when a prompt was sent
+    send = router._send
+
+    async def watched(rank: int, msg: Message) -> None:
+        if isinstance(msg, GenerateMsg):
+            waiting_at_dispatch.append(len(router.pending_migrations))
+        await send(rank, msg)
+
+    async def one(i: int) -> list[int]:
+        out: list[int] = []
+        params = SamplingParams(max_tokens=16 + 8 * i, temperature=0, ignore_eos=True)  # end one by one
+        async for o in router.generate(f"r{i}", ids, params):
+            out += o.new_token_ids
+        return out
+
+    async def scenario() -> list[list[int]]:
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    router._send = watched  # type: ignore[method-assign]
+    try:
+        outs = lt.run(scenario(), timeout=WAIT_S * 3)
+    finally:
+        del router._send
+    assert len(waiting_at_dispatch) == 8
+    assert max(waiting_at_dispatch) == 0, waiting_at_dispatch
+    longest = outs[-1]
+    assert all(o == longest[: 16 + 8 * i] for i, o in enumerate(outs))  # greedy: prefixes of one answer

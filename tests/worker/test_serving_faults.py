@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from blitzscale.engine.config import EngineConfig
 from blitzscale.engine.request import SamplingParams
 from blitzscale.messages import ActivateMsg, GenerateMsg, Message, OutputMsg, OutputsMsg, sampling_msg
 from blitzscale.worker.serving import ServingLoop
@@ -19,7 +20,8 @@ class Loop:
     def __init__(self, weights: Any, tokenizer: Any) -> None:
         self.sent: list[Message] = []
         self.serving = ServingLoop(0, None, self.sent.append)
-        msg = ActivateMsg(op_id=1, model="m", source="smollm2-135m", role="colocated", num_kv_blocks=64)
+        engine = EngineConfig(block_size=16, num_kv_blocks=64, max_model_len=2048)
+        msg = ActivateMsg(op_id=1, model="m", source="smollm2-135m", role="colocated", engine=engine)
         self.serving.activate(weights, tokenizer, msg)
         self.tokenizer = tokenizer
 
