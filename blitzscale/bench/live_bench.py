@@ -123,9 +123,9 @@ async def _burst(
         "senders_done_s": ups[-1].get("senders_done_s") if ups else None,
         "replied_s": ups[-1].get("replied_s") if ups else None,  # all replies at the controller
         "load_done_at_s": (ups[-1]["time"] - t0) if ups else None,
-        "live_requests": router.live_requests_total,
-        "live_layers": router.live_layers_total,
-        "relays": router.relays_total,
+        "live_requests": router.live.requests_total,
+        "live_layers": router.live.layers_total,
+        "relays": router.live.relays_total,
         "tokens": [outs[f"{path}-{i}"] for i in range(len(prompts))],
     }
 

@@ -91,7 +91,7 @@ def _replay_live(
     write_records(out / "requests.jsonl", records)
     (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2))
     report = write_report(out, records, summary, samples, events)
-    live = (router.live_requests_total, router.live_layers_total, router.relays_total)
+    live = (router.live.requests_total, router.live.layers_total, router.live.relays_total)
     return RunResult(policy, summary, records, samples, events, report, live)
 
 

@@ -1,14 +1,15 @@
-"""The router's side of live scaling (ZigZag, design §2.3), as a part of `Router`.
+"""The router's side of live scaling (ZigZag, design §2.3), composed into the router.
 
 Which live target pairs with which source, when an idle source pulls a task (a relay), how
 a relay's three steps are sequenced so that every stream between the two ranks is posted
-in the same order on both sides, and the live counters `/metrics` exports. The state
-lives on the router (one asyncio task writes it); this class only groups the logic.
+in the same order on both sides, and the live counters `/metrics` exports. This class owns
+the pairs and the relays; the router's one task is its only caller.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.messages import (
@@ -18,7 +19,6 @@ from blitzscale.messages import (
     LiveFailedMsg,
     LiveLoadedMsg,
     LiveReadyMsg,
-    Message,
     RelayedMsg,
     RelayEvent,
     RelayInMsg,
@@ -32,171 +32,203 @@ from blitzscale.serve.instances import Instance
 from blitzscale.serve.requests import RouterRequest
 
 if TYPE_CHECKING:
-    import asyncio
+    from blitzscale.serve.router import Router
 
-    from blitzscale.serve.router import RouterConfig
+
+@dataclass
+class Relay:
+    """A task on its way from a live target to its source."""
+
+    target: int
+    source: int
+    sent: bool = False  # the source's receives are posted and the target was told to send
 
 
 class LiveScaling:
-    cfg: RouterConfig
-    instances: dict[int, Instance]
-    reqs: dict[str, RouterRequest]
-    connected: set[int]
-    _wake: asyncio.Event
-
-    def _init_live(self) -> None:
-        # live target rank -> its source's rank (None: no source to relay to), relays in
-        # flight (request id -> [target, source, sent]), sources asked to relay.
-        self.live_pairs: dict[int, int | None] = {}
-        self._relays: dict[str, list[Any]] = {}
-        self._relay_asked: set[int] = set()
-        self.live_requests_total = 0  # requests whose prefill ran partly on a loading instance
-        self.live_layers_total = 0  # layers run on loading instances
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.pairs: dict[int, int | None] = {}  # live target -> its source (None: no source)
+        self.relays: dict[str, Relay] = {}  # by request id
+        self._asked: set[int] = set()  # sources asked to relay
+        self.requests_total = 0  # requests whose prefill ran partly on a loading instance
+        self.layers_total = 0  # layers run on loading instances
         self.relays_total = 0  # tasks a live target handed to its source
 
-    if TYPE_CHECKING:
+    # --- pairs ----------------------------------------------------------------------------
 
-        async def _send(self, rank: int, msg: Message) -> None: ...
-        def _unassign(self, rank: int | None) -> None: ...
-        def _lost(self, r: RouterRequest, why: str) -> None: ...
-
-    def begin_live(self, targets: tuple[int, ...], source: int | None) -> None:
+    def begin(self, targets: tuple[int, ...], source: int | None) -> None:
         for t in targets:
-            self.live_pairs[t] = source
+            self.pairs[t] = source
 
-    def end_live(self, target: int) -> None:
+    def end(self, target: int) -> None:
         """`target` serves normally (or is gone); its source returns to normal when it has
         no other live target."""
-        source = self.live_pairs.pop(target, None)
-        inst = self.instances.get(target)
-        steady = InstanceState.PREFILL if self.cfg.mode == "pd" else InstanceState.COLOCATED
+        rt = self.router
+        source = self.pairs.pop(target, None)
+        inst = rt.instances.get(target)
+        steady = InstanceState.PREFILL if rt.cfg.mode == "pd" else InstanceState.COLOCATED
         if inst is not None and inst.state in (InstanceState.NEW_PREFILL, InstanceState.REFRACTORY_PREFILL):
             inst.set_state(steady, "(live queue drained)")
-        src = self.instances.get(source) if source is not None else None
-        if src is not None and source not in self.live_pairs.values():
-            self._relay_asked.discard(source)  # type: ignore[arg-type]
+        src = rt.instances.get(source) if source is not None else None
+        if src is not None and source not in self.pairs.values():
+            self._asked.discard(source)  # type: ignore[arg-type]
             if src.state is InstanceState.OLD_PREFILL:
                 src.set_state(steady, "(its live target is loaded)")
-        self._wake.set()
+        rt._wake.set()
 
-    async def _relay_round(self) -> None:
+    def loading_target(self, rank: int) -> bool:
+        """A live target that serves and still waits for weights."""
+        t = self.router.instances.get(rank)
+        return t is not None and t.live_ready and t.state is InstanceState.NEW_PREFILL
+
+    def has_live_target(self, source: int) -> bool:
+        return any(src == source and self.loading_target(t) for t, src in self.pairs.items())
+
+    def budget(self, inst: Instance) -> int:
+        """Prompt tokens an instance may have outstanding; a loading live target with a
+        source holds the queue of both (the source takes none meanwhile)."""
+        budget = self.router.cfg.prefill_budget_tokens
+        if self.pairs.get(inst.rank) is not None and self.loading_target(inst.rank):
+            return 2 * budget
+        return budget
+
+    def count(self, r: RouterRequest, layers: int) -> None:
+        if layers <= 0:
+            return
+        self.layers_total += layers
+        if not r.live:
+            r.live = True
+            self.requests_total += 1
+
+    # --- relays ---------------------------------------------------------------------------
+
+    async def round(self) -> None:
         """An idle source pulls a task from its live target (ZigZag): the target stops its
         head task where it is and the source finishes the remaining layers."""
-        for target, source in list(self.live_pairs.items()):  # sends below may yield
-            if source is None or source in self._relay_asked or source not in self.connected:
+        rt = self.router
+        for target, source in list(self.pairs.items()):  # sends below may yield
+            if source is None or source in self._asked or source not in rt.connected:
                 continue
-            src, tgt = self.instances.get(source), self.instances.get(target)
+            src, tgt = rt.instances.get(source), rt.instances.get(target)
             if src is None or tgt is None or src.state is not InstanceState.OLD_PREFILL:
                 continue
             if src.outstanding_tokens > 0 or tgt.outstanding_tokens <= 0:
                 continue  # the source has prompts of its own, or the target has none queued
-            self._relay_asked.add(source)
-            await self._send(target, RelayMsg(dst_rank=source))
+            self._asked.add(source)
+            await rt._send(target, RelayMsg(dst_rank=source))
 
-    async def _on_relayed(self, m: RelayedMsg) -> None:
-        source = self.live_pairs.get(m.rank)
+    def on_none(self, target: int) -> None:
+        """The target had no task to hand over."""
+        self._asked.discard(self.pairs.get(target))  # type: ignore[arg-type]
+
+    async def on_relayed(self, m: RelayedMsg) -> None:
+        rt = self.router
+        source = self.pairs.get(m.rank)
         if source is not None:
-            self._relay_asked.discard(source)
-        r = self.reqs.get(m.request_id)
-        src = self.instances.get(source) if source is not None else None
-        if r is None or src is None or r.prefill_rank != m.rank:
-            await self._send(m.rank, SendRelayMsg(request_id=m.request_id, dst_rank=-1))
+            self._asked.discard(source)
+        r = rt.request_of(m.request_id)
+        src = rt.instances.get(source) if source is not None else None
+        if r is None or src is None or source is None or r.prefill_rank != m.rank:
+            await rt._send(m.rank, SendRelayMsg(request_id=m.request_id, dst_rank=-1))
             if r is None:
-                await self._send(m.rank, AbortMsg(request_id=m.request_id))
+                await rt._send(m.rank, AbortMsg(request_id=m.request_id))
             return
-        self._relays[r.id] = [m.rank, source, False]
+        self.relays[r.wire_id] = Relay(m.rank, source)
         self.relays_total += 1
-        tgt = self.instances.get(m.rank)
+        tgt = rt.instances.get(m.rank)
         if tgt is not None:
             tgt.take_tokens(len(r.prompt))
         src.outstanding_tokens += len(r.prompt)
         src.num_assigned += 1
         r.prefill_rank, r.relay_from = source, m.rank
-        self._count_live(r, m.live_layers)
-        await self._send(
-            source,  # type: ignore[arg-type]
+        self.count(r, m.live_layers)
+        await rt._send(
+            source,
             RelayInMsg(
-                request_id=r.id,
+                request_id=r.wire_id,
                 src_rank=m.rank,
                 layer=m.layer,
                 prompt_token_ids=r.prompt,
                 params=r.sampling_msg(),
-                hold_kv=self.cfg.mode == "pd",
+                hold_kv=rt.cfg.mode == "pd",
             ),
         )
 
-    async def _on_relay_event(self, ev: RelayEvent) -> None:
-        relay = self._relays.get(ev.request_id)
+    async def on_event(self, ev: RelayEvent) -> None:
+        rt = self.router
+        relay = self.relays.get(ev.request_id)
         if relay is None:
             return
         if isinstance(ev, RelayReadyMsg):  # the source's receives are posted: the target sends
-            relay[2] = True
-            await self._send(relay[0], SendRelayMsg(request_id=ev.request_id, dst_rank=ev.rank))
-        elif isinstance(ev, RelaySentMsg):
-            del self._relays[ev.request_id]
-            self._unassign(relay[0])
-            r = self.reqs.get(ev.request_id)
+            relay.sent = True
+            await rt._send(relay.target, SendRelayMsg(request_id=ev.request_id, dst_rank=ev.rank))
+            return
+        del self.relays[ev.request_id]
+        r = rt.request_of(ev.request_id)
+        if isinstance(ev, RelaySentMsg):
+            rt._unassign(relay.target)
             if r is not None:
                 r.relay_from = None
         elif isinstance(ev, RelayLostMsg):  # a side died mid-relay
-            del self._relays[ev.request_id]
-            r = self.reqs.get(ev.request_id)
             if r is not None:
-                self._lost(r, f"relay between ranks {relay[0]} and {relay[1]} failed ({ev.error})")
+                rt._lost(r, f"relay between ranks {relay.target} and {relay.source} failed ({ev.error})")
         else:  # RelayFailedMsg: the source had no room, the target keeps the task
-            del self._relays[ev.request_id]
-            await self._send(relay[0], SendRelayMsg(request_id=ev.request_id, dst_rank=-1))
-            r = self.reqs.get(ev.request_id)
+            await rt._send(relay.target, SendRelayMsg(request_id=ev.request_id, dst_rank=-1))
             if r is None:
-                await self._send(relay[0], AbortMsg(request_id=ev.request_id))
+                await rt._send(relay.target, AbortMsg(request_id=ev.request_id))
             else:
                 self._take_back(r, relay)
 
-    def _take_back(self, r: RouterRequest, relay: list[Any]) -> None:
+    def _take_back(self, r: RouterRequest, relay: Relay) -> None:
         """A relay that did not happen: the request is the target's again."""
-        target, source = relay[0], relay[1]
-        src, tgt = self.instances.get(source), self.instances.get(target)
+        rt = self.router
+        src, tgt = rt.instances.get(relay.source), rt.instances.get(relay.target)
         if src is not None:
             src.take_tokens(len(r.prompt))
-        self._unassign(source)
+        rt._unassign(relay.source)
         if tgt is not None:
             tgt.outstanding_tokens += len(r.prompt)
-        r.prefill_rank, r.relay_from = target, None
+        r.prefill_rank, r.relay_from = relay.target, None
 
-    def _count_live(self, r: RouterRequest, layers: int) -> None:
-        if layers <= 0:
-            return
-        self.live_layers_total += layers
-        if not r.live:
-            r.live = True
-            self.live_requests_total += 1
+    # --- a live target's progress, and dead ranks ----------------------------------------
 
-    def _on_live_event(self, ev: LiveEvent) -> None:
-        inst = self.instances.get(ev.rank)
-        if inst is None or ev.rank not in self.live_pairs:
+    def on_live_event(self, ev: LiveEvent) -> None:
+        rt = self.router
+        inst = rt.instances.get(ev.rank)
+        if inst is None or ev.rank not in self.pairs:
             return
         if isinstance(ev, LiveReadyMsg):
             inst.live_ready = True
         elif isinstance(ev, LiveLoadedMsg) and inst.state is InstanceState.NEW_PREFILL:
             inst.set_state(InstanceState.REFRACTORY_PREFILL, "(fully loaded)")
         elif isinstance(ev, LiveDoneMsg):
-            self.end_live(ev.rank)
+            self.end(ev.rank)
         elif isinstance(ev, LiveFailedMsg):  # its weights will not all arrive: it serves no more
             inst.set_state(InstanceState.INACTIVE, "(live load failed)")
-            self.end_live(ev.rank)
-        self._wake.set()
+            self.end(ev.rank)
+        rt._wake.set()
 
-    def _loading_target(self, rank: int) -> bool:
-        """A live target that serves and still waits for weights."""
-        t = self.instances.get(rank)
-        return t is not None and t.live_ready and t.state is InstanceState.NEW_PREFILL
+    def drop_dead_relays(self, dead: set[int]) -> None:
+        """Relays with a dead side end (a target that still has its task takes it back);
+        before the router looks for requests on dead ranks."""
+        rt = self.router
+        for rid, relay in list(self.relays.items()):
+            if not {relay.target, relay.source} & dead:
+                continue
+            del self.relays[rid]
+            r = rt.request_of(rid)
+            if relay.source in dead and relay.target not in dead and not relay.sent:
+                rt._send_nowait(relay.target, SendRelayMsg(request_id=rid, dst_rank=-1))
+                if r is not None:
+                    self._take_back(r, relay)
 
-    def _has_live_target(self, source: int) -> bool:
-        return any(src == source and self._loading_target(t) for t, src in self.live_pairs.items())
-
-    def _budget(self, inst: Instance) -> int:
-        """Prompt tokens an instance may have outstanding; a loading live target with a
-        source holds the queue of both (the source takes none meanwhile)."""
-        if self.live_pairs.get(inst.rank) is not None and self._loading_target(inst.rank):
-            return 2 * self.cfg.prefill_budget_tokens
-        return self.cfg.prefill_budget_tokens
+    def drop_dead_pairs(self, dead: set[int]) -> None:
+        """Dead targets end their pairing (after they went INACTIVE), and a dead source
+        leaves its targets on their own."""
+        for rank in dead:
+            if rank in self.pairs:
+                self.end(rank)
+            for t, src in list(self.pairs.items()):
+                if src == rank:  # the target goes on alone
+                    self.pairs[t] = None
+                    self._asked.discard(rank)

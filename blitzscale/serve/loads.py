@@ -106,7 +106,7 @@ class Loads:
             partner.set_state(InstanceState.OLD_PREFILL, f"(relays for {list(a.target_ranks)})")
         else:
             partner = None
-        self.router.begin_live(a.target_ranks, partner.rank if partner is not None else None)
+        self.router.live.begin(a.target_ranks, partner.rank if partner is not None else None)
         activated: set[int] = set()
 
         def on_live(reply: ReplyMsg) -> None:  # on this loop, as each reply arrives
@@ -130,7 +130,7 @@ class Loads:
         except BlitzScaleError as e:
             self._load_failed(a.target_ranks, e)
             for t in a.target_ranks:
-                self.router.end_live(t)
+                self.router.live.end(t)
             return
         self._load_succeeded(a.target_ranks)
         nbytes = sum(v["bytes"] for v in report.values())
@@ -140,7 +140,7 @@ class Loads:
         missed = [self._instance(t) for t in a.target_ranks if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
             for inst in missed:
-                self.router.end_live(inst.rank)
+                self.router.live.end(inst.rank)
             await self._activate_many(missed, role)
 
     async def _load_network(

@@ -73,17 +73,17 @@ class _RouterCollector(Collector):
         yield CounterMetricFamily(
             "blitzscale_live_requests",
             "Requests whose prefill ran partly on an instance still loading its weights",
-            value=self.router.live_requests_total,
+            value=self.router.live.requests_total,
         )
         yield CounterMetricFamily(
             "blitzscale_live_layers",
             "Layers run on instances still loading their weights",
-            value=self.router.live_layers_total,
+            value=self.router.live.layers_total,
         )
         yield CounterMetricFamily(
             "blitzscale_live_relays",
             "Partly prefilled tasks a live target handed to its source to finish",
-            value=self.router.relays_total,
+            value=self.router.live.relays_total,
         )
 
 

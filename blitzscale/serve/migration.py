@@ -70,7 +70,7 @@ class KVMigrations:
         await rt._send(
             inst.rank,
             RecvKVMsg(
-                request_id=r.id,
+                request_id=r.wire_id,
                 src_rank=r.prefill_rank,  # type: ignore[arg-type]
                 token_ids=r.token_ids,
                 num_prompt_tokens=len(r.prompt),
@@ -91,7 +91,7 @@ class KVMigrations:
             overdue = limit and r.migrating_since is not None and now - r.migrating_since > limit
             if overdue and not self.can_adopt(r):
                 # no decode instance took it in time: drop the held KV, fail the request
-                await rt._send(r.prefill_rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
+                await rt._send(r.prefill_rank, AbortMsg(request_id=r.wire_id))  # type: ignore[arg-type]
                 r.out.put_nowait(
                     UnavailableError(f"no decode instance could take the request within {limit:g} s")
                 )
@@ -110,7 +110,7 @@ class KVMigrations:
         come, while the held KV keeps the mutation from draining.)"""
         r.decode_rank, r.prefill_rank = inst.rank, None
         r.stage = "decode"
-        await self.router._send(inst.rank, AdoptKVMsg(request_id=r.id))
+        await self.router._send(inst.rank, AdoptKVMsg(request_id=r.wire_id))
 
     # --- events of a live request -------------------------------------------------------
 
@@ -118,7 +118,7 @@ class KVMigrations:
         """A hand-off event of a request the client still waits for; False if it is none."""
         rt = self.router
         if isinstance(ev, KVReadyMsg):  # the decode side's receive is posted: the prefill side sends
-            await rt._send(r.prefill_rank, SendKVMsg(request_id=r.id, dst_rank=ev.rank))  # type: ignore[arg-type]
+            await rt._send(r.prefill_rank, SendKVMsg(request_id=r.wire_id, dst_rank=ev.rank))  # type: ignore[arg-type]
         elif isinstance(ev, KVSentMsg):
             rt._unassign(r.prefill_rank)
             r.prefill_rank = None
@@ -139,10 +139,10 @@ class KVMigrations:
         it lands) and the prefill side still sends, or frees the KV if the decode side never
         posted (`on_aborted_event`)."""
         assert r.decode_rank is not None
-        await self.router._send(r.decode_rank, AbortMsg(request_id=r.id))
+        await self.router._send(r.decode_rank, AbortMsg(request_id=r.wire_id))
         self.router._unassign(r.decode_rank)
         r.stage = "aborting"
-        self.aborting[r.id] = r
+        self.aborting[r.wire_id] = r
 
     async def on_aborted_event(self, ev: RequestEvent) -> None:
         """An aborted request's hand-off runs to its end so both sides stay matched."""
@@ -151,10 +151,10 @@ class KVMigrations:
             return
         prefill = r.prefill_rank
         if isinstance(ev, KVReadyMsg) and prefill is not None:  # the receive is posted: match it
-            await self.router._send(prefill, SendKVMsg(request_id=r.id, dst_rank=ev.rank))
+            await self.router._send(prefill, SendKVMsg(request_id=r.wire_id, dst_rank=ev.rank))
             return
         if isinstance(ev, KVFailedMsg | LostMsg) and ev.rank != prefill and prefill is not None:
-            await self.router._send(prefill, AbortMsg(request_id=r.id))  # nothing was posted: free it
+            await self.router._send(prefill, AbortMsg(request_id=r.wire_id))  # nothing was posted: free it
         elif not isinstance(ev, KVSentMsg | KVFailedMsg | LostMsg):
             return
         self._end_aborted(r)
@@ -164,11 +164,11 @@ class KVMigrations:
         for r in list(self.aborting.values()):
             if r.prefill_rank in dead or r.decode_rank in dead:
                 if r.prefill_rank not in dead:  # the KV cannot go anywhere now
-                    self.router._send_nowait(r.prefill_rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
+                    self.router._send_nowait(r.prefill_rank, AbortMsg(request_id=r.wire_id))  # type: ignore[arg-type]
                 self._end_aborted(r)
 
     def _end_aborted(self, r: RouterRequest) -> None:
-        self.aborting.pop(r.id, None)
+        self.aborting.pop(r.wire_id, None)
         self.router._unassign(r.prefill_rank)
         r.prefill_rank = r.decode_rank = None
         r.stage = "done"

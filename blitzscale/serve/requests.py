@@ -31,6 +31,12 @@ class RouterRequest:
     rng_state: bytes = b""  # a seeded request's generator, carried from prefill to decode
     relay_from: int | None = None  # live target sending this request's prefill to prefill_rank
     live: bool = False  # part of its prefill ran on an instance still loading weights
+    attempt: int = 0  # runs after the first (an instance died before it produced anything)
+
+    @property
+    def wire_id(self) -> str:
+        """The id workers know this run by: a rerun is a new request to them."""
+        return self.id if not self.attempt else f"{self.id}#{self.attempt}"
 
     @property
     def token_ids(self) -> list[int]:

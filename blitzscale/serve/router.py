@@ -41,7 +41,6 @@ from blitzscale.messages import (
     RelayNoneMsg,
     RequestEvent,
     Role,
-    SendRelayMsg,
     StatsMsg,
     encode,
     open_frames,
@@ -92,7 +91,7 @@ class RouterConfig:
                 raise ValueError(f"{name} must be >= 0 (0: no bound), got {getattr(self, name)}")
 
 
-class Router(LiveScaling):
+class Router:
     def __init__(
         self,
         cfg: RouterConfig,
@@ -119,7 +118,7 @@ class Router(LiveScaling):
         self.dead_ranks: set[int] = set()  # workers found dead and not yet back
         self.respawner = Respawner(cluster, cluster.cfg.max_restarts, self._rank_back)
         self.on_rank_back: list[Callable[[int], None]] = []  # e.g. the scaler's backoff
-        self._init_live()
+        self.live = LiveScaling(self)  # ZigZag: live pairs, relays, live counters
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -189,7 +188,7 @@ class Router(LiveScaling):
             await self.migrations.abort(r)  # its hand-off must still be matched
             return
         for rank in {r.prefill_rank, r.decode_rank, r.relay_from} - {None}:
-            await self._send(rank, AbortMsg(request_id=request_id))  # type: ignore[arg-type]
+            await self._send(rank, AbortMsg(request_id=r.wire_id))  # type: ignore[arg-type]
         self._release_assignment(r)
         r.stage = "done"
 
@@ -197,6 +196,15 @@ class Router(LiveScaling):
     def pending_migrations(self) -> deque[RouterRequest]:
         """Prefilled requests waiting for a decode instance."""
         return self.migrations.pending
+
+    def request_of(self, wire_id: str) -> RouterRequest | None:
+        """The request a worker's message names, or None: finished, or the message is about
+        an earlier run of it (a rerun gets a new wire id)."""
+        r = self.reqs.get(wire_id)
+        if r is None:
+            base, sep, _ = wire_id.rpartition("#")
+            r = self.reqs.get(base) if sep else None
+        return r if r is not None and r.wire_id == wire_id else None
 
     def queue_time_s(self, request_id: str) -> float | None:
         """Seconds the request waited in the global queue (the API's x-queue-time)."""
@@ -231,7 +239,7 @@ class Router(LiveScaling):
             try:
                 await self._dispatch_queue()
                 await self.migrations.retry()
-                await self._relay_round()
+                await self.live.round()
                 if time.monotonic() - last_check > self.cfg.health_check_s:
                     last_check = time.monotonic()
                     self._fail_dead_instances()
@@ -247,7 +255,7 @@ class Router(LiveScaling):
         on the target's queue. Once loaded, both take prompts as usual."""
         if inst.state is InstanceState.NEW_PREFILL and not inst.live_ready:
             return None  # no layer has landed yet
-        if inst.state is InstanceState.OLD_PREFILL and self._has_live_target(inst.rank):
+        if inst.state is InstanceState.OLD_PREFILL and self.live.has_live_target(inst.rank):
             return None
         role = inst.accepts
         if role == "prefill" and self.cfg.mode == "colocated":
@@ -264,7 +272,7 @@ class Router(LiveScaling):
             if (
                 role != "decode"
                 and inst.outstanding_tokens
-                and (inst.outstanding_tokens + need_tokens > self._budget(inst))
+                and (inst.outstanding_tokens + need_tokens > self.live.budget(inst))
             ):
                 continue
             if best is None or (inst.outstanding_tokens, inst.num_assigned) < (
@@ -303,7 +311,7 @@ class Router(LiveScaling):
             await self._send(
                 inst.rank,
                 GenerateMsg(
-                    request_id=r.id, prompt_token_ids=r.prompt, params=r.sampling_msg(), hold_kv=hold
+                    request_id=r.wire_id, prompt_token_ids=r.prompt, params=r.sampling_msg(), hold_kv=hold
                 ),
             )
 
@@ -322,9 +330,11 @@ class Router(LiveScaling):
             self._finish(r)
 
     def _requeue(self, r: RouterRequest) -> None:
-        """Run a request again from the front of the queue (it has no output yet)."""
+        """Run a request again from the front of the queue (it has no output yet), under a
+        new wire id: what is left of the last run on a worker keeps the old one."""
         self._release_assignment(r)
         r.stage, r.prefilled = "queued", False
+        r.attempt += 1
         self.queue.push_front(r)
         self._wake.set()
 
@@ -347,31 +357,31 @@ class Router(LiveScaling):
         if isinstance(msg, OutputsMsg):
             await self._on_outputs(msg)
         elif isinstance(msg, LiveEvent):
-            self._on_live_event(msg)
+            self.live.on_live_event(msg)
         elif isinstance(msg, RelayNoneMsg):
-            self._relay_asked.discard(self.live_pairs.get(msg.rank))  # type: ignore[arg-type]
+            self.live.on_none(msg.rank)
         elif isinstance(msg, RELAY_EVENTS):
-            await self._on_relay_event(msg)
+            await self.live.on_event(msg)
         elif isinstance(msg, RequestEvent):
             await self._on_event(msg)
         elif isinstance(msg, StatsMsg):
             self._on_stats(msg)
         elif isinstance(msg, RelayedMsg):
-            await self._on_relayed(msg)
+            await self.live.on_relayed(msg)
         elif isinstance(msg, HelloMsg):
             self.connected.add(msg.rank)
             self._wake.set()
 
     async def _on_outputs(self, msg: OutputsMsg) -> None:
         for o in msg.outputs:
-            r = self.reqs.get(o.request_id)
+            r = self.request_of(o.request_id)
             if r is None:
                 continue
             inst = self.instances.get(msg.rank)
             if r.stage == "prefill" and inst is not None and not r.prefilled:
                 r.prefilled = True
                 inst.take_tokens(len(r.prompt))
-                self._count_live(r, o.live_layers)
+                self.live.count(r, o.live_layers)
             if o.finish_reason == "error":  # the request broke its step: never rerun it
                 await r.out.put(RequestFailedError(f"request failed on rank {msg.rank}: {o.error}"))
                 self._finish(r)
@@ -386,7 +396,7 @@ class Router(LiveScaling):
                     self._finish(r)
 
     async def _on_event(self, ev: RequestEvent) -> None:
-        r = self.reqs.get(ev.request_id)
+        r = self.request_of(ev.request_id)
         if r is None:  # gone, or aborted with its hand-off still running
             await self.migrations.on_aborted_event(ev)
             return
@@ -417,34 +427,21 @@ class Router(LiveScaling):
             log.error("worker %d died; its requests run again or fail, its copies leave the pool", rank)
             self.respawner.died(rank)
         self.dead_ranks |= dead
-        for rid, (target, source, sent) in list(self._relays.items()):
-            if not {target, source} & dead:
-                continue
-            del self._relays[rid]
-            r = self.reqs.get(rid)
-            if source in dead and target not in dead and not sent:  # the target still has it
-                self._send_nowait(target, SendRelayMsg(request_id=rid, dst_rank=-1))
-                if r is not None:
-                    self._take_back(r, [target, source])
+        self.live.drop_dead_relays(dead)
         self.migrations.drop_dead(dead)
         for r in list(self.reqs.values()):
             involved = {r.prefill_rank, r.decode_rank, r.relay_from} - {None}
             ranks = involved & dead
             if ranks:  # run again if nothing was produced yet (no client can tell), else fail
                 for rank in involved - dead:  # survivors drop their part (blocks, receives)
-                    self._send_nowait(rank, AbortMsg(request_id=r.id))  # type: ignore[arg-type]
+                    self._send_nowait(rank, AbortMsg(request_id=r.wire_id))  # type: ignore[arg-type]
                 self._lost(r, f"instance on rank {sorted(ranks)} died", ranks)
         for rank in dead:
             inst = self.instances.get(rank)
             if inst is not None and inst.state is not InstanceState.INACTIVE:
                 inst.set_state(InstanceState.INACTIVE, "(worker died)")
                 self.connected.discard(rank)
-            if rank in self.live_pairs:
-                self.end_live(rank)
-            for t, src in list(self.live_pairs.items()):
-                if src == rank:  # the target goes on alone
-                    self.live_pairs[t] = None
-                    self._relay_asked.discard(rank)
+        self.live.drop_dead_pairs(dead)
 
     def _rank_back(self, rank: int) -> None:
         """A respawned worker is up with its links rebuilt: the planner may use it again."""

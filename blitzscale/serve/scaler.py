@@ -141,9 +141,9 @@ class Scaler(Loads):
             now=now,
             instances=instances,
             queued_prompt_tokens=sum(len(q.prompt) for q in r.queue)
-            + sum(i.outstanding_tokens for i in r.instances.values() if i.rank not in r.live_pairs),
+            + sum(i.outstanding_tokens for i in r.instances.values() if i.rank not in r.live.pairs),
             live_target_tokens=sum(
-                i.outstanding_tokens for i in r.instances.values() if i.rank in r.live_pairs
+                i.outstanding_tokens for i in r.instances.values() if i.rank in r.live.pairs
             ),
             migrating_tokens=r.migrations.waiting_tokens,
             free_ranks=tuple(

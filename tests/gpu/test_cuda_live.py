@@ -61,10 +61,10 @@ def test_live_scaling_over_nccl_keeps_tokens_and_serves_while_loading(tmp_path) 
             # An idle source pulls tasks before the target has run any layer (k = 0); keep
             # it from asking for a while, as a busy source would, so relays carry hidden
             # states and KV halves over NCCL.
-            router._relay_asked.add(0)
+            router.live._asked.add(0)
             task = asyncio.ensure_future(burst("live"))
             await asyncio.sleep(3.0)
-            router._relay_asked.discard(0)
+            router.live._asked.discard(0)
             outs = await task
             while scaler.busy:
                 await asyncio.sleep(0.05)
@@ -75,10 +75,10 @@ def test_live_scaling_over_nccl_keeps_tokens_and_serves_while_loading(tmp_path) 
         assert load["seconds"] > 3
         early = [rid for rid, t in first.items() if rid.startswith("live") and t < load["time"]]
         when = {rid: round(t - load["time"], 2) for rid, t in first.items() if rid.startswith("live")}
-        stats = (load, router.relays_total, router.live_requests_total, router.live_layers_total, when)
+        stats = (load, router.live.relays_total, router.live.requests_total, router.live.layers_total, when)
         assert early, f"no request got its first token while the new instance was loading: {stats}"
-        assert router.live_requests_total > 0 and router.live_layers_total > 0
-        assert router.relays_total > 0
+        assert router.live.requests_total > 0 and router.live.layers_total > 0
+        assert router.live.relays_total > 0
     finally:
         lt.run(service.stop())
         lt.close()

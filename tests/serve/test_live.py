@@ -124,7 +124,7 @@ def test_live_target_serves_while_loading_and_tokens_do_not_change(mode: str, wo
         target = service.router.instances[live_load["ranks"][0]]
         seen = [b for _, _, b in target.transitions]
         assert seen[:1] == ["new_prefill"] and "refractory_prefill" in seen, seen
-        wait_for(lambda: not service.router.live_pairs)  # drained: everyone is back to normal
+        wait_for(lambda: not service.router.live.pairs)  # drained: everyone is back to normal
         steady = InstanceState.PREFILL if mode == "pd" else InstanceState.COLOCATED
         assert target.state is steady
         assert not any(i.state is InstanceState.OLD_PREFILL for i in service.router.instances.values())
@@ -178,10 +178,10 @@ def test_death_during_live_scaling_fails_or_retries_with_no_hang_or_leak(mode: s
 
         async def scenario() -> list[list[int] | str]:
             tasks = [asyncio.create_task(guarded(i)) for i in range(len(ps))]
-            while not any(i.live_ready for i in router.instances.values() if i.rank in router.live_pairs):
+            while not any(i.live_ready for i in router.instances.values() if i.rank in router.live.pairs):
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # some layers in, some tasks queued at the target
-            target = next(iter(router.live_pairs))
+            target = next(iter(router.live.pairs))
             cluster.procs[target if victim == "target" else 0].kill()
             return await asyncio.wait_for(asyncio.gather(*tasks), 150)
 
