@@ -405,4 +405,8 @@ def worker_main(cfg: WorkerConfig) -> None:
         # a live target's first forward pass would stall until its weights had all arrived.
         os.environ["CUDA_MODULE_LOADING"] = "EAGER"
     torch.set_num_threads(1)
-    Worker(cfg).serve_forever()
+    worker = Worker(cfg)
+    try:
+        worker.serve_forever()
+    finally:
+        worker.links.close()

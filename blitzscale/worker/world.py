@@ -107,6 +107,16 @@ class Links:
             return dist.ProcessGroupNCCL(store, me, 2, _nccl_options(self.timeout))
         return dist.ProcessGroupGloo(store, me, 2, self.timeout)
 
+    def close(self) -> None:
+        """At exit: NCCL wants its communicators shut down before the process ends."""
+        with self._lock:
+            pairs, self._pairs = list(self._pairs.values()), {}
+        for pair in pairs:
+            for g in pair.groups.values():
+                shutdown = getattr(g, "shutdown", None)
+                if shutdown is not None and self.device.type == "cuda":
+                    shutdown()
+
     def drop(self, peer: int) -> None:
         with self._lock:
             self._pairs.pop(peer, None)
