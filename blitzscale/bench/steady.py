@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,16 +34,17 @@ class SteadyConfig:
     reload_cost_factor: float | None = None  # None: the planner's default (0: the old rule)
 
 
-async def _client(url: str, cfg: SteadyConfig, k: int, t_end: float, done: list[int]) -> None:
+async def _client(url: str, cfg: SteadyConfig, k: int, t_end: float, done: list[str]) -> None:
     body = {"max_tokens": cfg.max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
     async with httpx.AsyncClient(timeout=300) as client:
         i = k
         while time.monotonic() < t_end:
             prompt = _prompt(i, cfg.prompt_words)
+            failed = False
             async with client.stream("POST", f"{url}/v1/completions", json={**body, "prompt": prompt}) as r:
-                async for _line in r.aiter_lines():
-                    pass
-            done.append(r.status_code)
+                async for line in r.aiter_lines():
+                    failed |= line.startswith("data:") and '"error"' in line  # a stream's error event
+            done.append("stream_error" if failed else str(r.status_code))
             i += cfg.streams
 
 
@@ -69,19 +71,22 @@ def run_steady(cfg: SteadyConfig) -> dict[str, Any]:
         scaler = svc.service.scaler
         assert scaler is not None
         t0 = time.monotonic()
-        done: list[int] = []
+        done: list[str] = []
 
         async def load() -> None:
             t_end = time.monotonic() + cfg.seconds
             await asyncio.gather(*(_client(svc.url, cfg, k, t_end, done) for k in range(cfg.streams)))
 
         asyncio.run(load())
-        events = [e for e in scaler.events if e["time"] >= t0]
+        t_end = time.monotonic()  # the last streams end after `seconds`; what follows is not load
+        events = [e for e in scaler.events if t0 <= e["time"] <= t_end]
         late = [e for e in events if e["time"] - t0 >= cfg.settle_s]
         return {
             "config": asdict(cfg),
+            "load_s": round(t_end - t0, 1),
             "requests": len(done),
-            "requests_ok": sum(1 for s in done if s == 200),
+            "requests_ok": sum(1 for s in done if s == "200"),
+            "requests_failed": dict(Counter(s for s in done if s != "200")),
             "scale_ups": sum(1 for e in events if e["direction"] == "up"),
             "releases": sum(1 for e in events if e["direction"] == "down"),
             "scale_ups_after_settle": sum(1 for e in late if e["direction"] == "up"),

@@ -1,6 +1,6 @@
 """How the scaler brings weights onto new instances: over the network (chain multicast,
 or live: serving while they arrive), from the one host copy, or from disk; then the
-engines are started. A part of `Scaler`, which chooses the actions (control/policies.py).
+engines are started. Composed into `Scaler`, which chooses the actions (control/policies.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from blitzscale.checkpoint.native import rank_file
 from blitzscale.cluster.base import Cluster
@@ -17,44 +17,30 @@ from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, ReplyMsg, Role
-from blitzscale.serve.instances import Instance
-from blitzscale.serve.metrics import ClusterMetrics
+from blitzscale.messages import ReplyMsg, Role
 from blitzscale.serve.router import Router
 from blitzscale.transfer.disk import drop_page_cache
+
+if TYPE_CHECKING:
+    from blitzscale.serve.scaler import Scaler
 
 log = logging.getLogger("blitzscale.scaler")
 
 
 class Loads:
-    router: Router
-    cluster: Cluster
-    model: str
-    source: str
-    disk_source: str
-    backoff: LoadBackoff
-    metrics: ClusterMetrics
+    """The scaler's load actions; composed into it (`Scaler.loads`)."""
 
-    if TYPE_CHECKING:
+    def __init__(self, scaler: Scaler) -> None:
+        self.scaler = scaler
+        self.router: Router = scaler.router
+        self.cluster: Cluster = scaler.cluster
+        self.model = scaler.model
+        self.source = scaler.source
+        self.disk_source = scaler.disk_source
+        self.backoff: LoadBackoff = scaler.backoff
 
-        @property
-        def pd_mode(self) -> bool: ...
-        def _instance(self, rank: int) -> Instance: ...
-        def _activate_msg(self, role: Role, live: bool = False) -> ActivateMsg: ...
-        async def _activate_many(self, insts: list[Instance], role: Role) -> None: ...
-        def _record(
-            self,
-            direction: str,
-            path: str,
-            ranks: list[int],
-            seconds: float,
-            nbytes: int,
-            sources: list[int],
-            report: dict[int, dict[str, Any]] | None = None,
-        ) -> None: ...
-
-    async def _load(self, a: LoadAction) -> None:
-        role = "prefill" if self.pd_mode else "colocated"
+    async def run(self, a: LoadAction) -> None:
+        role = "prefill" if self.scaler.pd_mode else "colocated"
         from_host = a.path == "host" and self.cluster.pool.host_holder(self.model) is not None
         if a.path != "network" and not from_host:
             # Disk loads are independent: each target reads on its own and serves as soon
@@ -64,14 +50,14 @@ class Loads:
             return
         try:
             if a.path == "network":
-                await self._load_network(a.sources, a.target_ranks, a.multicast)
+                await self.network(a.sources, a.target_ranks, a.multicast)
             else:
                 await self._load_host(a.target_ranks)
         except BlitzScaleError as e:
             self._load_failed(a.target_ranks, e)
             return
         self._load_succeeded(a.target_ranks)
-        await self._activate_many([self._instance(t) for t in a.target_ranks], role)
+        await self.scaler.activate_many([self.scaler.instance(t) for t in a.target_ranks], role)
 
     def _load_failed(self, targets: tuple[int, ...], e: BlitzScaleError) -> None:
         """Targets that did not get the model go back to INACTIVE and wait (backing off)
@@ -81,8 +67,8 @@ class Loads:
         for t in targets:
             if t in self.cluster.pool.gpu_holders(self.model):
                 continue
-            self._instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
-            self.metrics.load_failures.inc()
+            self.scaler.instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
+            self.scaler.metrics.load_failures.inc()
             if self.backoff.failed(t, now):
                 log.error(
                     "rank %d is out of service after %d failed loads in a row (last: %s); "
@@ -97,10 +83,10 @@ class Loads:
         for t in targets:
             self.backoff.succeeded(t)
 
-    async def _load_live(self, a: LoadAction) -> None:
+    async def run_live(self, a: LoadAction) -> None:
         """ZigZag (design §2.3): targets start serving as soon as their first layers land,
         and `a.partner` (now OLD_PREFILL) relays their tasks when it is idle."""
-        role = "prefill" if self.pd_mode else "colocated"
+        role = "prefill" if self.scaler.pd_mode else "colocated"
         partner = self.router.instances.get(a.partner) if a.partner is not None else None
         if partner is not None and partner.state in (InstanceState.PREFILL, InstanceState.COLOCATED):
             partner.set_state(InstanceState.OLD_PREFILL, f"(relays for {list(a.target_ranks)})")
@@ -116,7 +102,7 @@ class Loads:
                 log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
             self.router._wake.set()
 
-        live = {t: self._activate_msg(role, live=True) for t in a.target_ranks}
+        live = {t: self.scaler.activate_msg(role, live=True) for t in a.target_ranks}
         t0 = time.monotonic()
         try:
             report = await self.cluster.transfer(
@@ -134,31 +120,31 @@ class Loads:
             return
         self._load_succeeded(a.target_ranks)
         nbytes = sum(v["bytes"] for v in report.values())
-        self._record(
+        self.scaler.record(
             "up", "network", list(a.target_ranks), time.monotonic() - t0, nbytes, list(a.sources), report
         )
-        missed = [self._instance(t) for t in a.target_ranks if t not in activated]
+        missed = [self.scaler.instance(t) for t in a.target_ranks if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
             for inst in missed:
                 self.router.live.end(inst.rank)
-            await self._activate_many(missed, role)
+            await self.scaler.activate_many(missed, role)
 
-    async def _load_network(
-        self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool
-    ) -> None:
+    async def network(self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool) -> None:
         groups = [targets] if multicast else [(t,) for t in targets]
         for group in groups:
             t0 = time.monotonic()
             report = await self.cluster.transfer(self.model, self.source, list(sources), list(group))
             nbytes = sum(v["bytes"] for v in report.values())
-            self._record("up", "network", list(group), time.monotonic() - t0, nbytes, list(sources), report)
+            self.scaler.record(
+                "up", "network", list(group), time.monotonic() - t0, nbytes, list(sources), report
+            )
 
     async def _load_host(self, targets: tuple[int, ...]) -> None:
         holder = self.cluster.pool.host_holder(self.model)
         t0 = time.monotonic()
         report = await self.cluster.transfer(self.model, self.source, [holder], list(targets), from_host=True)
         nbytes = sum(v["bytes"] for v in report.values())
-        self._record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder], report)
+        self.scaler.record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder], report)
 
     async def _load_disk(self, target: int, role: Role) -> None:
         t0 = time.monotonic()
@@ -169,6 +155,6 @@ class Loads:
         except BlitzScaleError as e:
             self._load_failed((target,), e)
             return
-        self._record("up", "disk", [target], time.monotonic() - t0, int(res.get("bytes", 0)), [])
+        self.scaler.record("up", "disk", [target], time.monotonic() - t0, int(res.get("bytes", 0)), [])
         self._load_succeeded((target,))
-        await self._activate_many([self._instance(target)], role)
+        await self.scaler.activate_many([self.scaler.instance(target)], role)

@@ -44,7 +44,7 @@ ROLE_STATE = {
 DRAINING = {InstanceState.SHUTTING_PREFILL, InstanceState.SHUTTING_DECODE}
 
 
-class Scaler(Loads):
+class Scaler:
     def __init__(
         self,
         router: Router,
@@ -71,6 +71,7 @@ class Scaler(Loads):
         self.busy: set[int] = set()  # instances with an action in flight
         self.events: list[dict[str, Any]] = []  # scale events, for the demo and tests
         self._tasks: set[asyncio.Task[None]] = set()
+        self.loads = Loads(self)  # how weights get onto new instances
 
     @property
     def pd_mode(self) -> bool:
@@ -80,10 +81,10 @@ class Scaler(Loads):
 
     async def bootstrap(self, num_prefill: int, num_decode: int, keep_host_copy: bool) -> None:
         """First instances: rank 0 from disk, the rest over the network from it."""
-        first = self._instance(0)
+        first = self.instance(0)
         first.set_state(InstanceState.LOADING, "(disk)")
         res = await self.cluster.load(self.model, 0, self.disk_source)
-        self._record("up", "disk", [0], res.get("seconds", 0.0), int(res.get("bytes", 0)), [])
+        self.record("up", "disk", [0], res.get("seconds", 0.0), int(res.get("bytes", 0)), [])
         if keep_host_copy:  # the cluster's one host copy, for scaling from zero
             await self.cluster.cache_on_host(self.model, 0)
         roles = (
@@ -94,22 +95,22 @@ class Scaler(Loads):
         await self._activate(first, roles[0])
         others = list(range(1, len(roles)))
         for rank in others:
-            self._instance(rank).set_state(InstanceState.LOADING, "(network)")
+            self.instance(rank).set_state(InstanceState.LOADING, "(network)")
         if others:
-            await self._load_network((0,), tuple(others), multicast=True)
+            await self.loads.network((0,), tuple(others), multicast=True)
             for rank, role in zip(others, roles[1:], strict=True):
-                await self._activate(self._instance(rank), role)
+                await self._activate(self.instance(rank), role)
 
-    def _instance(self, rank: int) -> Instance:
+    def instance(self, rank: int) -> Instance:
         inst = self.router.instances.get(rank)
         if inst is None:
             inst = self.router.instances[rank] = Instance(id=rank, ranks=(rank,))
         return inst
 
     async def _activate(self, inst: Instance, role: Role) -> None:
-        await self._activate_many([inst], role)
+        await self.activate_many([inst], role)
 
-    def _activate_msg(self, role: Role, live: bool = False) -> ActivateMsg:
+    def activate_msg(self, role: Role, live: bool = False) -> ActivateMsg:
         return ActivateMsg(
             op_id=self.cluster.next_op(),
             model=self.model,
@@ -119,9 +120,9 @@ class Scaler(Loads):
             live=live,
         )
 
-    async def _activate_many(self, insts: list[Instance], role: Role) -> None:
+    async def activate_many(self, insts: list[Instance], role: Role) -> None:
         """Start engines on freshly loaded instances, all at once."""
-        msgs = {inst.rank: self._activate_msg(role) for inst in insts}
+        msgs = {inst.rank: self.activate_msg(role) for inst in insts}
         await self.cluster.activate(msgs)
         for inst in insts:
             if role == "decode":  # decode instances are made from prefill ones (design §4)
@@ -201,10 +202,10 @@ class Scaler(Loads):
                 return
             live = a.live and a.path == "network"
             for t in targets:
-                inst = self._instance(t)
+                inst = self.instance(t)
                 inst.live_ready = False
                 inst.set_state(InstanceState.NEW_PREFILL if live else InstanceState.LOADING, f"({a.path})")
-            self._spawn(targets, self._load_live(a) if live else self._load(a))
+            self._spawn(targets, self.loads.run_live(a) if live else self.loads.run(a))
             return
         inst = self.router.instances.get(a.instance_id)
         if inst is None or inst.id in self.busy:
@@ -254,9 +255,9 @@ class Scaler(Loads):
         res = await self.cluster.release(self.model, inst.rank)
         inst.set_state(InstanceState.INACTIVE, "(released)")
         inst.stats = None
-        self._record("down", "release", [inst.rank], 0.0, int(res.get("freed_bytes", 0)), [])
+        self.record("down", "release", [inst.rank], 0.0, int(res.get("freed_bytes", 0)), [])
 
-    def _record(
+    def record(
         self,
         direction: str,
         path: str,
@@ -272,7 +273,7 @@ class Scaler(Loads):
         if direction == "up":
             self.metrics.transfer_bytes.labels(path=path).inc(nbytes)
             for rank in ranks:  # what loading it again would cost (no-thrash rule)
-                inst = self._instance(rank)
+                inst = self.instance(rank)
                 inst.loaded_at, inst.load_s = time.monotonic(), seconds
         event = {
             "time": time.monotonic(),
