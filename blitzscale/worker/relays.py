@@ -1,4 +1,4 @@
-"""A worker's side of live scaling (design §2.3), as a part of `ServingLoop`.
+"""A worker's side of live scaling (design §2.3), composed into `ServingLoop`.
 
 As a live target: report progress (first layers in, fully loaded, drained), hand a task
 over (`RelayMsg`) and send its hidden states and KV of layers [0, k) once told to. As a
@@ -8,8 +8,7 @@ finish it. Every stream between two ranks is posted in the order the router sequ
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,7 +21,6 @@ from blitzscale.messages import (
     LiveLoadedMsg,
     LiveReadyMsg,
     LostMsg,
-    Message,
     RelayedMsg,
     RelayInMsg,
     RelayLostMsg,
@@ -33,44 +31,51 @@ from blitzscale.messages import (
     SendRelayMsg,
 )
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_all
-from blitzscale.worker.world import Links
+
+if TYPE_CHECKING:
+    from blitzscale.worker.serving import ServingLoop
 
 
 class LiveSide:
-    rank: int
-    links: Links
-    send: Callable[[Message], None]
-    engine: LLMEngine | None
-    role: str
-    _orphans: list[Move]
-    _waiters: ThreadPoolExecutor
+    """Composed into the serving loop (`ServingLoop.live`); it reaches the engine, the
+    links and the outbox through the loop."""
 
-    def _init_live(self) -> None:
-        self._relay_recvs: dict[str, Move] = {}  # source side
-        self._relay_sends: dict[str, Move] = {}  # target side
-        self._live_events: set[type[LiveEvent]] = set()  # live-target events already sent
-        self.live_failed = ""  # set (from the transfer thread) when a live target's load fails
+    def __init__(self, loop: ServingLoop) -> None:
+        self.loop = loop
+        self.relay_recvs: dict[str, Move] = {}  # source side
+        self.relay_sends: dict[str, Move] = {}  # target side
+        self._events: set[type[LiveEvent]] = set()  # live-target events already sent
+        self.failed = ""  # set (from the transfer thread) when a live target's load fails
 
-    def _relay_out(self, msg: RelayMsg) -> None:
+    @property
+    def busy(self) -> bool:
+        return bool(self.relay_recvs or self.relay_sends)
+
+    def reset(self) -> None:
+        """A new engine: nothing of the last live load applies."""
+        self._events = set()
+        self.failed = ""
+
+    def relay_out(self, msg: RelayMsg) -> None:
         """Target: stop a live task where it is and report it; it is sent when the source
         has posted its receives (SendRelayMsg), so every stream between the two stays in order."""
-        e = self.engine
+        e = self.loop.engine
         assert e is not None
         r = e.relay_out()
         if r is None:
-            self.send(RelayNoneMsg(rank=self.rank))
+            self.loop.send(RelayNoneMsg(rank=self.loop.rank))
             return
-        self.send(
+        self.loop.send(
             RelayedMsg(
-                rank=self.rank,
+                rank=self.loop.rank,
                 request_id=r.request.request_id,
                 layer=r.layer,
                 live_layers=r.request.live_layers,
             )
         )
 
-    def _start_relay_recv(self, msg: RelayInMsg) -> None:
-        e = self.engine
+    def start_recv(self, msg: RelayInMsg) -> None:
+        e = self.loop.engine
         assert e is not None
         task = e.reserve_relay(
             msg.request_id, msg.prompt_token_ids, to_params(msg.params), msg.layer, msg.hold_kv
@@ -87,15 +92,15 @@ class LiveSide:
             )
             buf = torch.empty(kv.packed_shape(n, msg.layer), dtype=kv.data.dtype, device=kv.data.device)
             works = [
-                self.links.irecv(hidden, msg.src_rank, "kv"),
-                self.links.irecv(buf, msg.src_rank, "kv"),
+                self.loop.links.irecv(hidden, msg.src_rank, "kv"),
+                self.loop.links.irecv(buf, msg.src_rank, "kv"),
             ]
-            done = self._waiters.submit(wait_all, works, buf.device)
-            self._relay_recvs[msg.request_id] = Move(done, buf, hidden=hidden)
-        self.send(RelayReadyMsg(rank=self.rank, request_id=msg.request_id))
+            done = self.loop._waiters.submit(wait_all, works, buf.device)
+            self.relay_recvs[msg.request_id] = Move(done, buf, hidden=hidden)
+        self.loop.send(RelayReadyMsg(rank=self.loop.rank, request_id=msg.request_id))
 
-    def _start_relay_send(self, msg: SendRelayMsg) -> None:
-        e = self.engine
+    def start_send(self, msg: SendRelayMsg) -> None:
+        e = self.loop.engine
         assert e is not None
         if msg.dst_rank < 0:
             e.relay_cancelled(msg.request_id)
@@ -105,20 +110,20 @@ class LiveSide:
             raise BlitzScaleError(f"request {msg.request_id!r} is not being relayed here")
         if r.layer == 0:
             e.relay_sent(msg.request_id)
-            self.send(RelaySentMsg(rank=self.rank, request_id=msg.request_id))
+            self.loop.send(RelaySentMsg(rank=self.loop.rank, request_id=msg.request_id))
             return
         assert r.hidden is not None
         buf = e.kv_cache.gather_blocks(r.request.block_ids, (0, r.layer))
         hidden = r.hidden.contiguous()
         works = [
-            self.links.isend(hidden, msg.dst_rank, "kv"),
-            self.links.isend(buf, msg.dst_rank, "kv"),
+            self.loop.links.isend(hidden, msg.dst_rank, "kv"),
+            self.loop.links.isend(buf, msg.dst_rank, "kv"),
         ]
-        done = self._waiters.submit(wait_all, works, buf.device)
-        self._relay_sends[msg.request_id] = Move(done, buf, hidden=hidden)
+        done = self.loop._waiters.submit(wait_all, works, buf.device)
+        self.relay_sends[msg.request_id] = Move(done, buf, hidden=hidden)
 
-    def _poll_relays(self, e: LLMEngine) -> None:
-        for rid, m, err in finished(self._relay_recvs, self._orphans):
+    def poll(self, e: LLMEngine) -> None:
+        for rid, m, err in finished(self.relay_recvs, self.loop._orphans):
             if err is None and not m.aborted:
                 task = e.relays[rid]
                 e.kv_cache.scatter_blocks(task.request.block_ids, m.buf, (0, task.layer))
@@ -127,40 +132,40 @@ class LiveSide:
             e.cancel_relay(rid)
             if err is not None:
                 text = f"relay from a live target failed: {short_error(err)}"
-                self.send(RelayLostMsg(rank=self.rank, request_id=rid, error=text))
-        for rid, _m, err in finished(self._relay_sends, self._orphans):
+                self.loop.send(RelayLostMsg(rank=self.loop.rank, request_id=rid, error=text))
+        for rid, _m, err in finished(self.relay_sends, self.loop._orphans):
             e.relay_sent(rid)
             if err is None:
-                self.send(RelaySentMsg(rank=self.rank, request_id=rid))
+                self.loop.send(RelaySentMsg(rank=self.loop.rank, request_id=rid))
             else:
                 text = f"relay send: {short_error(err)}"
-                self.send(RelayLostMsg(rank=self.rank, request_id=rid, error=text))
+                self.loop.send(RelayLostMsg(rank=self.loop.rank, request_id=rid, error=text))
 
-    def _live_progress(self, e: LLMEngine) -> None:
+    def progress(self, e: LLMEngine) -> None:
         """Tell the router how a live target is doing: first layers in, fully loaded, and
         back to normal once its live queue is drained."""
-        if self.live_failed and not self._relay_sends:
-            self._fail_live(e, self.live_failed)
+        if self.failed and not self.relay_sends:
+            self._fail(e, self.failed)
             return
         ready = e.model.weights.readiness
-        if LiveReadyMsg not in self._live_events and ready.num_ready_prefix >= 2:
-            self._live_event(LiveReadyMsg)
-        if LiveLoadedMsg not in self._live_events and ready.all_ready:
-            self._live_event(LiveLoadedMsg)
+        if LiveReadyMsg not in self._events and ready.num_ready_prefix >= 2:
+            self._event(LiveReadyMsg)
+        if LiveLoadedMsg not in self._events and ready.all_ready:
+            self._event(LiveLoadedMsg)
         if e.live_drained:
             e.end_live()
-            self._live_event(LiveDoneMsg)
+            self._event(LiveDoneMsg)
 
-    def _live_event(self, event: type[LiveEvent]) -> None:
-        self._live_events.add(event)
-        self.send(event(rank=self.rank))
+    def _event(self, event: type[LiveEvent]) -> None:
+        self._events.add(event)
+        self.loop.send(event(rank=self.loop.rank))
 
-    def _fail_live(self, e: LLMEngine, error: str) -> None:
+    def _fail(self, e: LLMEngine, error: str) -> None:
         """The weights will never all arrive: every request here is lost (the router runs
         again those that have no output yet), and the engine goes."""
-        self._live_event(LiveFailedMsg)
+        self._event(LiveFailedMsg)
         for rid in [*e.requests, *e.held, *e.relaying]:
-            self.send(LostMsg(rank=self.rank, request_id=rid, error=error))
-        self.engine = None
-        self.role = ""
-        self.live_failed = ""
+            self.loop.send(LostMsg(rank=self.loop.rank, request_id=rid, error=error))
+        self.loop.engine = None
+        self.loop.role = ""
+        self.failed = ""

@@ -56,7 +56,7 @@ class WorkerBrokenError(BlitzScaleError):
     """The engine fails step after step (a sticky device error): the worker must go."""
 
 
-class ServingLoop(LiveSide):
+class ServingLoop:
     def __init__(self, rank: int, links: Links, send: Callable[[Message], None]) -> None:
         self.rank = rank
         self.links = links
@@ -66,7 +66,7 @@ class ServingLoop(LiveSide):
         self._recvs: dict[str, Move] = {}
         self._sends: dict[str, Move] = {}
         self._orphans: list[Move] = []  # timed-out receives: their buffers must stay alive
-        self._init_live()
+        self.live = LiveSide(self)  # its live-scaling side: relays, live-target events
         self._last_stats = 0.0
         self._was_idle = True
         self._failed_steps = 0  # in a row
@@ -82,8 +82,7 @@ class ServingLoop(LiveSide):
             or e.relaying
             or self._recvs
             or self._sends
-            or self._relay_recvs
-            or self._relay_sends
+            or self.live.busy
         )
 
     def activate(self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg) -> dict[str, Any]:
@@ -91,8 +90,7 @@ class ServingLoop(LiveSide):
             raise BlitzScaleError(f"rank {self.rank} is already serving")
         self.engine = LLMEngine(weights, tokenizer, msg.engine)
         self.role = msg.role
-        self._live_events = set()
-        self.live_failed = ""
+        self.live.reset()
         if msg.live:
             self.engine.start_live()
         return {"num_kv_blocks": self.engine.pool.num_blocks, "max_model_len": self.engine.max_model_len}
@@ -125,11 +123,11 @@ class ServingLoop(LiveSide):
             elif isinstance(msg, AdoptKVMsg):
                 e.adopt_held(msg.request_id)
             elif isinstance(msg, RelayMsg):
-                self._relay_out(msg)
+                self.live.relay_out(msg)
             elif isinstance(msg, RelayInMsg):
-                self._start_relay_recv(msg)
+                self.live.start_recv(msg)
             elif isinstance(msg, SendRelayMsg):
-                self._start_relay_send(msg)
+                self.live.start_send(msg)
         except BlitzScaleError as err:
             event: type[RequestEvent]
             if isinstance(msg, RelayInMsg):
@@ -152,8 +150,8 @@ class ServingLoop(LiveSide):
         assert e is not None
         # A receive in flight lands in its own buffer: the blocks can go now, and the data is
         # dropped when it arrives (the stream stays in order).
-        if request_id in self._relay_recvs:
-            self._relay_recvs[request_id].aborted = True
+        if request_id in self.live.relay_recvs:
+            self.live.relay_recvs[request_id].aborted = True
             e.cancel_relay(request_id)
         elif request_id in self._recvs:
             self._recvs[request_id].aborted = True
@@ -202,9 +200,9 @@ class ServingLoop(LiveSide):
         if e is None:
             return False
         self._poll_migrations(e)
-        self._poll_relays(e)
+        self.live.poll(e)
         if e.live is not None:
-            self._live_progress(e)
+            self.live.progress(e)
             if self.engine is None:
                 return False
         busy = e.has_unfinished()
@@ -217,7 +215,7 @@ class ServingLoop(LiveSide):
         if now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self.send(self.stats())
-        return busy or bool(self._recvs or self._sends or self._relay_recvs or self._relay_sends)
+        return busy or bool(self._recvs or self._sends or self.live.busy)
 
     def _check_when_idle(self, e: LLMEngine) -> None:
         """Once each time the loop goes idle: the KV books must add up (logged if not)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -80,7 +81,10 @@ class Worker:
         if cfg.tokenizer_source:  # a live activation must not spend seconds on it
             self._tokenizer(cfg.tokenizer_source)
         self._transfer_thread: threading.Thread | None = None
-        self._in_transfer = False  # set by the main thread, cleared by the transfer thread
+        self._in_transfer = False  # the main thread's: set when one starts, cleared in _settle
+        # Transfers that ended: (model, error or ""), put by the transfer thread before it
+        # replies; only the main thread changes `models` / `loading` (in `_settle`).
+        self._ended: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._init_device()
         self._init_world()
         self._init_control()
@@ -147,6 +151,7 @@ class Worker:
             if os.getppid() != parent:  # the controller is gone: never linger as an orphan
                 return
             events = dict(poller.poll(0 if busy else 2))
+            self._settle()
             if self.sock in events:
                 msg = self._decode(self.sock.recv())
                 if msg is None:
@@ -199,17 +204,31 @@ class Worker:
                 result, ok, err = self._transfer(msg), True, ""
             except Exception as e:  # any failure is the transfer's, answered, never a dead thread
                 result, ok, err = {}, False, f"{type(e).__name__}: {e}"
-                if self.loading.pop(msg.model, None) is not None and self.serving_model == msg.model:
-                    self.serving.live_failed = f"loading the weights failed: {err}"
-            finally:
-                # Free before the reply leaves: the controller may send the next transfer
-                # the moment it has the reply, before this thread has exited.
-                self._in_transfer = False
+            # Before the reply leaves: the controller may send the next command (activate,
+            # the next transfer) the moment it has it, and the main thread settles first.
+            self._ended.put((msg.model, err))
             reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
             self._reply_from_thread(reply)
 
         self._transfer_thread = threading.Thread(target=run, name="transfer", daemon=True)
         self._transfer_thread.start()
+
+    def _settle(self) -> None:
+        """On the main thread: a transfer that ended moves its weights from `loading` to
+        `models` (or drops them, and a live target serving them stops)."""
+        while True:
+            try:
+                model, err = self._ended.get_nowait()
+            except queue.Empty:
+                return
+            self._in_transfer = False
+            weights = self.loading.pop(model, None)
+            if weights is None:
+                continue  # this rank only sent
+            if not err:
+                self.models[model] = weights
+            elif self.serving_model == model:
+                self.serving.live.failed = f"loading the weights failed: {err}"
 
     def _start_link(self, msg: LinkMsg) -> None:
         """Build the link to a respawned peer on a thread of its own: building waits for the
@@ -315,8 +334,6 @@ class Worker:
         # No device-wide synchronize here: every piece's completion was observed on its own
         # event, and a synchronize would also wait for the engine's work, which on a busy
         # source never pauses (a 44 ms transfer was reported done after 4.4 s).
-        if fresh is not None:
-            self.models[msg.model] = self.loading.pop(msg.model)
         return {**stats.as_result(), "received_at": received_at}
 
     def _host_cache(self, msg: HostCacheMsg) -> dict[str, Any]:
