@@ -113,8 +113,9 @@ class LocalCluster:
         self._mail: Mailbox | None = None
         self._dist_port = 0
         self._control_port = 0
-        self._locks: dict[int | str, asyncio.Lock] = {}  # per rank (and "respawn")
-        self._locks_loop: asyncio.AbstractEventLoop | None = None
+        # Per rank (and "respawn"): the operations waiting there, oldest first (_holding).
+        self._lines: dict[int | str, list[asyncio.Future[None]]] = {}
+        self._lines_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def world_size(self) -> int:
@@ -285,7 +286,7 @@ class LocalCluster:
         once all of them have answered. Other operations go on meanwhile."""
         if rank not in self.dead:
             raise BlitzScaleError(f"worker {rank} is not dead")
-        async with self._lock("respawn"):  # one at a time: each replacement links to those before it
+        async with self._holding(["respawn"]):  # one at a time: each links to those before it
             t = time.monotonic()
             try:
                 incarnation = await self._respawn(rank, t + self.cfg.startup_timeout_s)
@@ -313,13 +314,16 @@ class LocalCluster:
         links = {s: LinkMsg(op_id=self.next_op(), peer=rank, incarnation=incarnation) for s in peers}
         # Each survivor builds its side while the replacement starts; the replacement says
         # hello once it has linked to every one of them.
-        waiting = asyncio.ensure_future(self._call(links, f"links to respawned rank {rank}"))
+        what = f"links to respawned rank {rank}"
+        waiting = asyncio.ensure_future(self._call(links, what, max(1.0, deadline - time.monotonic())))
         try:
             while rank not in self.hellos:
                 if not self.procs[rank].is_alive():
                     raise BlitzScaleError(f"respawned worker {rank} exited during start-up")
                 if time.monotonic() > deadline:
                     raise BlitzScaleError(f"respawned worker {rank} did not start in time")
+                if waiting.done():  # a survivor answered before the replacement was up: it failed
+                    break
                 await asyncio.sleep(0.05)
             replies = await waiting
         finally:
@@ -336,20 +340,38 @@ class LocalCluster:
     # --- waiting for replies ----------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _holding(self, ranks: list[int]) -> AsyncIterator[None]:
+    async def _holding(self, ranks: list[int] | list[str]) -> AsyncIterator[None]:
         """Operations on one rank run in the order they were called; on different ranks,
-        side by side. An operation on several ranks holds them all (taken in rank order,
-        so two of them never wait on each other)."""
-        async with contextlib.AsyncExitStack() as stack:
-            for r in sorted(set(ranks)):
-                await stack.enter_async_context(self._lock(r))
-            yield
-
-    def _lock(self, key: int | str) -> asyncio.Lock:
+        side by side. An operation takes its place in every one of its ranks' lines at
+        once, when it is called, and waits for the operation ahead of it in each (those
+        were called earlier, so no two operations ever wait on each other)."""
         loop = asyncio.get_running_loop()
-        if loop is not self._locks_loop:  # a blocking caller runs each call on a loop of its own
-            self._locks_loop, self._locks = loop, {}
-        return self._locks.setdefault(key, asyncio.Lock())
+        if loop is not self._lines_loop:  # a blocking caller runs each call on a loop of its own
+            self._lines_loop, self._lines = loop, {}
+        mine: asyncio.Future[None] = loop.create_future()
+        ahead = []
+        for key in set(ranks):
+            line = self._lines.setdefault(key, [])
+            if line:
+                ahead.append(line[-1])
+            line.append(mine)
+        lines = self._lines
+
+        def release(*_: object) -> None:
+            mine.set_result(None)
+            for key in set(ranks):
+                lines[key].remove(mine)
+
+        try:
+            for f in ahead:
+                await asyncio.shield(f)
+            yield
+        finally:
+            waiting = [f for f in ahead if not f.done()]  # cancelled while it waited
+            if waiting:  # those behind it must still wait for the ones ahead of it
+                asyncio.gather(*waiting).add_done_callback(release)
+            else:
+                release()
 
     async def _call(
         self, msgs: dict[int, Message], what: str, timeout_s: float | None = None
@@ -370,10 +392,11 @@ class LocalCluster:
         (rank, op id); `on_reply` sees each as it arrives."""
         assert self._mail is not None
         futures: dict[tuple[int, int], asyncio.Future[ReplyMsg]] = {}
+        dead = sorted({rank for rank, _ in ops} & self.dead)
+        if dead:  # before anything is sent: no worker runs half an operation
+            raise BlitzScaleError(f"{what}: worker {dead[0]} is dead")
         try:
             for rank, msg in ops:
-                if rank in self.dead:
-                    raise BlitzScaleError(f"{what}: worker {rank} is dead")
                 key = (rank, msg.op_id)  # type: ignore[union-attr]
                 futures[key] = asyncio.wrap_future(self._mail.expect(*key))
                 self._send(rank, msg)

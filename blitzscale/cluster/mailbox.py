@@ -69,14 +69,17 @@ class Mailbox:
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         while not self._stop:
-            events = dict(poller.poll(1000))
-            if self._wake_r in events:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_r, 4096)
-            self._flush()
-            if self._sock in events:
-                while self._sock.poll(0):
-                    self._deliver(self._sock.recv_multipart())
+            try:
+                events = dict(poller.poll(1000))
+                if self._wake_r in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                self._flush()
+                if self._sock in events:
+                    while self._sock.poll(0):
+                        self._deliver(self._sock.recv_multipart())
+            except Exception:  # the one thread every command needs: it must not die
+                log.exception("the control socket's I/O thread hit an error; it goes on")
         self._flush()  # the last commands (shutdown) still go out
 
     def _flush(self) -> None:
@@ -98,7 +101,8 @@ class Mailbox:
         elif isinstance(msg, ReplyMsg):
             with self._lock:
                 fut = self._waiting.pop((msg.rank, msg.op_id), None)
-            if fut is not None and not fut.done():
+            # The waiter may have given up (cancelled) at this very moment.
+            if fut is not None and fut.set_running_or_notify_cancel():
                 fut.set_result(msg)
         else:
             log.warning("dropped a %s on the control socket", type(msg).__name__)

@@ -102,6 +102,8 @@ def _section(cls: type[Any], name: str, values: dict[str, Any], base: Any = None
             f"unknown key {unknown[0]!r} in [{name}]; known keys: {', '.join(sorted(known))}"
         )
     try:
+        if base is not None and hasattr(cls, "from_dict"):  # it converts values (1 -> 1.0)
+            return cls.from_dict({**dataclasses.asdict(base), **values})
         if base is not None:
             return dataclasses.replace(base, **values)
         if hasattr(cls, "from_dict"):
@@ -121,5 +123,8 @@ def load_serve_config(path: Path | None) -> ServeConfig:
             f"--config {path}: unknown section [{unknown[0]}]; known: {sorted(_SECTIONS)}"
         )
     base = ServeConfig()
-    parts = {name: _section(type(getattr(base, name)), name, values) for name, values in data.items()}
+    parts = {  # a section sets what it names; the rest keeps serve's defaults
+        name: _section(type(getattr(base, name)), name, values, base=getattr(base, name))
+        for name, values in data.items()
+    }
     return dataclasses.replace(base, **parts)

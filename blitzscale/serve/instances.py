@@ -66,6 +66,7 @@ class Instance:
         self.state = new
         if new is InstanceState.INACTIVE:  # nothing is on it any more: a reload starts clean
             self.num_assigned = self.outstanding_tokens = 0
+            self.stats = None  # a dead or released engine's last numbers are no one's
         self.idle_since = time.monotonic() if self.is_idle else None
 
     def view(self) -> InstanceView:

@@ -46,7 +46,12 @@ class Loads:
             # Disk loads are independent: each target reads on its own and serves as soon
             # as its own load ends, whatever the others do.
             await asyncio.to_thread(drop_page_cache, rank_file(Path(self.disk_source), 0))  # cold, as an SSD
-            await asyncio.gather(*(self._load_disk(t, role) for t in a.target_ranks))
+            done = await asyncio.gather(
+                *(self._load_disk(t, role) for t in a.target_ranks), return_exceptions=True
+            )
+            for t, err in zip(a.target_ranks, done, strict=True):  # every target ran to its end
+                if isinstance(err, BaseException):
+                    log.error("starting rank %d after its disk load failed: %s", t, err)
             return
         try:
             if a.path == "network":

@@ -2,7 +2,8 @@
 links rebuilt, and the rank is handed back to the planner holding nothing.
 
 A rank that keeps dying is given up on after `max_restarts` respawns (it stays out of the
-pool, with a log line); a respawn that fails is retried after a pause that doubles.
+pool, with a log line); a respawn that fails is retried after a pause that doubles (up to a
+minute), and each failed try counts against `max_restarts` too.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import logging
 from collections.abc import Callable
 
 from blitzscale.cluster.base import Cluster
-from blitzscale.errors import BlitzScaleError
 
 log = logging.getLogger("blitzscale.router")
-RETRY_S = 1.0  # after a failed respawn; doubles each time
-ATTEMPTS = 3  # respawns tried for one death
+RETRY_S = 1.0  # after a failed respawn; doubles each time, up to MAX_RETRY_S
+MAX_RETRY_S = 60.0
 
 
 class Respawner:
@@ -60,19 +60,21 @@ class Respawner:
 
     async def _respawn(self, rank: int) -> None:
         pause = RETRY_S
+        tries = 0
         try:
-            for _ in range(ATTEMPTS):
+            while self.cluster.restarts[rank] + tries < self.max_restarts:
                 try:
                     await self.cluster.respawn(rank)
-                except (BlitzScaleError, OSError) as e:
+                except Exception as e:  # any failure is this try's; the task goes on
+                    tries += 1
                     log.error("respawning worker %d failed (next try in %.0f s): %s", rank, pause, e)
                     await asyncio.sleep(pause)
-                    pause *= 2
+                    pause = min(MAX_RETRY_S, 2 * pause)
                     continue
                 self.on_back(rank)
                 return
             self.given_up.add(rank)
-            log.error("worker %d could not be respawned %d times: it stays out of the pool", rank, ATTEMPTS)
+            log.error("worker %d could not be respawned: it stays out of the pool", rank)
         finally:
             self._tasks.pop(rank, None)
 

@@ -411,8 +411,8 @@ class Router:
 
     def _on_stats(self, s: StatsMsg) -> None:
         inst = self.instances.get(s.rank)
-        if inst is None:
-            return
+        if inst is None or inst.state is InstanceState.INACTIVE:
+            return  # a stray last report of an engine that is gone
         inst.stats = s
         if inst.is_idle and inst.idle_since is None:
             inst.idle_since = time.monotonic()

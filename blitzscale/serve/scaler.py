@@ -254,7 +254,6 @@ class Scaler:
         await self.cluster.deactivate(inst.rank)
         res = await self.cluster.release(self.model, inst.rank)
         inst.set_state(InstanceState.INACTIVE, "(released)")
-        inst.stats = None
         self.record("down", "release", [inst.rank], 0.0, int(res.get("freed_bytes", 0)), [])
 
     def record(

@@ -88,7 +88,7 @@ class _Channel:
         try:
             with self._posting():
                 return self.links.irecv(t, src, "weights")
-        except RuntimeError as e:  # gloo: the peer's connection is gone
+        except (RuntimeError, BlitzScaleError) as e:  # gloo: the peer is gone; or no link
             raise TransferError(f"receive from rank {src}: {str(e).splitlines()[0]}") from e
 
     def isend(self, t: torch.Tensor, dst: int) -> None:
@@ -102,7 +102,7 @@ class _Channel:
         try:
             with self._posting():
                 self.sends.append((self.links.isend(t, dst, "weights"), dst, t))
-        except RuntimeError as e:  # gloo: the peer's connection is gone
+        except (RuntimeError, BlitzScaleError) as e:  # gloo: the peer is gone; or no link
             raise TransferError(f"send to rank {dst}: {str(e).splitlines()[0]}") from e
 
     def wait(self, work: dist.Work, what: str) -> None:
@@ -164,13 +164,12 @@ def run_transfer(
     if msg.host_source and heads and host_buffer is None:
         raise TransferError(f"rank {rank} holds no host copy of {msg.model}")
     chan = _Channel(links, device, msg.timeout_s, msg.max_bytes_per_s)
-    recvs = {
-        i: chan.irecv(_view(buffer, p), role.recv_from[p.stripe])
-        for i, p in enumerate(pieces)
-        if p.stripe in role.recv_from
-    }
+    recvs: dict[int, dist.Work] = {}
     from_host = msg.host_source and not loads_from_host
     try:
+        for i, p in enumerate(pieces):
+            if p.stripe in role.recv_from:
+                recvs[i] = chan.irecv(_view(buffer, p), role.recv_from[p.stripe])
         for i, p in enumerate(pieces):
             if p.stripe in role.recv_from:
                 chan.wait(recvs.pop(i), f"piece {i} from rank {role.recv_from[p.stripe]}")

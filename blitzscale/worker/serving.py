@@ -131,6 +131,8 @@ class ServingLoop:
         except BlitzScaleError as err:
             event: type[RequestEvent]
             if isinstance(msg, RelayInMsg):
+                if rid in e.relays:  # reserved, then its receives could not be posted
+                    e.cancel_relay(rid)
                 event = RelayFailedMsg
             elif isinstance(msg, SendRelayMsg):
                 event = RelayLostMsg

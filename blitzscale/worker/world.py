@@ -59,7 +59,7 @@ class Links:
         self.incarnation = incarnation
         self.device = device
         self.timeout = timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(addr, port, is_master=False, timeout=self.timeout)
+        self._addr, self._port = addr, port
         self._pairs: dict[int, _Pair] = {}
         self._lock = threading.Lock()  # links are rebuilt on a helper thread
 
@@ -90,7 +90,10 @@ class Links:
         ends = sorted([(self.rank, self.incarnation), (peer, peer_incarnation)])
         key = "link/" + "-".join(f"{r}.{i}" for r, i in ends)
         me = 0 if ends[0][0] == self.rank else 1
-        groups = {plane: self._group(dist.PrefixStore(f"{key}/{plane}", self.store), me) for plane in PLANES}
+        # A store client of its own: a client waits for a key holding its lock, so a link
+        # whose peer never comes must not hold up the next one.
+        store = dist.TCPStore(self._addr, self._port, is_master=False, timeout=self.timeout)
+        groups = {plane: self._group(dist.PrefixStore(f"{key}/{plane}", store), me) for plane in PLANES}
         pair = _Pair(groups, 1 - me)
         token = torch.zeros(1, device=self.device)
         for g in groups.values():  # the lower rank speaks first
@@ -118,8 +121,15 @@ class Links:
                     shutdown()
 
     def drop(self, peer: int) -> None:
+        """Forget the link to a dead peer (on NCCL its communicators are aborted: work toward
+        a process that is gone would never finish)."""
         with self._lock:
-            self._pairs.pop(peer, None)
+            pair = self._pairs.pop(peer, None)
+        if pair is not None and self.device.type == "cuda":
+            for g in pair.groups.values():
+                abort = getattr(g, "abort", None)
+                if abort is not None:
+                    abort()
 
     @property
     def peers(self) -> list[int]:

@@ -121,3 +121,23 @@ def test_operations_on_one_rank_keep_their_order(cluster: LocalCluster) -> None:
         return order
 
     assert asyncio.run(scenario()) == ["load", "checksum", "release"]
+
+
+def test_an_operation_on_several_ranks_keeps_its_place_on_each(cluster: LocalCluster, tiny_dir: Path) -> None:
+    """A transfer 0 -> 1 is called while rank 0 is still loading; a checksum on rank 1 called
+    after it must wait for it (rank 1 holds nothing before), although rank 1 is free."""
+    rate = _rate(cluster)
+
+    async def scenario() -> tuple[str, str]:
+        load = asyncio.ensure_future(cluster.load(M, 0, str(tiny_dir), max_bytes_per_s=rate))
+        await asyncio.sleep(0)  # the load has its place on rank 0
+        transfer = asyncio.ensure_future(cluster.transfer(M, SRC, [0], [1]))
+        await asyncio.sleep(0)
+        on_1 = await cluster.checksum(M, 1)
+        await asyncio.gather(load, transfer)
+        return on_1, await cluster.checksum(M, 0)
+
+    on_1, on_0 = asyncio.run(scenario())
+    assert on_1 == on_0
+    for r in (0, 1):
+        asyncio.run(cluster.release(M, r))
