@@ -1,4 +1,4 @@
-"""The worker process: joins the world, then executes controller commands one at a time.
+"""The worker process: links to the other workers, then executes controller commands in order.
 
 Commands arrive over ZeroMQ as msgspec messages (blitzscale.messages); tensors move only
 over torch.distributed. Every command gets exactly one ReplyMsg, errors included.
