@@ -7,9 +7,6 @@ pool only when the worker that holds it has said its load completed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-import inspect
 import itertools
 import logging
 import multiprocessing as mp
@@ -19,12 +16,14 @@ import threading
 import time
 from asyncio import FIRST_COMPLETED
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
+from blitzscale.cluster.blocking import Blocking
 from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.shards import ShardPlan, transfer_report
@@ -65,32 +64,6 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-class Blocking:
-    """A LocalCluster whose async operations block instead (`LocalCluster.blocking`); any
-    other attribute is the cluster's own."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        self._cluster = cluster
-
-    def __enter__(self) -> Blocking:
-        self._cluster.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._cluster.stop()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._cluster, name)
-        if not inspect.iscoroutinefunction(attr):
-            return attr
-
-        @functools.wraps(attr)
-        def run(*args: Any, **kw: Any) -> Any:
-            return asyncio.run(attr(*args, **kw))
-
-        return run
-
-
 class LocalCluster:
     def __init__(self, cfg: ClusterConfig, data_addr: str = "", tokenizer_source: str = "") -> None:
         """`data_addr`: the router's data socket, for workers that will serve;
@@ -113,9 +86,7 @@ class LocalCluster:
         self._mail: Mailbox | None = None
         self._dist_port = 0
         self._control_port = 0
-        # Per rank (and "respawn"): the operations waiting there, oldest first (_holding).
-        self._lines: dict[int | str, list[asyncio.Future[None]]] = {}
-        self._lines_loop: asyncio.AbstractEventLoop | None = None
+        self._holding = RankLines().holding  # per rank (and "respawn"): operations in call order
 
     @property
     def world_size(self) -> int:
@@ -338,40 +309,6 @@ class LocalCluster:
             self.procs[rank].kill()
 
     # --- waiting for replies ----------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def _holding(self, ranks: list[int] | list[str]) -> AsyncIterator[None]:
-        """Operations on one rank run in the order they were called; on different ranks,
-        side by side. An operation takes its place in every one of its ranks' lines at
-        once, when it is called, and waits for the operation ahead of it in each (those
-        were called earlier, so no two operations ever wait on each other)."""
-        loop = asyncio.get_running_loop()
-        if loop is not self._lines_loop:  # a blocking caller runs each call on a loop of its own
-            self._lines_loop, self._lines = loop, {}
-        mine: asyncio.Future[None] = loop.create_future()
-        ahead = []
-        for key in set(ranks):
-            line = self._lines.setdefault(key, [])
-            if line:
-                ahead.append(line[-1])
-            line.append(mine)
-        lines = self._lines
-
-        def release(*_: object) -> None:
-            mine.set_result(None)
-            for key in set(ranks):
-                lines[key].remove(mine)
-
-        try:
-            for f in ahead:
-                await asyncio.shield(f)
-            yield
-        finally:
-            waiting = [f for f in ahead if not f.done()]  # cancelled while it waited
-            if waiting:  # those behind it must still wait for the ones ahead of it
-                asyncio.gather(*waiting).add_done_callback(release)
-            else:
-                release()
 
     async def _call(
         self, msgs: dict[int, Message], what: str, timeout_s: float | None = None

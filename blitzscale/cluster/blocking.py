@@ -1,0 +1,37 @@
+"""A cluster for code that is not async (scripts, benchmarks, tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from blitzscale.cluster.local import LocalCluster
+
+
+class Blocking:
+    """A LocalCluster whose async operations block instead (`LocalCluster.blocking`); any
+    other attribute is the cluster's own."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self._cluster = cluster
+
+    def __enter__(self) -> Blocking:
+        self._cluster.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._cluster.stop()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._cluster, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def run(*args: Any, **kw: Any) -> Any:
+            return asyncio.run(attr(*args, **kw))
+
+        return run
