@@ -4,24 +4,15 @@ back-to-back operations on one worker (none is refused as "already in a transfer
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
-import pytest
 import zmq
 
-from blitzscale.cluster.config import ClusterConfig
-from blitzscale.cluster.local import Blocking, LocalCluster
+from blitzscale.cluster.local import Blocking
 from blitzscale.messages import HelloMsg, ReplyMsg, encode
+from tests.cluster.conftest import SRC, M, tiny_cluster
 from tests.listeners import LOOPBACK, listening
 
-M = "tiny"
-SRC = "random:tiny-llama3"
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Blocking]:
-    with LocalCluster(ClusterConfig(num_workers=2, transfer_timeout_s=20)).blocking as c:
-        yield c
+cluster = tiny_cluster(2)
 
 
 def test_every_listener_of_the_cluster_is_bound_to_the_configured_host(cluster: Blocking) -> None:

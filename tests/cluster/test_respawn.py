@@ -4,22 +4,13 @@ process takes and gives weights like any other rank."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from blitzscale.cluster.config import ClusterConfig
-from blitzscale.cluster.local import Blocking, LocalCluster
+from blitzscale.cluster.local import Blocking
 from blitzscale.errors import BlitzScaleError
+from tests.cluster.conftest import SRC, M, tiny_cluster
 
-M = "tiny"
-SRC = "random:tiny-llama3"
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Blocking]:
-    with LocalCluster(ClusterConfig(num_workers=3, transfer_timeout_s=20)).blocking as c:
-        yield c
+cluster = tiny_cluster(3)
 
 
 def _kill(c: Blocking, rank: int) -> None:
