@@ -1,16 +1,13 @@
-"""The router's view of its instances. The router task is the only writer."""
+"""One instance as the control plane sees it: a record that only `serve/state.py`
+(`ControlState`) changes."""
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 
 from blitzscale.control.snapshot import InstanceState, InstanceView
-from blitzscale.control.states import check_transition
 from blitzscale.messages import StatsMsg
-
-log = logging.getLogger("blitzscale.instances")
 
 SERVING_ROLE = {
     InstanceState.PREFILL: "prefill",
@@ -50,24 +47,6 @@ class Instance:
         s = self.stats
         busy = s is not None and (s.num_running or s.num_waiting or s.num_held or s.num_live)
         return not busy and self.num_assigned == 0
-
-    def take_tokens(self, n: int) -> None:
-        """Prompt tokens no longer outstanding here (never below zero: an instance that went
-        INACTIVE was cleared already)."""
-        self.outstanding_tokens = max(0, self.outstanding_tokens - n)
-
-    def set_state(self, new: InstanceState, why: str = "") -> None:
-        """Move along the design's state machine (an illegal move raises ValueError)."""
-        if new is self.state:
-            return
-        check_transition(self.state, new)
-        log.info("instance %d: %s -> %s %s", self.id, self.state.value, new.value, why)
-        self.transitions.append((time.monotonic(), self.state.value, new.value))
-        self.state = new
-        if new is InstanceState.INACTIVE:  # nothing is on it any more: a reload starts clean
-            self.num_assigned = self.outstanding_tokens = 0
-            self.stats = None  # a dead or released engine's last numbers are no one's
-        self.idle_since = time.monotonic() if self.is_idle else None
 
     def view(self) -> InstanceView:
         s = self.stats

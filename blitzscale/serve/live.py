@@ -2,13 +2,14 @@
 
 Which live target pairs with which source, when an idle source pulls a task (a relay), how
 a relay's three steps are sequenced so that every stream between the two ranks is posted
-in the same order on both sides, and the live counters `/metrics` exports. This class owns
-the pairs and the relays; the router's one task is its only caller.
+in the same order on both sides, and the live counters `/metrics` exports. The pairs and
+relays themselves are the control state's (`serve/state.py`); the router's one task is the
+only caller.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from blitzscale.control.snapshot import InstanceState
@@ -30,55 +31,53 @@ from blitzscale.messages import (
 )
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.requests import RouterRequest
+from blitzscale.serve.state import ControlState, Relay
 
 if TYPE_CHECKING:
     from blitzscale.serve.router import Router
 
 
-@dataclass
-class Relay:
-    """A task on its way from a live target to its source."""
-
-    target: int
-    source: int
-    sent: bool = False  # the source's receives are posted and the target was told to send
-
-
 class LiveScaling:
     def __init__(self, router: Router) -> None:
         self.router = router
-        self.pairs: dict[int, int | None] = {}  # live target -> its source (None: no source)
-        self.relays: dict[str, Relay] = {}  # by request id
+        self.state: ControlState = router.state
         self._asked: set[int] = set()  # sources asked to relay
         self.requests_total = 0  # requests whose prefill ran partly on a loading instance
         self.layers_total = 0  # layers run on loading instances
         self.relays_total = 0  # tasks a live target handed to its source
 
+    @property
+    def pairs(self) -> Mapping[int, int | None]:
+        return self.state.pairs
+
+    @property
+    def relays(self) -> Mapping[str, Relay]:
+        return self.state.relays
+
     # --- pairs ----------------------------------------------------------------------------
 
     def begin(self, targets: tuple[int, ...], source: int | None) -> None:
-        for t in targets:
-            self.pairs[t] = source
+        self.state.pair(targets, source)
 
     def end(self, target: int) -> None:
         """`target` serves normally (or is gone); its source returns to normal when it has
         no other live target."""
-        rt = self.router
-        source = self.pairs.pop(target, None)
-        inst = rt.instances.get(target)
+        rt, st = self.router, self.state
+        source = st.unpair(target)
+        inst = st.get(target)
         steady = InstanceState.PREFILL if rt.cfg.mode == "pd" else InstanceState.COLOCATED
         if inst is not None and inst.state in (InstanceState.NEW_PREFILL, InstanceState.REFRACTORY_PREFILL):
-            inst.set_state(steady, "(live queue drained)")
-        src = rt.instances.get(source) if source is not None else None
-        if src is not None and source not in self.pairs.values():
-            self._asked.discard(source)  # type: ignore[arg-type]
+            st.move(target, steady, "(live queue drained)")
+        src = st.get(source)
+        if src is not None and source is not None and not st.is_source(source):
+            self._asked.discard(source)
             if src.state is InstanceState.OLD_PREFILL:
-                src.set_state(steady, "(its live target is loaded)")
-        rt._wake.set()
+                st.move(source, steady, "(its live target is loaded)")
+        rt.wake()
 
     def loading_target(self, rank: int) -> bool:
         """A live target that serves and still waits for weights."""
-        t = self.router.instances.get(rank)
+        t = self.state.get(rank)
         return t is not None and t.live_ready and t.state is InstanceState.NEW_PREFILL
 
     def has_live_target(self, source: int) -> bool:
@@ -109,7 +108,7 @@ class LiveScaling:
         for target, source in list(self.pairs.items()):  # sends below may yield
             if source is None or source in self._asked or source not in rt.connected:
                 continue
-            src, tgt = rt.instances.get(source), rt.instances.get(target)
+            src, tgt = self.state.get(source), self.state.get(target)
             if src is None or tgt is None or src.state is not InstanceState.OLD_PREFILL:
                 continue
             if src.outstanding_tokens > 0 or tgt.outstanding_tokens <= 0:
@@ -127,19 +126,16 @@ class LiveScaling:
         if source is not None:
             self._asked.discard(source)
         r = rt.request_of(m.request_id)
-        src = rt.instances.get(source) if source is not None else None
+        src = self.state.get(source) if source is not None else None
         if r is None or src is None or source is None or r.prefill_rank != m.rank:
             await rt._send(m.rank, SendRelayMsg(request_id=m.request_id, dst_rank=-1))
             if r is None:
                 await rt._send(m.rank, AbortMsg(request_id=m.request_id))
             return
-        self.relays[r.wire_id] = Relay(m.rank, source)
+        self.state.add_relay(r.wire_id, Relay(m.rank, source))
         self.relays_total += 1
-        tgt = rt.instances.get(m.rank)
-        if tgt is not None:
-            tgt.take_tokens(len(r.prompt))
-        src.outstanding_tokens += len(r.prompt)
-        src.num_assigned += 1
+        self.state.take_tokens(m.rank, len(r.prompt))
+        self.state.assign(source, len(r.prompt))
         r.prefill_rank, r.relay_from = source, m.rank
         self.count(r, m.live_layers)
         await rt._send(
@@ -160,13 +156,13 @@ class LiveScaling:
         if relay is None:
             return
         if isinstance(ev, RelayReadyMsg):  # the source's receives are posted: the target sends
-            relay.sent = True
+            self.state.relay_sent(ev.request_id)
             await rt._send(relay.target, SendRelayMsg(request_id=ev.request_id, dst_rank=ev.rank))
             return
-        del self.relays[ev.request_id]
+        self.state.end_relay(ev.request_id)
         r = rt.request_of(ev.request_id)
         if isinstance(ev, RelaySentMsg):
-            rt._unassign(relay.target)
+            self.state.unassign(relay.target)
             if r is not None:
                 r.relay_from = None
         elif isinstance(ev, RelayLostMsg):  # a side died mid-relay
@@ -181,32 +177,29 @@ class LiveScaling:
 
     def _take_back(self, r: RouterRequest, relay: Relay) -> None:
         """A relay that did not happen: the request is the target's again."""
-        rt = self.router
-        src, tgt = rt.instances.get(relay.source), rt.instances.get(relay.target)
-        if src is not None:
-            src.take_tokens(len(r.prompt))
-        rt._unassign(relay.source)
-        if tgt is not None:
-            tgt.outstanding_tokens += len(r.prompt)
+        st = self.state
+        st.take_tokens(relay.source, len(r.prompt))
+        st.unassign(relay.source)
+        st.add_tokens(relay.target, len(r.prompt))
         r.prefill_rank, r.relay_from = relay.target, None
 
     # --- a live target's progress, and dead ranks ----------------------------------------
 
     def on_live_event(self, ev: LiveEvent) -> None:
         rt = self.router
-        inst = rt.instances.get(ev.rank)
+        inst = self.state.get(ev.rank)
         if inst is None or ev.rank not in self.pairs:
             return
         if isinstance(ev, LiveReadyMsg):
-            inst.live_ready = True
+            self.state.set_live_ready(ev.rank)
         elif isinstance(ev, LiveLoadedMsg) and inst.state is InstanceState.NEW_PREFILL:
-            inst.set_state(InstanceState.REFRACTORY_PREFILL, "(fully loaded)")
+            self.state.move(ev.rank, InstanceState.REFRACTORY_PREFILL, "(fully loaded)")
         elif isinstance(ev, LiveDoneMsg):
             self.end(ev.rank)
         elif isinstance(ev, LiveFailedMsg):  # its weights will not all arrive: it serves no more
-            inst.set_state(InstanceState.INACTIVE, "(live load failed)")
+            self.state.move(ev.rank, InstanceState.INACTIVE, "(live load failed)")
             self.end(ev.rank)
-        rt._wake.set()
+        rt.wake()
 
     def drop_dead_relays(self, dead: set[int]) -> None:
         """Relays with a dead side end (a target that still has its task takes it back);
@@ -215,7 +208,7 @@ class LiveScaling:
         for rid, relay in list(self.relays.items()):
             if not {relay.target, relay.source} & dead:
                 continue
-            del self.relays[rid]
+            self.state.end_relay(rid)
             r = rt.request_of(rid)
             if relay.source in dead and relay.target not in dead and not relay.sent:
                 rt._send_nowait(relay.target, SendRelayMsg(request_id=rid, dst_rank=-1))
@@ -228,7 +221,6 @@ class LiveScaling:
         for rank in dead:
             if rank in self.pairs:
                 self.end(rank)
-            for t, src in list(self.pairs.items()):
-                if src == rank:  # the target goes on alone
-                    self.pairs[t] = None
-                    self._asked.discard(rank)
+            if self.state.is_source(rank):  # its targets go on alone
+                self.state.orphan(rank)
+                self._asked.discard(rank)

@@ -62,7 +62,7 @@ class Loads:
             self._load_failed(a.target_ranks, e)
             return
         self._load_succeeded(a.target_ranks)
-        await self.scaler.activate_many([self.scaler.instance(t) for t in a.target_ranks], role)
+        await self.scaler.activate_many(list(a.target_ranks), role)
 
     def _load_failed(self, targets: tuple[int, ...], e: BlitzScaleError) -> None:
         """Targets that did not get the model go back to INACTIVE and wait (backing off)
@@ -72,7 +72,7 @@ class Loads:
         for t in targets:
             if t in self.cluster.pool.gpu_holders(self.model):
                 continue
-            self.scaler.instance(t).set_state(InstanceState.INACTIVE, "(load failed)")
+            self.scaler.state.move(t, InstanceState.INACTIVE, "(load failed)")
             self.scaler.metrics.load_failures.inc()
             if self.backoff.failed(t, now):
                 log.error(
@@ -92,9 +92,10 @@ class Loads:
         """ZigZag (design §2.3): targets start serving as soon as their first layers land,
         and `a.partner` (now OLD_PREFILL) relays their tasks when it is idle."""
         role = "prefill" if self.scaler.pd_mode else "colocated"
-        partner = self.router.instances.get(a.partner) if a.partner is not None else None
+        partner = self.scaler.state.get(a.partner)
         if partner is not None and partner.state in (InstanceState.PREFILL, InstanceState.COLOCATED):
-            partner.set_state(InstanceState.OLD_PREFILL, f"(relays for {list(a.target_ranks)})")
+            why = f"(relays for {list(a.target_ranks)})"
+            self.scaler.state.move(partner.id, InstanceState.OLD_PREFILL, why)
         else:
             partner = None
         self.router.live.begin(a.target_ranks, partner.rank if partner is not None else None)
@@ -105,7 +106,7 @@ class Loads:
                 activated.add(reply.rank)
             else:
                 log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
-            self.router._wake.set()
+            self.router.wake()
 
         live = {t: self.scaler.activate_msg(role, live=True) for t in a.target_ranks}
         t0 = time.monotonic()
@@ -128,10 +129,10 @@ class Loads:
         self.scaler.record(
             "up", "network", list(a.target_ranks), time.monotonic() - t0, nbytes, list(a.sources), report
         )
-        missed = [self.scaler.instance(t) for t in a.target_ranks if t not in activated]
+        missed = [t for t in a.target_ranks if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
-            for inst in missed:
-                self.router.live.end(inst.rank)
+            for t in missed:
+                self.router.live.end(t)
             await self.scaler.activate_many(missed, role)
 
     async def network(self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool) -> None:
@@ -162,4 +163,4 @@ class Loads:
             return
         self.scaler.record("up", "disk", [target], time.monotonic() - t0, int(res.get("bytes", 0)), [])
         self._load_succeeded((target,))
-        await self.scaler.activate_many([self.scaler.instance(target)], role)
+        await self.scaler.activate_many([target], role)

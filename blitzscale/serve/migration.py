@@ -65,8 +65,7 @@ class KVMigrations:
             self.pending.append(r)
             return
         r.decode_rank = inst.rank
-        inst.num_assigned += 1
-        inst.idle_since = None
+        rt.state.assign(inst.rank)
         await rt._send(
             inst.rank,
             RecvKVMsg(
@@ -120,11 +119,11 @@ class KVMigrations:
         if isinstance(ev, KVReadyMsg):  # the decode side's receive is posted: the prefill side sends
             await rt._send(r.prefill_rank, SendKVMsg(request_id=r.wire_id, dst_rank=ev.rank))  # type: ignore[arg-type]
         elif isinstance(ev, KVSentMsg):
-            rt._unassign(r.prefill_rank)
+            rt.state.unassign(r.prefill_rank)
             r.prefill_rank = None
             r.stage = "decode"
         elif isinstance(ev, KVFailedMsg) and ev.rank == r.decode_rank and r.stage == "migrating":
-            rt._unassign(r.decode_rank)  # no room there: try again later
+            rt.state.unassign(r.decode_rank)  # no room there: try again later
             r.decode_rank = None
             self.pending.append(r)
         else:
@@ -140,7 +139,7 @@ class KVMigrations:
         posted (`on_aborted_event`)."""
         assert r.decode_rank is not None
         await self.router._send(r.decode_rank, AbortMsg(request_id=r.wire_id))
-        self.router._unassign(r.decode_rank)
+        self.router.state.unassign(r.decode_rank)
         r.stage = "aborting"
         self.aborting[r.wire_id] = r
 
@@ -169,7 +168,7 @@ class KVMigrations:
 
     def _end_aborted(self, r: RouterRequest) -> None:
         self.aborting.pop(r.wire_id, None)
-        self.router._unassign(r.prefill_rank)
+        self.router.state.unassign(r.prefill_rank)
         r.prefill_rank = r.decode_rank = None
         r.stage = "done"
-        self.router._wake.set()
+        self.router.wake()

@@ -1,7 +1,8 @@
 """The router: one global FCFS queue, dispatch to instances, token streams, KV migration.
 
-Everything here runs on one asyncio loop and is the only writer of the request table and
-the instance table. Workers are reached over the data socket (msgspec messages); control
+Everything here runs on one asyncio loop; the router owns the request table, and changes
+the instances only through the control plane's state (`serve/state.py`).
+Workers are reached over the data socket (msgspec messages); control
 operations (activate, transfer, release) are the cluster's async operations (cluster/base.py),
 side by side on different ranks.
 """
@@ -13,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,6 +52,7 @@ from blitzscale.serve.migration import KVMigrations
 from blitzscale.serve.queue import RequestQueue
 from blitzscale.serve.requests import RouterRequest
 from blitzscale.serve.respawn import Respawner
+from blitzscale.serve.state import ControlState
 
 log = logging.getLogger("blitzscale.router")
 T = TypeVar("T")
@@ -109,7 +111,7 @@ class Router:
         self.model_name = model_name
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.instances: dict[int, Instance] = {}
+        self.state = ControlState()  # instances, live pairs, relays: one owner
         self.queue = RequestQueue(cfg.max_queue_tokens, cfg.max_queue_wait_s)
         self.num_refused: Counter[str] = Counter()  # requests refused, by reason
         self.reqs: dict[str, RouterRequest] = {}
@@ -132,6 +134,15 @@ class Router:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.respawner.stop()
+
+    @property
+    def instances(self) -> Mapping[int, Instance]:
+        """The instances, read-only (changes go through `self.state`)."""
+        return self.state.instances
+
+    def wake(self) -> None:
+        """Run a dispatch round soon (something it waits for may have changed)."""
+        self._wake.set()
 
     # --- ServingBackend -----------------------------------------------------------------
 
@@ -304,9 +315,7 @@ class Router:
                 return  # FCFS: the head waits, and so does everyone behind it
             self.queue.pop()
             r.stage, r.prefill_rank, r.dispatched_at = "prefill", inst.rank, time.monotonic()
-            inst.outstanding_tokens += len(r.prompt)
-            inst.num_assigned += 1
-            inst.idle_since = None
+            self.state.assign(inst.rank, len(r.prompt))
             hold = self.cfg.mode == "pd"
             await self._send(
                 inst.rank,
@@ -365,7 +374,7 @@ class Router:
         elif isinstance(msg, RequestEvent):
             await self._on_event(msg)
         elif isinstance(msg, StatsMsg):
-            self._on_stats(msg)
+            self.state.on_stats(msg)
         elif isinstance(msg, RelayedMsg):
             await self.live.on_relayed(msg)
         elif isinstance(msg, HelloMsg):
@@ -377,10 +386,9 @@ class Router:
             r = self.request_of(o.request_id)
             if r is None:
                 continue
-            inst = self.instances.get(msg.rank)
-            if r.stage == "prefill" and inst is not None and not r.prefilled:
+            if r.stage == "prefill" and not r.prefilled:
                 r.prefilled = True
-                inst.take_tokens(len(r.prompt))
+                self.state.take_tokens(msg.rank, len(r.prompt))
                 self.live.count(r, o.live_layers)
             if o.finish_reason == "error":  # the request broke its step: never rerun it
                 await r.out.put(RequestFailedError(f"request failed on rank {msg.rank}: {o.error}"))
@@ -409,16 +417,6 @@ class Router:
             await r.out.put(InvalidRequestError(ev.error) if bad else RequestFailedError(ev.error))
             self._finish(r)
 
-    def _on_stats(self, s: StatsMsg) -> None:
-        inst = self.instances.get(s.rank)
-        if inst is None or inst.state is InstanceState.INACTIVE:
-            return  # a stray last report of an engine that is gone
-        inst.stats = s
-        if inst.is_idle and inst.idle_since is None:
-            inst.idle_since = time.monotonic()
-        elif not inst.is_idle:
-            inst.idle_since = None
-
     def _fail_dead_instances(self) -> None:
         dead = self.cluster.dead_now()  # newly dead ranks leave the pool
         if not dead:
@@ -439,7 +437,7 @@ class Router:
         for rank in dead:
             inst = self.instances.get(rank)
             if inst is not None and inst.state is not InstanceState.INACTIVE:
-                inst.set_state(InstanceState.INACTIVE, "(worker died)")
+                self.state.move(rank, InstanceState.INACTIVE, "(worker died)")
                 self.connected.discard(rank)
         self.live.drop_dead_pairs(dead)
 
@@ -459,16 +457,11 @@ class Router:
         self._wake.set()
 
     def _release_assignment(self, r: RouterRequest) -> None:
-        if r.stage == "prefill" and r.prefill_rank in self.instances and not r.prefilled:
-            self.instances[r.prefill_rank].take_tokens(len(r.prompt))
+        if r.stage == "prefill" and not r.prefilled:
+            self.state.take_tokens(r.prefill_rank, len(r.prompt))
         for rank in (r.prefill_rank, r.decode_rank, r.relay_from):
-            self._unassign(rank)
+            self.state.unassign(rank)
         r.prefill_rank = r.decode_rank = r.relay_from = None
-
-    def _unassign(self, rank: int | None) -> None:
-        inst = self.instances.get(rank) if rank is not None else None
-        if inst is not None and inst.num_assigned > 0:
-            inst.num_assigned -= 1
 
     async def _send(self, rank: int, msg: Message) -> None:
         await self.data.send_multipart([f"w{rank}".encode(), encode(msg)])

@@ -34,6 +34,7 @@ from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.router import Router
+from blitzscale.serve.state import ControlState
 
 log = logging.getLogger("blitzscale.scaler")
 ROLE_STATE = {
@@ -57,6 +58,7 @@ class Scaler:
         metrics: ClusterMetrics,
     ) -> None:
         self.router = router
+        self.state: ControlState = router.state
         self.cluster: Cluster = router.cluster
         self.planner = planner
         self.policy = policy
@@ -81,8 +83,7 @@ class Scaler:
 
     async def bootstrap(self, num_prefill: int, num_decode: int, keep_host_copy: bool) -> None:
         """First instances: rank 0 from disk, the rest over the network from it."""
-        first = self.instance(0)
-        first.set_state(InstanceState.LOADING, "(disk)")
+        self.state.move(0, InstanceState.LOADING, "(disk)")
         res = await self.cluster.load(self.model, 0, self.disk_source)
         self.record("up", "disk", [0], res.get("seconds", 0.0), int(res.get("bytes", 0)), [])
         if keep_host_copy:  # the cluster's one host copy, for scaling from zero
@@ -92,23 +93,14 @@ class Scaler:
             if self.pd_mode
             else ["colocated"] * num_prefill
         )
-        await self._activate(first, roles[0])
+        await self.activate_many([0], roles[0])
         others = list(range(1, len(roles)))
         for rank in others:
-            self.instance(rank).set_state(InstanceState.LOADING, "(network)")
+            self.state.move(rank, InstanceState.LOADING, "(network)")
         if others:
             await self.loads.network((0,), tuple(others), multicast=True)
             for rank, role in zip(others, roles[1:], strict=True):
-                await self._activate(self.instance(rank), role)
-
-    def instance(self, rank: int) -> Instance:
-        inst = self.router.instances.get(rank)
-        if inst is None:
-            inst = self.router.instances[rank] = Instance(id=rank, ranks=(rank,))
-        return inst
-
-    async def _activate(self, inst: Instance, role: Role) -> None:
-        await self.activate_many([inst], role)
+                await self.activate_many([rank], role)
 
     def activate_msg(self, role: Role, live: bool = False) -> ActivateMsg:
         return ActivateMsg(
@@ -120,23 +112,22 @@ class Scaler:
             live=live,
         )
 
-    async def activate_many(self, insts: list[Instance], role: Role) -> None:
+    async def activate_many(self, ranks: list[int], role: Role) -> None:
         """Start engines on freshly loaded instances, all at once."""
-        msgs = {inst.rank: self.activate_msg(role) for inst in insts}
-        await self.cluster.activate(msgs)
-        for inst in insts:
+        await self.cluster.activate({rank: self.activate_msg(role) for rank in ranks})
+        for rank in ranks:
             if role == "decode":  # decode instances are made from prefill ones (design §4)
-                inst.set_state(InstanceState.PREFILL, "(activated)")
-                inst.set_state(InstanceState.MUTATING_TO_DECODE, "(bootstrap)")
-            inst.set_state(ROLE_STATE[role], "(activated)")
-        self.router._wake.set()
+                self.state.move(rank, InstanceState.PREFILL, "(activated)")
+                self.state.move(rank, InstanceState.MUTATING_TO_DECODE, "(bootstrap)")
+            self.state.move(rank, ROLE_STATE[role], "(activated)")
+        self.router.wake()
 
     # --- the loop -----------------------------------------------------------------------
 
     def snapshot(self) -> ClusterSnapshot:
         r = self.router
         now = time.monotonic()
-        instances = tuple(i.view() for i in r.instances.values() if i.state is not InstanceState.INACTIVE)
+        instances = self.state.views()
         used = {rank for i in instances for rank in i.ranks}
         return ClusterSnapshot(
             now=now,
@@ -186,46 +177,40 @@ class Scaler:
 
     def _advance_transitions(self) -> None:
         """States that change on their own: drained instances go warm, mutations complete."""
-        for inst in list(self.router.instances.values()):
+        for inst in self.state:
             if inst.id in self.busy:
                 continue
             if inst.state in DRAINING and inst.is_idle:
-                inst.set_state(InstanceState.SHUTTING_NULL, "(drained)")
-                inst.idle_since = time.monotonic()
+                self.state.move(inst.id, InstanceState.SHUTTING_NULL, "(drained)")
             elif inst.state is InstanceState.MUTATING_TO_DECODE and inst.outstanding_tokens == 0:
                 self._spawn(inst.id, self._finish_mutation(inst))
 
     def _launch(self, a: ScaleAction) -> None:
         if isinstance(a, LoadAction):
-            targets = tuple(t for t in a.target_ranks if t not in self.busy and self._is_free(t))
+            targets = tuple(t for t in a.target_ranks if t not in self.busy and self.state.is_free(t))
             if targets != a.target_ranks:
                 return
             live = a.live and a.path == "network"
+            state = InstanceState.NEW_PREFILL if live else InstanceState.LOADING
             for t in targets:
-                inst = self.instance(t)
-                inst.live_ready = False
-                inst.set_state(InstanceState.NEW_PREFILL if live else InstanceState.LOADING, f"({a.path})")
+                self.state.move(t, state, f"({a.path})")
             self._spawn(targets, self.loads.run_live(a) if live else self.loads.run(a))
             return
-        inst = self.router.instances.get(a.instance_id)
+        inst = self.state.get(a.instance_id)
         if inst is None or inst.id in self.busy:
             return
         if isinstance(a, ReviveAction):
-            inst.set_state(ROLE_STATE[a.role], "(revived)")
-            self.router._wake.set()
+            self.state.move(inst.id, ROLE_STATE[a.role], "(revived)")
+            self.router.wake()
         elif isinstance(a, DrainAction):
             # colocated instances hold running requests, so they drain like decode ones
             prefill = inst.accepts == "prefill"
             state = InstanceState.SHUTTING_PREFILL if prefill else InstanceState.SHUTTING_DECODE
-            inst.set_state(state, "(draining)")
+            self.state.move(inst.id, state, "(draining)")
         elif isinstance(a, MutateAction):
-            inst.set_state(InstanceState.MUTATING_TO_DECODE, "(mutating)")
+            self.state.move(inst.id, InstanceState.MUTATING_TO_DECODE, "(mutating)")
         elif isinstance(a, ReleaseAction):
             self._spawn(inst.id, self._release(inst))
-
-    def _is_free(self, rank: int) -> bool:
-        inst = self.router.instances.get(rank)
-        return inst is None or inst.state is InstanceState.INACTIVE
 
     def _spawn(self, ids: int | tuple[int, ...], coro: Any) -> None:
         keys = (ids,) if isinstance(ids, int) else ids
@@ -245,15 +230,15 @@ class Scaler:
 
     async def _finish_mutation(self, inst: Instance) -> None:
         await self.cluster.set_role(inst.rank, "decode")
-        inst.set_state(InstanceState.DECODE, "(mutated)")
-        self.router._wake.set()
+        self.state.move(inst.id, InstanceState.DECODE, "(mutated)")
+        self.router.wake()
 
     async def _release(self, inst: Instance) -> None:
         if inst.state is not InstanceState.SHUTTING_NULL or not inst.is_idle:
             return
         await self.cluster.deactivate(inst.rank)
         res = await self.cluster.release(self.model, inst.rank)
-        inst.set_state(InstanceState.INACTIVE, "(released)")
+        self.state.move(inst.id, InstanceState.INACTIVE, "(released)")
         self.record("down", "release", [inst.rank], 0.0, int(res.get("freed_bytes", 0)), [])
 
     def record(
@@ -272,8 +257,7 @@ class Scaler:
         if direction == "up":
             self.metrics.transfer_bytes.labels(path=path).inc(nbytes)
             for rank in ranks:  # what loading it again would cost (no-thrash rule)
-                inst = self.instance(rank)
-                inst.loaded_at, inst.load_s = time.monotonic(), seconds
+                self.state.loaded(rank, seconds)
         event = {
             "time": time.monotonic(),
             "direction": direction,

@@ -1,0 +1,179 @@
+"""The control plane's state, with one owner: instances and their states, the work each
+holds, live pairs and relays.
+
+The router (request flow), the scaler (policy execution) and live scaling read it and
+change it only through these methods; every state change is checked against
+`control/states.py` here. All callers run on the service's one event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from blitzscale.control.snapshot import InstanceState, InstanceView
+from blitzscale.control.states import check_transition
+from blitzscale.messages import StatsMsg
+from blitzscale.serve.instances import Instance
+
+log = logging.getLogger("blitzscale.instances")
+
+
+@dataclass
+class Relay:
+    """A task on its way from a live target to its source."""
+
+    target: int
+    source: int
+    sent: bool = False  # the source's receives are posted and the target was told to send
+
+
+class ControlState:
+    def __init__(self) -> None:
+        self._instances: dict[int, Instance] = {}
+        self._pairs: dict[int, int | None] = {}  # live target -> its source (None: no source)
+        self._relays: dict[str, Relay] = {}  # by wire request id
+
+    # --- reading ------------------------------------------------------------------------
+
+    @property
+    def instances(self) -> Mapping[int, Instance]:
+        """Every instance ever used, by id (= first rank); read-only."""
+        return MappingProxyType(self._instances)
+
+    def get(self, rank: int | None) -> Instance | None:
+        return self._instances.get(rank) if rank is not None else None
+
+    def __iter__(self) -> Iterator[Instance]:
+        return iter(list(self._instances.values()))
+
+    def views(self) -> tuple[InstanceView, ...]:
+        """The instances that hold or get weights, for a snapshot."""
+        return tuple(i.view() for i in self._instances.values() if i.state is not InstanceState.INACTIVE)
+
+    def is_free(self, rank: int) -> bool:
+        inst = self._instances.get(rank)
+        return inst is None or inst.state is InstanceState.INACTIVE
+
+    # --- states -------------------------------------------------------------------------
+
+    def instance(self, rank: int) -> Instance:
+        """The instance on `rank`, made (INACTIVE) on first use."""
+        inst = self._instances.get(rank)
+        if inst is None:
+            inst = self._instances[rank] = Instance(id=rank, ranks=(rank,))
+        return inst
+
+    def move(self, rank: int, new: InstanceState, why: str = "") -> Instance:
+        """Move an instance along the design's state machine (an illegal move raises
+        ValueError). Going INACTIVE forgets its work and its engine's numbers."""
+        inst = self.instance(rank)
+        if new is inst.state:
+            return inst
+        check_transition(inst.state, new)
+        log.info("instance %d: %s -> %s %s", inst.id, inst.state.value, new.value, why)
+        inst.transitions.append((time.monotonic(), inst.state.value, new.value))
+        inst.state = new
+        if new is InstanceState.INACTIVE:  # nothing is on it any more: a reload starts clean
+            inst.num_assigned = inst.outstanding_tokens = 0
+            inst.stats = None
+            inst.live_ready = False
+        if new in (InstanceState.LOADING, InstanceState.NEW_PREFILL):
+            inst.live_ready = False
+        inst.idle_since = time.monotonic() if inst.is_idle else None  # a new state: a new clock
+        return inst
+
+    def set_live_ready(self, rank: int) -> None:
+        """A live target's first layers have landed: it may take prompts."""
+        inst = self._instances.get(rank)
+        if inst is not None and inst.state is InstanceState.NEW_PREFILL:
+            inst.live_ready = True
+
+    def loaded(self, rank: int, seconds: float) -> None:
+        """Its weights just finished loading, in `seconds` (what loading again would cost)."""
+        inst = self.instance(rank)
+        inst.loaded_at, inst.load_s = time.monotonic(), seconds
+
+    def on_stats(self, s: StatsMsg) -> None:
+        inst = self._instances.get(s.rank)
+        if inst is None or inst.state is InstanceState.INACTIVE:
+            return  # a stray last report of an engine that is gone
+        inst.stats = s
+        self._touch(inst)
+
+    # --- work held ----------------------------------------------------------------------
+
+    def assign(self, rank: int, prompt_tokens: int = 0) -> None:
+        """A request is now (also) this instance's, with `prompt_tokens` still to prefill."""
+        inst = self._instances[rank]
+        inst.num_assigned += 1
+        inst.outstanding_tokens += prompt_tokens
+        inst.idle_since = None
+
+    def unassign(self, rank: int | None) -> None:
+        inst = self.get(rank)
+        if inst is not None and inst.num_assigned > 0:
+            inst.num_assigned -= 1
+            self._touch(inst)
+
+    def add_tokens(self, rank: int, n: int) -> None:
+        """Prompt tokens handed (back) to an instance that already holds their request."""
+        inst = self.get(rank)
+        if inst is not None:
+            inst.outstanding_tokens += n
+            inst.idle_since = None
+
+    def take_tokens(self, rank: int | None, n: int) -> None:
+        """Prompt tokens no longer outstanding here (never below zero: an instance that
+        went INACTIVE was cleared already)."""
+        inst = self.get(rank)
+        if inst is not None:
+            inst.outstanding_tokens = max(0, inst.outstanding_tokens - n)
+
+    def _touch(self, inst: Instance) -> None:
+        if not inst.is_idle:
+            inst.idle_since = None
+        elif inst.idle_since is None:
+            inst.idle_since = time.monotonic()
+
+    # --- live pairs -----------------------------------------------------------------------
+
+    @property
+    def pairs(self) -> Mapping[int, int | None]:
+        """Live target -> its source (None: it loads on its own); read-only."""
+        return MappingProxyType(self._pairs)
+
+    def pair(self, targets: tuple[int, ...], source: int | None) -> None:
+        for t in targets:
+            self._pairs[t] = source
+
+    def unpair(self, target: int) -> int | None:
+        """`target` is no live target any more; its source (if any)."""
+        return self._pairs.pop(target, None)
+
+    def orphan(self, source: int) -> None:
+        """`source` is gone: its targets go on alone."""
+        for t, src in list(self._pairs.items()):
+            if src == source:
+                self._pairs[t] = None
+
+    def is_source(self, rank: int) -> bool:
+        return rank in self._pairs.values()
+
+    # --- relays ---------------------------------------------------------------------------
+
+    @property
+    def relays(self) -> Mapping[str, Relay]:
+        return MappingProxyType(self._relays)
+
+    def add_relay(self, wire_id: str, relay: Relay) -> None:
+        self._relays[wire_id] = relay
+
+    def end_relay(self, wire_id: str) -> Relay | None:
+        return self._relays.pop(wire_id, None)
+
+    def relay_sent(self, wire_id: str) -> None:
+        self._relays[wire_id].sent = True
