@@ -1,4 +1,9 @@
-"""LLMEngine: one model instance. `step()` = schedule -> run -> sample -> postprocess."""
+"""LLMEngine: one model instance. `step()` = schedule -> run -> sample -> postprocess.
+
+Every request it knows is in one table (`engine/table.py`) with a checked status; the
+serving loop (worker/serving.py, worker/relays.py) uses the methods below, never the
+table, the scheduler or the cache directly.
+"""
 
 from __future__ import annotations
 
@@ -11,19 +16,20 @@ from typing import Any
 import torch
 
 from blitzscale.engine.config import EngineConfig
-from blitzscale.engine.integrity import kv_problems
-from blitzscale.engine.live import LiveQueue, Relayed, RelayIn, finish_relayed
+from blitzscale.engine.live import LiveQueue, finish_relayed
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
-from blitzscale.engine.request import Request, RequestOutput, RequestStatus, SamplingParams
+from blitzscale.engine.request import Handoff, Request, RequestOutput, RequestStatus, SamplingParams
 from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
+from blitzscale.engine.table import STEPPED, RequestTable
 from blitzscale.errors import InvalidRequestError, KVIntegrityError
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.kvcache.pool import BlockPool
 from blitzscale.model.llama import LlamaModel
 from blitzscale.model.weights import ModelWeights
 
+S = RequestStatus
 # Check the KV block books after every step (the test suite sets this; workers inherit it).
 CHECK_EVERY_STEP = os.environ.get("BLITZSCALE_CHECK_INTEGRITY", "") == "1"
 
@@ -86,18 +92,16 @@ class LLMEngine:
     def _init_components(self, weights: ModelWeights) -> None:
         self.model = LlamaModel(weights, max_positions=self.max_model_len)
         self.runner = ModelRunner(self.model, self.kv_cache)
-        self.scheduler = Scheduler(self.pool, self.config.max_num_batched_tokens, self.config.max_num_seqs)
+        self.table = RequestTable(self.pool)  # every request here, with its status
+        self.scheduler = Scheduler(
+            self.pool, self.config.max_num_batched_tokens, self.config.max_num_seqs, self.table
+        )
         eos = set(weights.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
-        self.requests: dict[str, Request] = {}
-        self.held: dict[str, Request] = {}  # prefilled, KV waiting to migrate out
-        self.importing: dict[str, Request] = {}  # blocks reserved, KV migrating in
         self.live: LiveQueue | None = None  # set while this is a live target (weights arriving)
-        self.relaying: dict[str, Relayed] = {}  # live tasks handed over, KV [0, k) not yet sent
-        self.relays: dict[str, RelayIn] = {}  # tasks relayed here, finishing layers [k, L)
-        self._aborted: list[Request] = []
+        self._aborted: list[Request] = []  # released; their last output goes out next step
         self._step_outputs: list[RequestOutput] = []  # of the step under way
         self._ids = itertools.count()
 
@@ -130,11 +134,9 @@ class LLMEngine:
         for migration (`held`); its output then has finish_reason "migrate"."""
         self.validate(prompt_token_ids, params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self.requests or request_id in self.held:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
         req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
-        self.requests[request_id] = req
         if self.live is not None and not self.model.weights.readiness.all_ready:
+            self.table.add(req, S.LIVE)
             self.live.add(req)
         else:  # once loaded, new work skips the live queue, which only drains
             self.scheduler.add(req)
@@ -151,25 +153,30 @@ class LLMEngine:
             )
 
     def abort(self, request_id: str) -> bool:
-        req = self.requests.get(request_id)
-        if req is None or req.is_finished:
+        """Stop a request the step works on (waiting, running, live, relayed in and
+        arrived); False for anything else (held, importing, relaying, unknown: the serving
+        loop ends those through their own paths)."""
+        req = self.table.get(request_id, *STEPPED)
+        if req is None:
             return False
-        relay = self.relays.get(request_id)
-        if relay is not None and not relay.ready:
+        if req.status is S.RELAYED_IN and not (req.handoff is not None and req.handoff.ready):
             return False  # its KV is still arriving; the serving loop aborts it on arrival
-        if (self.live is not None and self.live.remove(req)) or self.relays.pop(request_id, None):
-            self.pool.free(req.block_ids)
-            req.block_ids = []
-            req.status = RequestStatus.FINISHED
-            req.finish_reason = "abort"
-        else:
-            self.scheduler.finish(req, "abort")
+        self._take_out(req)
+        self.table.release(req, "abort")
         self._aborted.append(req)
         return True
 
+    def _take_out(self, req: Request) -> None:
+        """Out of whichever queue orders it (before it is released)."""
+        if req.status is S.LIVE and self.live is not None:
+            self.live.remove(req)
+        else:
+            self.scheduler.remove(req)
+
     def _fail(self, req: Request, error: str) -> RequestOutput:
         """Finish one request with an error (finish_reason "error"); the engine goes on."""
-        self.scheduler.finish(req, "error")
+        self._take_out(req)
+        self.table.release(req, "error")
         return dataclasses.replace(self._finalize(req), error=error)
 
     def fail_unfinished(self, error: str) -> list[RequestOutput]:
@@ -178,8 +185,8 @@ class LLMEngine:
         are untouched. Returns their final outputs, after the outputs the step produced
         before it raised (requests it finished or held). The engine stays usable."""
         failed, self._step_outputs = self._step_outputs, []  # what the step finished before it raised
-        for req in list(self.requests.values()):
-            untouched = req.status is RequestStatus.WAITING and req.num_computed_tokens == 0
+        for req in self.table.requests(*STEPPED):
+            untouched = req.status is S.WAITING and req.num_computed_tokens == 0
             if untouched or not self.abort(req.request_id):  # (a relay still arriving: later)
                 continue
             self._aborted.remove(req)
@@ -188,18 +195,47 @@ class LLMEngine:
         return failed
 
     def check_integrity(self) -> None:
-        """Every used KV block is owned by exactly one live request (running, waiting, live,
-        relayed in or out, held for migration, importing) and free + used = total; raises
-        KVIntegrityError naming what is wrong. Cheap: run it after steps in tests, and
-        whenever the serving loop goes idle."""
-        owners = [*self.requests.values(), *self.held.values(), *self.importing.values()]
-        owners += [t.request for t in self.relaying.values()]
-        problems = kv_problems(self.pool, owners)
+        """Every used KV block is owned by exactly one request in the table (whatever its
+        status) and free + used = total; the scheduler's and the live queue's requests are
+        the table's, in the statuses they stand for. Raises KVIntegrityError naming what is
+        wrong. Cheap: run it after steps in tests, and whenever the serving loop goes idle."""
+        problems = self.table.problems()
+        queued = {
+            S.WAITING: list(self.scheduler.waiting),
+            S.RUNNING: self.scheduler.running,
+            S.LIVE: ([*self.live.waiting, *(t.request for t in self.live.tasks)] if self.live else []),
+        }
+        for status, reqs in queued.items():
+            for r in reqs:
+                if self.table.get(r.request_id, status) is not r:
+                    problems.append(f"{r.request_id!r} is queued as {status.value}, but is {r.status.value}")
+            n = self.table.count(status)
+            if len(reqs) != n:
+                problems.append(f"{n} requests are {status.value}, {len(reqs)} are queued so")
         if problems:
             raise KVIntegrityError("; ".join(problems))
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests)
+        """Anything for `step` to do: requests it works on, or outputs still to send."""
+        return bool(self._aborted) or self.table.count(*STEPPED) > 0
+
+    @property
+    def is_idle(self) -> bool:
+        """No request of any kind here (none held, importing or relaying either)."""
+        return not self._aborted and not self.table
+
+    def request(self, request_id: str, *statuses: RequestStatus) -> Request | None:
+        """A request here (in one of `statuses`, if given); for reading."""
+        return self.table.get(request_id, *statuses)
+
+    def request_ids(self, *statuses: RequestStatus) -> list[str]:
+        return self.table.ids(*statuses)
+
+    def counts(self) -> dict[str, int]:
+        """Requests by status, and KV blocks used and in all (the serving loop's stats)."""
+        c = self.table.counts()
+        out = {status.value: c.get(status, 0) for status in RequestStatus if status is not S.FINISHED}
+        return {**out, "used_blocks": self.pool.num_used_blocks, "total_blocks": self.pool.num_blocks}
 
     # --- the loop ---------------------------------------------------------------------
 
@@ -219,13 +255,13 @@ class LLMEngine:
             done = self.live.step()
             if done:
                 self._complete_prompts([r for r, _ in done], torch.stack([x for _, x in done]))
-        ready = [t for t in self.relays.values() if t.ready]
+        ready = [r for r in self.table.requests(S.RELAYED_IN) if r.handoff is not None and r.handoff.ready]
         if ready:
             logits = finish_relayed(self.model, self.kv_cache, ready)
-            for t in ready:
-                del self.relays[t.request.request_id]
-                t.request.num_computed_tokens = t.request.num_tokens
-            self._complete_prompts([t.request for t in ready], logits)
+            for r in ready:
+                r.handoff = None
+                r.num_computed_tokens = r.num_tokens
+            self._complete_prompts(ready, logits)
         if self.live is not None and not self.model.weights.readiness.all_ready:
             return  # nothing else can run on a partial model
         sched = self.scheduler.schedule()
@@ -254,7 +290,7 @@ class LLMEngine:
             req.token_ids.append(tok)
             reason = self.outputs.check_stop(req)
             if reason is not None:
-                self.scheduler.finish(req, reason)
+                self.scheduler.finish(req, reason)  # (the table releases it)
                 out.append(self._finalize(req))
             elif req.hold_kv:
                 out.append(self._hold(req))
@@ -265,7 +301,7 @@ class LLMEngine:
 
     def start_live(self) -> None:
         """Serve while weights arrive: new requests go to the layer-by-layer live queue."""
-        if self.requests:
+        if self.table:
             raise InvalidRequestError("live serving must start on an idle engine")
         self.live = LiveQueue(self.model, self.kv_cache, self.pool, self.config.max_num_batched_tokens)
 
@@ -273,7 +309,8 @@ class LLMEngine:
     def live_drained(self) -> bool:
         """Fully loaded and no live task left: the engine can serve normally."""
         live = self.live
-        return live is not None and self.model.weights.readiness.all_ready and not live and not self.relaying
+        ready = self.model.weights.readiness.all_ready
+        return live is not None and ready and not live and not self.table.count(S.RELAYING)
 
     def end_live(self) -> None:
         """Back to normal serving (the live queue must be empty)."""
@@ -281,70 +318,72 @@ class LLMEngine:
             raise InvalidRequestError("the live queue is not empty")
         self.live = None
 
-    def relay_out(self) -> Relayed | None:
+    @property
+    def is_live(self) -> bool:
+        return self.live is not None
+
+    def relay_out(self) -> Request | None:
         """Hand a live task to the source: the head (oldest) while loading; once loaded, the
-        newest (the head finishes here soon). Its KV of layers [0, k) stays until sent."""
+        newest (the head finishes here soon). Its KV of layers [0, k) stays until sent;
+        `handoff` says where it stopped."""
         if self.live is None:
             return None
         r = self.live.relay_head(newest=self.model.weights.readiness.all_ready)
         if r is not None:
-            self.requests.pop(r.request.request_id, None)
-            self.relaying[r.request.request_id] = r
+            self.table.move(r, S.RELAYING)
         return r
 
     def relay_sent(self, request_id: str) -> None:
-        r = self.relaying.pop(request_id, None)
+        r = self.table.get(request_id, S.RELAYING)
         if r is not None:
-            self.pool.free(r.request.block_ids)
-            r.request.block_ids = []
-            r.request.status = RequestStatus.FINISHED
+            self.table.release(r, "relayed")
 
     def relay_cancelled(self, request_id: str) -> None:
         """The source could not take it: the task goes back to the head of the live queue."""
-        r = self.relaying.pop(request_id, None)
+        r = self.table.get(request_id, S.RELAYING)
         if r is None:
             return
-        self.requests[request_id] = r.request
-        if self.live is None:  # loaded meanwhile: an ordinary request now
-            self.pool.free(r.request.block_ids)
-            r.request.block_ids = []
-            r.request.status = RequestStatus.WAITING
-            self.scheduler.waiting.appendleft(r.request)
+        if self.live is None:  # loaded meanwhile: an ordinary request now, computed afresh
+            self.table.drop_blocks(r)
+            r.handoff = None
+            r.num_computed_tokens = 0
+            self.scheduler.requeue(r)
         else:
+            self.table.move(r, S.LIVE)
             self.live.put_back(r)
 
     def reserve_relay(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, layer: int, hold_kv: bool
-    ) -> RelayIn:
+    ) -> Request:
         """Source side: blocks for a relayed prompt, before its hidden states and KV arrive."""
         self.validate(prompt_token_ids, params)
-        if request_id in self.requests or request_id in self.held or request_id in self.relays:
+        if request_id in self.table:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if not 0 <= layer < self.model.num_layers:
             raise InvalidRequestError(f"relay layer {layer} is outside [0, {self.model.num_layers})")
         req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
-        need = self.pool.blocks_for_tokens(req.num_tokens)
-        if not self.pool.can_allocate(need):
-            raise InvalidRequestError(f"no room: {need} KV blocks needed, {self.pool.num_free_blocks} free")
-        req.block_ids = self.pool.allocate(need)
-        req.status = RequestStatus.RUNNING
-        task = RelayIn(req, layer)
-        self.relays[request_id] = task
-        self.requests[request_id] = req
-        return task
+        req.block_ids = self._allocate(req.num_tokens)
+        req.handoff = Handoff(layer)
+        self.table.add(req, S.RELAYED_IN)
+        return req
 
     def commit_relay(self, request_id: str, hidden: torch.Tensor | None) -> None:
-        task = self.relays[request_id]
-        task.hidden = hidden
-        task.ready = True
+        req = self.table.get(request_id, S.RELAYED_IN)
+        if req is None or req.handoff is None:
+            raise InvalidRequestError(f"request {request_id!r} is not being relayed in here")
+        req.handoff.hidden = hidden
+        req.handoff.ready = True
 
     def cancel_relay(self, request_id: str) -> None:
-        task = self.relays.pop(request_id, None)
-        if task is not None:
-            self.requests.pop(request_id, None)
-            self.pool.free(task.request.block_ids)
-            task.request.block_ids = []
-            task.request.status = RequestStatus.FINISHED
+        req = self.table.get(request_id, S.RELAYED_IN)
+        if req is not None:
+            self.table.release(req, "abort")
+
+    def _allocate(self, num_tokens: int) -> list[int]:
+        need = self.pool.blocks_for_tokens(num_tokens)
+        if not self.pool.can_allocate(need):
+            raise InvalidRequestError(f"no room: {need} KV blocks needed, {self.pool.num_free_blocks} free")
+        return self.pool.allocate(need)
 
     # --- KV migration (prefill/decode disaggregation) ---------------------------------
 
@@ -352,29 +391,24 @@ class LLMEngine:
         """Prefill done: the request leaves this instance's batch, its KV waits to migrate."""
         self.scheduler.detach(req)
         req.finish_reason = "migrate"
-        self.requests.pop(req.request_id, None)
-        self.held[req.request_id] = req
         out = self.outputs.make_output(req)
         return dataclasses.replace(out, finished=True)
 
     def adopt_held(self, request_id: str) -> None:
         """Decode a held request here instead of migrating it: its KV is already in place
         (this instance is becoming a decode one)."""
-        req = self.held.pop(request_id, None)
+        req = self.table.get(request_id, S.HELD)
         if req is None:
             raise InvalidRequestError(f"request {request_id!r} holds no KV here")
         req.hold_kv = False
         req.finish_reason = None
-        self.requests[request_id] = req
         self.scheduler.add_running(req)
 
     def release_held(self, request_id: str) -> None:
         """The KV of a held request has been sent (or is no longer wanted): free it."""
-        req = self.held.pop(request_id, None)
+        req = self.table.get(request_id, S.HELD)
         if req is not None:
-            self.pool.free(req.block_ids)
-            req.block_ids = []
-            req.status = RequestStatus.FINISHED
+            self.table.release(req)
 
     def reserve_import(
         self,
@@ -386,35 +420,61 @@ class LLMEngine:
     ) -> Request:
         """Allocate blocks for a request prefilled elsewhere (all but its last token computed).
         The decode side allocates before any KV is sent."""
-        if request_id in self.requests or request_id in self.importing:
+        if request_id in self.table:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        num_computed = len(token_ids) - 1
-        need = self.pool.blocks_for_tokens(len(token_ids))
-        if not self.pool.can_allocate(need):
-            raise InvalidRequestError(f"no room: {need} KV blocks needed, {self.pool.num_free_blocks} free")
         req = Request(request_id, list(token_ids[:num_prompt_tokens]), params)
         req.token_ids = list(token_ids)
-        req.num_computed_tokens = num_computed
-        req.block_ids = self.pool.allocate(need)
+        req.num_computed_tokens = len(token_ids) - 1
+        req.block_ids = self._allocate(len(token_ids))
         req.num_emitted_tokens = req.num_output_tokens
         self.outputs.check_stop_text(req)
         req.num_emitted_chars = num_emitted_chars
-        self.importing[request_id] = req
+        self.table.add(req, S.IMPORTING)
         return req
 
     def commit_import(self, request_id: str) -> None:
-        req = self.importing.pop(request_id)
-        self.requests[request_id] = req
+        req = self.table.get(request_id, S.IMPORTING)
+        if req is None:
+            raise InvalidRequestError(f"request {request_id!r} is not importing here")
         self.scheduler.add_running(req)
 
     def cancel_import(self, request_id: str) -> None:
-        req = self.importing.pop(request_id, None)
+        req = self.table.get(request_id, S.IMPORTING)
         if req is not None:
-            self.pool.free(req.block_ids)
-            req.block_ids = []
+            self.table.release(req, "abort")
+
+    # --- KV in and out of this engine's cache (migration, relays) -----------------------
+
+    def kv_out(self, request_id: str, layers: tuple[int, int] | None = None) -> torch.Tensor:
+        """A held or relaying request's KV blocks packed for sending (layers [a, b))."""
+        req = self.table.get(request_id, S.HELD, S.RELAYING)
+        if req is None:
+            raise InvalidRequestError(f"request {request_id!r} holds no KV here")
+        return self.kv_cache.gather_blocks(req.block_ids, layers)
+
+    def kv_buffer(self, num_blocks: int, layers: int | None = None) -> torch.Tensor:
+        """An empty packed buffer for `num_blocks` blocks (of the first `layers` layers)."""
+        kv = self.kv_cache
+        shape = kv.packed_shape(num_blocks) if layers is None else kv.packed_shape(num_blocks, layers)
+        return torch.empty(shape, dtype=kv.data.dtype, device=kv.data.device)
+
+    def kv_in(self, request_id: str, buf: torch.Tensor, layers: tuple[int, int] | None = None) -> None:
+        """Scatter a received packed buffer into an importing / relayed-in request's first
+        blocks."""
+        req = self.table.get(request_id, S.IMPORTING, S.RELAYED_IN)
+        if req is None:
+            raise InvalidRequestError(f"request {request_id!r} is not receiving KV here")
+        self.kv_cache.scatter_blocks(req.block_ids[: buf.shape[2]], buf, layers)
+
+    def hidden_buffer(self, num_tokens: int) -> torch.Tensor:
+        """An empty residual-stream buffer for `num_tokens` tokens (a relay's hidden states)."""
+        kv = self.kv_cache.data
+        return torch.empty((num_tokens, self.model_config.hidden_size), dtype=kv.dtype, device=kv.device)
+
+    def blocks_for_tokens(self, n: int) -> int:
+        return self.pool.blocks_for_tokens(n)
 
     def _finalize(self, req: Request) -> RequestOutput:
-        self.requests.pop(req.request_id, None)
         return self.outputs.make_output(req)
 
     # --- conveniences -----------------------------------------------------------------

@@ -6,9 +6,12 @@ Two halves, one per side of a live pair:
   weight segment at a time (embedding, layer 0..L-1, head), in FCFS order but preferring
   tasks whose next segment has landed; a task waits, partly executed, until its next
   segment is there. A task is at a segment boundary between steps, so it can be handed
-  over (`relay_head`) with the hidden states after its last layer.
-- `RelayIn`, on the *source*: a relayed task's remaining layers [k, L), its sampling, and
-  then the request lives on like any other (held for migration, or running).
+  over (`relay_head`) with the hidden states after its last layer (`Request.handoff`).
+- `finish_relayed`, on the *source*: a relayed task's remaining layers [k, L); then it is
+  sampled and lives on like any other request (held for migration, or running).
+
+Statuses (LIVE, RELAYING, RELAYED_IN) are the engine's request table's; this module only
+orders and computes.
 
 A task's stage is the index of the next weight segment it needs: 0 = embedding, 1 + i =
 layer i, L + 1 = head. So "is the next stage runnable" is just the readiness counter of
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blitzscale.engine.request import Request, RequestStatus
+from blitzscale.engine.request import Handoff, Request
 from blitzscale.engine.sync import wait_for_device
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.kvcache.pool import BlockPool
@@ -39,15 +42,6 @@ class LiveTask:
     @property
     def layers_done(self) -> int:
         return max(0, self.stage - 1)
-
-
-@dataclass(frozen=True)
-class Relayed:
-    """A task taken off the live queue to finish elsewhere; its KV covers layers [0, layer)."""
-
-    request: Request
-    layer: int
-    hidden: torch.Tensor | None  # [tokens, hidden] after layer - 1 (None when layer == 0)
 
 
 def prefill_metadata(reqs: list[Request], block_size: int, device: torch.device) -> AttentionMetadata:
@@ -101,7 +95,6 @@ class LiveQueue:
                 return
             self.waiting.popleft()
             req.block_ids = self.pool.allocate(need)
-            req.status = RequestStatus.RUNNING
             self.tasks.append(LiveTask(req))
 
     def _pick(self) -> list[LiveTask]:
@@ -161,56 +154,50 @@ class LiveQueue:
         wait_for_device(out.device)  # the next step's metadata copies would wait with the GIL
         return []
 
-    def relay_head(self, newest: bool = False) -> Relayed | None:
-        """Take a task off the queue, stopped where it is: the head (oldest), or with
-        `newest` the last one (once loaded, the head is about to finish here anyway)."""
+    def relay_head(self, newest: bool = False) -> Request | None:
+        """Take a task off the queue, stopped where it is (its `handoff` says where): the
+        head (oldest), or with `newest` the last one (once loaded, the head is about to
+        finish here anyway)."""
         if self.tasks and not (newest and self.waiting):
             t = self.tasks.pop(-1 if newest else 0)
-            return Relayed(t.request, t.layers_done, t.hidden if t.layers_done else None)
+            t.request.handoff = Handoff(t.layers_done, t.hidden if t.layers_done else None)
+            return t.request
         if self.waiting:
-            return Relayed(self.waiting.pop() if newest else self.waiting.popleft(), 0, None)
+            req = self.waiting.pop() if newest else self.waiting.popleft()
+            req.handoff = Handoff(0)
+            return req
         return None
 
-    def put_back(self, r: Relayed) -> None:
+    def put_back(self, req: Request) -> None:
         """A relay that did not happen: the task is the head again, where it stopped."""
-        if not r.request.block_ids:
-            self.waiting.appendleft(r.request)
+        h, req.handoff = req.handoff, None
+        if not req.block_ids or h is None:
+            self.waiting.appendleft(req)
             return
-        stage = r.layer + 1 if r.layer else 0
-        self.tasks.insert(0, LiveTask(r.request, stage, r.hidden))
-
-
-@dataclass
-class RelayIn:
-    """A relayed task on its source: blocks reserved, waiting for (or holding) the hidden
-    states and the target's KV of layers [0, layer)."""
-
-    request: Request
-    layer: int
-    hidden: torch.Tensor | None = None
-    ready: bool = False
+        stage = h.layer + 1 if h.layer else 0
+        self.tasks.insert(0, LiveTask(req, stage, h.hidden))
 
 
 @torch.inference_mode()
-def finish_relayed(model: LlamaModel, kv_cache: KVCache, tasks: list[RelayIn]) -> torch.Tensor:
-    """Run layers [layer, L) of relayed tasks and return their last-token logits (float32).
-    Tasks are run one group per starting layer (a batch shares one layer range)."""
+def finish_relayed(model: LlamaModel, kv_cache: KVCache, reqs: list[Request]) -> torch.Tensor:
+    """Run layers [layer, L) of relayed requests (`handoff` arrived) and return their
+    last-token logits (float32). One group per starting layer (a batch shares one range)."""
     device = model.weights.device
     rows: dict[int, torch.Tensor] = {}
     by_layer: dict[int, list[int]] = {}
-    for i, t in enumerate(tasks):
-        by_layer.setdefault(t.layer, []).append(i)
+    for i, r in enumerate(reqs):
+        assert r.handoff is not None and r.handoff.ready
+        by_layer.setdefault(r.handoff.layer, []).append(i)
     for layer, idx in by_layer.items():
-        group = [tasks[i] for i in idx]
-        reqs = [t.request for t in group]
+        group = [reqs[i] for i in idx]
         if layer == 0:
-            ids = torch.tensor([x for r in reqs for x in r.token_ids], dtype=torch.long, device=device)
+            ids = torch.tensor([x for r in group for x in r.token_ids], dtype=torch.long, device=device)
             hidden = model.embed(ids)
         else:
-            hidden = torch.cat([t.hidden for t in group])  # type: ignore[misc]
-        meta = prefill_metadata(reqs, kv_cache.block_size, device)
+            hidden = torch.cat([r.handoff.hidden for r in group])  # type: ignore[misc,union-attr]
+        meta = prefill_metadata(group, kv_cache.block_size, device)
         hidden = model.run_layers(hidden, meta, kv_cache, start=layer)
-        last = torch.tensor([r.num_tokens for r in reqs], device=device).cumsum(0) - 1
+        last = torch.tensor([r.num_tokens for r in group], device=device).cumsum(0) - 1
         for i, row in zip(idx, model.logits(hidden[last]).float(), strict=True):
             rows[i] = row
-    return torch.stack([rows[i] for i in range(len(tasks))])
+    return torch.stack([rows[i] for i in range(len(reqs))])

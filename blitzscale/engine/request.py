@@ -66,10 +66,25 @@ def _check_float(name: str, value: object, lo: float, must: str) -> None:
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
+    """Where a request is in its engine (engine/table.py checks every change)."""
+
+    WAITING = "waiting"  # in the scheduler's queue
+    RUNNING = "running"  # in the running batch
     HELD = "held"  # prefilled, KV kept for migration to a decode instance
+    IMPORTING = "importing"  # blocks reserved, KV migrating in from a prefill instance
+    LIVE = "live"  # in a live target's layer-by-layer queue (weights still arriving)
+    RELAYING = "relaying"  # a live task handed to the source, its KV [0, k) not yet sent
+    RELAYED_IN = "relayed_in"  # relayed here from a live target, finishing layers [k, L)
     FINISHED = "finished"
+
+
+@dataclass
+class Handoff:
+    """A live task crossing from a live target to its source after `layer` layers."""
+
+    layer: int  # layers [0, layer) ran on the target (their KV travels with it)
+    hidden: torch.Tensor | None = None  # residual stream after layer - 1 (None when layer == 0)
+    ready: bool = False  # on the source: the hidden states and the KV have arrived
 
 
 @dataclass
@@ -86,6 +101,7 @@ class Request:
     generator: torch.Generator | None = None
     hold_kv: bool = False  # stop after the first token and keep the KV for migration
     live_layers: int = 0  # layers of its prefill run while the weights were incomplete
+    handoff: Handoff | None = None  # RELAYING / RELAYED_IN: where the live task stopped
     # output processing state
     text: str = ""
     num_emitted_tokens: int = 0

@@ -4,6 +4,7 @@ Each scheduled request gets a number of new tokens: 1 for a decode, up to the re
 token budget for a prompt (long prompts are prefilled in chunks). KV blocks are allocated
 as tokens need them; when none are left, the most recently admitted request is preempted
 (its blocks freed, recomputed later), and waiting requests queue until blocks free up.
+The scheduler orders requests; their statuses are the request table's (engine/table.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from blitzscale.engine.request import Request, RequestStatus
+from blitzscale.engine.table import RequestTable
 from blitzscale.kvcache.pool import BlockPool
 
 
@@ -38,8 +40,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        table: RequestTable | None = None,
+    ) -> None:
         self.pool = pool
+        self.table = table if table is not None else RequestTable(pool)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Request] = deque()
@@ -50,6 +59,8 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def add(self, req: Request) -> None:
+        """A new request (it enters the table as WAITING)."""
+        self.table.add(req, RequestStatus.WAITING)
         self.waiting.append(req)
 
     def schedule(self) -> SchedulerOutput:
@@ -80,44 +91,45 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.block_ids += self.pool.allocate(need)
-            req.status = RequestStatus.RUNNING
+            self.table.move(req, RequestStatus.RUNNING)
             self.running.append(req)
             scheduled.append(ScheduledRequest(req, n))
             budget -= n
         return SchedulerOutput(scheduled, num_preempted)
 
     def finish(self, req: Request, reason: str) -> None:
-        """Take a request out (finished or aborted) and return its KV blocks."""
+        """Take a request out (finished or aborted); the table releases its KV blocks."""
+        self.remove(req)
+        self.table.release(req, reason)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out of the queue or the batch, whatever it is."""
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
-        elif req.status is RequestStatus.FINISHED:
-            return
-        self._free(req)
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
 
     def detach(self, req: Request) -> None:
         """Take a running request out but keep its KV blocks (they are about to migrate)."""
         self.running.remove(req)
-        req.status = RequestStatus.HELD
+        self.table.move(req, RequestStatus.HELD)
 
     def add_running(self, req: Request) -> None:
-        """Admit a request whose KV arrived from elsewhere (blocks already allocated)."""
-        req.status = RequestStatus.RUNNING
+        """Admit a request whose KV is in place (blocks allocated): it arrived from
+        elsewhere, was computed outside the scheduler, or is adopted."""
+        self.table.move(req, RequestStatus.RUNNING)
         self.running.append(req)
+
+    def requeue(self, req: Request) -> None:
+        """A request back at the head of the queue (it holds no blocks)."""
+        self.table.move(req, RequestStatus.WAITING)
+        self.waiting.appendleft(req)
 
     def _blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         total = self.pool.blocks_for_tokens(req.num_computed_tokens + num_new_tokens)
         return max(0, total - len(req.block_ids))
 
     def _preempt(self, req: Request) -> None:
-        self._free(req)
+        self.table.drop_blocks(req)
         req.num_computed_tokens = 0
-        req.status = RequestStatus.WAITING
-        self.waiting.appendleft(req)
-
-    def _free(self, req: Request) -> None:
-        self.pool.free(req.block_ids)
-        req.block_ids = []
+        self.requeue(req)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from blitzscale.engine import LLMEngine
+from blitzscale.engine.request import RequestStatus
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     LiveDoneMsg,
@@ -65,32 +64,27 @@ class LiveSide:
         if r is None:
             self.loop.send(RelayNoneMsg(rank=self.loop.rank))
             return
+        assert r.handoff is not None
         self.loop.send(
             RelayedMsg(
                 rank=self.loop.rank,
-                request_id=r.request.request_id,
-                layer=r.layer,
-                live_layers=r.request.live_layers,
+                request_id=r.request_id,
+                layer=r.handoff.layer,
+                live_layers=r.live_layers,
             )
         )
 
     def start_recv(self, msg: RelayInMsg) -> None:
         e = self.loop.engine
         assert e is not None
-        task = e.reserve_relay(
+        req = e.reserve_relay(
             msg.request_id, msg.prompt_token_ids, to_params(msg.params), msg.layer, msg.hold_kv
         )
         if msg.layer == 0:  # nothing computed there: this instance runs the whole prompt
             e.commit_relay(msg.request_id, None)
         else:
-            kv = e.kv_cache
-            n = len(task.request.block_ids)
-            hidden = torch.empty(
-                (task.request.num_tokens, e.model_config.hidden_size),
-                dtype=kv.data.dtype,
-                device=kv.data.device,
-            )
-            buf = torch.empty(kv.packed_shape(n, msg.layer), dtype=kv.data.dtype, device=kv.data.device)
+            hidden = e.hidden_buffer(req.num_tokens)
+            buf = e.kv_buffer(len(req.block_ids), msg.layer)
             works = [
                 self.loop.links.irecv(hidden, msg.src_rank, "kv"),
                 self.loop.links.irecv(buf, msg.src_rank, "kv"),
@@ -105,16 +99,16 @@ class LiveSide:
         if msg.dst_rank < 0:
             e.relay_cancelled(msg.request_id)
             return
-        r = e.relaying.get(msg.request_id)
-        if r is None:
+        r = e.request(msg.request_id, RequestStatus.RELAYING)
+        if r is None or r.handoff is None:
             raise BlitzScaleError(f"request {msg.request_id!r} is not being relayed here")
-        if r.layer == 0:
+        if r.handoff.layer == 0:
             e.relay_sent(msg.request_id)
             self.loop.send(RelaySentMsg(rank=self.loop.rank, request_id=msg.request_id))
             return
-        assert r.hidden is not None
-        buf = e.kv_cache.gather_blocks(r.request.block_ids, (0, r.layer))
-        hidden = r.hidden.contiguous()
+        assert r.handoff.hidden is not None
+        buf = e.kv_out(msg.request_id, (0, r.handoff.layer))
+        hidden = r.handoff.hidden.contiguous()
         works = [
             self.loop.links.isend(hidden, msg.dst_rank, "kv"),
             self.loop.links.isend(buf, msg.dst_rank, "kv"),
@@ -124,9 +118,9 @@ class LiveSide:
 
     def poll(self, e: LLMEngine) -> None:
         for rid, m, err in finished(self.relay_recvs, self.loop._orphans):
-            if err is None and not m.aborted:
-                task = e.relays[rid]
-                e.kv_cache.scatter_blocks(task.request.block_ids, m.buf, (0, task.layer))
+            req = e.request(rid, RequestStatus.RELAYED_IN)
+            if err is None and not m.aborted and req is not None and req.handoff is not None:
+                e.kv_in(rid, m.buf, (0, req.handoff.layer))
                 e.commit_relay(rid, m.hidden)
                 continue
             e.cancel_relay(rid)
@@ -164,7 +158,7 @@ class LiveSide:
         """The weights will never all arrive: every request here is lost (the router runs
         again those that have no output yet), and the engine goes."""
         self._event(LiveFailedMsg)
-        for rid in [*e.requests, *e.held, *e.relaying]:
+        for rid in e.request_ids():
             self.loop.send(LostMsg(rank=self.loop.rank, request_id=rid, error=error))
         self.loop.engine = None
         self.loop.role = ""

@@ -17,7 +17,7 @@ import torch
 
 from blitzscale.engine import LLMEngine
 from blitzscale.engine.engine import CHECK_EVERY_STEP
-from blitzscale.engine.request import RequestOutput
+from blitzscale.engine.request import RequestOutput, RequestStatus
 from blitzscale.errors import BlitzScaleError, KVIntegrityError
 from blitzscale.messages import (
     AbortMsg,
@@ -75,15 +75,7 @@ class ServingLoop:
     @property
     def is_idle(self) -> bool:
         e = self.engine
-        return e is None or not (
-            e.has_unfinished()
-            or e.held
-            or e.importing
-            or e.relaying
-            or self._recvs
-            or self._sends
-            or self.live.busy
-        )
+        return e is None or not (not e.is_idle or self._recvs or self._sends or self.live.busy)
 
     def activate(self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg) -> dict[str, Any]:
         if self.engine is not None:
@@ -93,7 +85,8 @@ class ServingLoop:
         self.live.reset()
         if msg.live:
             self.engine.start_live()
-        return {"num_kv_blocks": self.engine.pool.num_blocks, "max_model_len": self.engine.max_model_len}
+        total = self.engine.counts()["total_blocks"]
+        return {"num_kv_blocks": total, "max_model_len": self.engine.max_model_len}
 
     def deactivate(self) -> None:
         if not self.is_idle:
@@ -131,8 +124,7 @@ class ServingLoop:
         except BlitzScaleError as err:
             event: type[RequestEvent]
             if isinstance(msg, RelayInMsg):
-                if rid in e.relays:  # reserved, then its receives could not be posted
-                    e.cancel_relay(rid)
+                e.cancel_relay(rid)  # reserved, then its receives could not be posted
                 event = RelayFailedMsg
             elif isinstance(msg, SendRelayMsg):
                 event = RelayLostMsg
@@ -158,7 +150,7 @@ class ServingLoop:
         elif request_id in self._recvs:
             self._recvs[request_id].aborted = True
             e.cancel_import(request_id)
-        elif not e.abort(request_id) and request_id in e.held and request_id not in self._sends:
+        elif not e.abort(request_id) and request_id not in self._sends:  # a held one: free it
             e.release_held(request_id)
 
     def _start_recv(self, msg: RecvKVMsg) -> None:
@@ -171,9 +163,7 @@ class ServingLoop:
             req.generator.set_state(torch.frombuffer(bytearray(msg.rng_state), dtype=torch.uint8))
         # The sender holds exactly the blocks of the computed tokens; we may have one more
         # (room for the next token), which stays as it is.
-        n = e.pool.blocks_for_tokens(req.num_computed_tokens)
-        kv = e.kv_cache
-        buf = torch.empty(kv.packed_shape(n), dtype=kv.data.dtype, device=kv.data.device)
+        buf = e.kv_buffer(e.blocks_for_tokens(req.num_computed_tokens))
         try:
             work = self.links.irecv(buf, msg.src_rank, "kv")
         except (RuntimeError, BlitzScaleError):  # the sender is gone: give the blocks back
@@ -186,10 +176,7 @@ class ServingLoop:
     def _start_send(self, msg: SendKVMsg) -> None:
         e = self.engine
         assert e is not None
-        req = e.held.get(msg.request_id)
-        if req is None:
-            raise BlitzScaleError(f"request {msg.request_id!r} holds no KV here")
-        buf = e.kv_cache.gather_blocks(req.block_ids)
+        buf = e.kv_out(msg.request_id)  # (InvalidRequestError if it holds none here)
         work = self.links.isend(buf, msg.dst_rank, "kv")
         done = self._waiters.submit(wait_one, work, buf.device)
         self._sends[msg.request_id] = Move(done, buf)
@@ -203,7 +190,7 @@ class ServingLoop:
             return False
         self._poll_migrations(e)
         self.live.poll(e)
-        if e.live is not None:
+        if e.is_live:
             self.live.progress(e)
             if self.engine is None:
                 return False
@@ -249,7 +236,7 @@ class ServingLoop:
 
     @staticmethod
     def _output(e: LLMEngine, o: RequestOutput) -> OutputMsg:
-        held = e.held.get(o.request_id) if o.finish_reason == "migrate" else None
+        held = e.request(o.request_id, RequestStatus.HELD) if o.finish_reason == "migrate" else None
         if held is not None and held.generator is not None:
             return _to_msg(o, bytes(held.generator.get_state().numpy()))
         return _to_msg(o)
@@ -260,14 +247,15 @@ class ServingLoop:
             return StatsMsg(
                 rank=self.rank, num_running=0, num_waiting=0, num_held=0, used_blocks=0, total_blocks=0
             )
+        c = e.counts()
         return StatsMsg(
             rank=self.rank,
-            num_running=len(e.scheduler.running),
-            num_waiting=len(e.scheduler.waiting),
-            num_held=len(e.held),
-            used_blocks=e.pool.num_used_blocks,
-            total_blocks=e.pool.num_blocks,
-            num_live=len(e.live) if e.live is not None else 0,
+            num_running=c["running"],
+            num_waiting=c["waiting"],
+            num_held=c["held"],
+            used_blocks=c["used_blocks"],
+            total_blocks=c["total_blocks"],
+            num_live=c["live"],
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:
@@ -275,8 +263,7 @@ class ServingLoop:
             if m.aborted:
                 continue  # its blocks went back when it was aborted
             if err is None:
-                req = e.importing[rid]
-                e.kv_cache.scatter_blocks(req.block_ids[: m.buf.shape[2]], m.buf)
+                e.kv_in(rid, m.buf)
                 e.commit_import(rid)  # its outputs tell the router it decodes here
             else:
                 e.cancel_import(rid)

@@ -46,7 +46,7 @@ def check_invariants(engine: LLMEngine) -> None:
         assert len(r.block_ids) == pool.blocks_for_tokens(r.num_computed_tokens), r.request_id
     assert len(sched.running) <= engine.config.max_num_seqs
     live = {r.request_id for r in sched.running} | {r.request_id for r in sched.waiting}
-    assert live <= set(engine.requests)
+    assert live <= set(engine.request_ids())
 
 
 def test_thousand_random_requests_leak_no_blocks(tiny_weights, monkeypatch) -> None:
@@ -110,7 +110,7 @@ def test_thousand_random_requests_leak_no_blocks(tiny_weights, monkeypatch) -> N
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
     assert engine.pool.num_used_blocks == 0
     assert not engine.scheduler.running and not engine.scheduler.waiting
-    assert not engine.requests and not engine.has_unfinished()
+    assert not engine.request_ids() and not engine.has_unfinished() and engine.is_idle
     assert engine.step() == []
 
 
@@ -152,7 +152,7 @@ def test_check_integrity_finds_a_leak_and_a_block_with_two_owners(tiny_weights) 
     with pytest.raises(KVIntegrityError, match="leaked"):
         engine.check_integrity()
     engine.pool.free(leaked)
-    reqs = list(engine.requests.values())
+    reqs = [engine.request(rid) for rid in engine.request_ids()]
     reqs[1].block_ids.append(reqs[0].block_ids[0])  # one block, two owners
     with pytest.raises(KVIntegrityError, match="owned by"):
         engine.check_integrity()

@@ -93,18 +93,20 @@ def test_relay_at_layer_k_then_source_finishes_identically(full: Any, k: int, ho
     for _ in range(2 * (k + 2)):
         target.step()
     relayed = target.relay_out()
-    assert relayed is not None and relayed.request.request_id == "a" and relayed.layer == k
+    assert relayed is not None and relayed.request_id == "a" and relayed.handoff is not None
+    assert relayed.handoff.layer == k and relayed.status.value == "relaying"
+    hidden = relayed.handoff.hidden
     source = LLMEngine(full, None, CFG)
-    task = source.reserve_relay("a", PROMPTS[0], GREEDY, relayed.layer, hold_kv=hold)
+    source.reserve_relay("a", PROMPTS[0], GREEDY, k, hold_kv=hold)
     if k:  # what the wire carries: hidden states and the KV of layers [0, k)
-        kv = target.kv_cache.gather_blocks(relayed.request.block_ids, (0, k))
-        source.kv_cache.scatter_blocks(task.request.block_ids, kv, (0, k))
+        source.kv_in("a", target.kv_out("a", (0, k)), (0, k))
     target.relay_sent("a")
-    source.commit_relay("a", relayed.hidden)
+    assert target.request("a") is None and target.request_ids() == ["b"]  # its blocks went back
+    source.commit_relay("a", hidden)
     outs = source.step()
     assert outs[0].request_id == "a" and len(outs[0].new_token_ids) == 1
     if hold:  # PD mode: the first token, then the whole KV waits here to migrate
-        assert outs[0].finish_reason == "migrate" and "a" in source.held
+        assert outs[0].finish_reason == "migrate" and source.request("a").status.value == "held"
         want = reference(full, [PROMPTS[0]], SamplingParams(max_tokens=1, temperature=0.0))[0]
         assert outs[0].token_ids == want
         source.release_held("a")
@@ -128,7 +130,7 @@ def test_cancelled_relay_puts_the_task_back_where_it_stopped(full: Any) -> None:
     for _ in range(5):
         e.step()
     r = e.relay_out()
-    assert r is not None and r.layer == 2 and not e.live
+    assert r is not None and r.handoff is not None and r.handoff.layer == 2 and not e.live
     e.relay_cancelled("a")
     assert [(t.request.request_id, t.stage) for t in e.live.tasks] == [("a", 3)]
     for seg in range(3, len(w.layout.segments)):

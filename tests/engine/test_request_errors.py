@@ -23,7 +23,7 @@ def refused(engine: LLMEngine, prompt: list[int], params: SamplingParams, match:
     with pytest.raises(InvalidRequestError, match=match) as err:
         engine.add_request(prompt, params)
     assert isinstance(err.value, BlitzScaleError) and isinstance(err.value, ValueError)
-    assert not engine.requests and engine.scheduler.num_unfinished == 0
+    assert not engine.request_ids() and engine.scheduler.num_unfinished == 0
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
     return str(err.value)
 
@@ -95,7 +95,7 @@ def test_duplicate_request_id(engine: LLMEngine) -> None:
     engine.add_request([5], SamplingParams(), request_id="mine")
     with pytest.raises(InvalidRequestError, match="'mine'"):
         engine.add_request([6], SamplingParams(), request_id="mine")
-    assert list(engine.requests) == ["mine"]
+    assert engine.request_ids() == ["mine"]
 
 
 def test_aborting_unknown_or_finished_requests_is_a_no_op(engine: LLMEngine) -> None:
