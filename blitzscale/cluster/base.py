@@ -40,8 +40,10 @@ class Cluster(Protocol):
     # --- loads: disk (local source), network (device copies), host (the one host copy) ---
 
     async def load(
-        self, model: str, rank: int, source: str, *, max_bytes_per_s: float = 0.0
-    ) -> dict[str, Any]: ...
+        self, model: str, rank: int, source: str, *, max_bytes_per_s: float = 0.0, cold: bool = False
+    ) -> dict[str, Any]:
+        """`cold`: read from the disk itself (no page cache), as a scale-up from an SSD."""
+        ...
 
     async def transfer(
         self,

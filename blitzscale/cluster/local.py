@@ -17,10 +17,12 @@ import time
 from asyncio import FIRST_COMPLETED
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
 
+from blitzscale.checkpoint.native import rank_file
 from blitzscale.cluster.blocking import Blocking
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.lines import RankLines
@@ -44,6 +46,7 @@ from blitzscale.messages import (
     ShutdownMsg,
     TransferMsg,
 )
+from blitzscale.transfer.disk import drop_page_cache
 from blitzscale.worker.worker import WorkerConfig, worker_main
 
 log = logging.getLogger("blitzscale.cluster")
@@ -395,8 +398,12 @@ class LocalCluster:
         direct_io: bool = False,
         *,
         max_bytes_per_s: float = 0.0,
+        cold: bool = False,
     ) -> dict[str, Any]:
-        """Load from a local source (disk, HF folder, random weights) onto one rank."""
+        """Load from a local source (disk, HF folder, random weights) onto one rank; with
+        `cold`, from the disk itself (the file's pages are dropped from the page cache)."""
+        if cold and rank_file(Path(source), 0).exists():
+            await asyncio.to_thread(drop_page_cache, rank_file(Path(source), 0))
         msg = LoadMsg(
             op_id=self.next_op(),
             model=model,

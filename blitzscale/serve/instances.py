@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
+from blitzscale import clock
 from blitzscale.control.snapshot import InstanceState, InstanceView
 from blitzscale.messages import StatsMsg
 
@@ -28,7 +28,7 @@ class Instance:
     outstanding_tokens: int = 0  # prompt tokens dispatched and not yet prefilled
     num_assigned: int = 0  # requests it is responsible for now
     live_ready: bool = False  # a live target whose first layers have landed
-    idle_since: float | None = field(default_factory=time.monotonic)
+    idle_since: float | None = field(default_factory=clock.now)
     loaded_at: float | None = None  # when its weights last finished loading
     load_s: float = 0.0  # how long that took
     transitions: list[tuple[float, str, str]] = field(default_factory=list)

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from blitzscale.checkpoint.native import rank_file
+from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.policies import LoadAction
@@ -19,7 +17,6 @@ from blitzscale.control.snapshot import InstanceState
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import ReplyMsg, Role
 from blitzscale.serve.router import Router
-from blitzscale.transfer.disk import drop_page_cache
 
 if TYPE_CHECKING:
     from blitzscale.serve.scaler import Scaler
@@ -45,7 +42,6 @@ class Loads:
         if a.path != "network" and not from_host:
             # Disk loads are independent: each target reads on its own and serves as soon
             # as its own load ends, whatever the others do.
-            await asyncio.to_thread(drop_page_cache, rank_file(Path(self.disk_source), 0))  # cold, as an SSD
             done = await asyncio.gather(
                 *(self._load_disk(t, role) for t in a.target_ranks), return_exceptions=True
             )
@@ -68,7 +64,7 @@ class Loads:
         """Targets that did not get the model go back to INACTIVE and wait (backing off)
         before a load may pick them again; repeated failures take a rank out of service."""
         log.error("load onto %s failed: %s", list(targets), e)
-        now = time.monotonic()
+        now = clock.now()
         for t in targets:
             if t in self.cluster.pool.gpu_holders(self.model):
                 continue
@@ -109,7 +105,7 @@ class Loads:
             self.router.wake()
 
         live = {t: self.scaler.activate_msg(role, live=True) for t in a.target_ranks}
-        t0 = time.monotonic()
+        t0 = clock.now()
         try:
             report = await self.cluster.transfer(
                 self.model,
@@ -127,7 +123,7 @@ class Loads:
         self._load_succeeded(a.target_ranks)
         nbytes = sum(v["bytes"] for v in report.values())
         self.scaler.record(
-            "up", "network", list(a.target_ranks), time.monotonic() - t0, nbytes, list(a.sources), report
+            "up", "network", list(a.target_ranks), clock.now() - t0, nbytes, list(a.sources), report
         )
         missed = [t for t in a.target_ranks if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
@@ -138,29 +134,31 @@ class Loads:
     async def network(self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool) -> None:
         groups = [targets] if multicast else [(t,) for t in targets]
         for group in groups:
-            t0 = time.monotonic()
+            t0 = clock.now()
             report = await self.cluster.transfer(self.model, self.source, list(sources), list(group))
             nbytes = sum(v["bytes"] for v in report.values())
-            self.scaler.record(
-                "up", "network", list(group), time.monotonic() - t0, nbytes, list(sources), report
-            )
+            self.scaler.record("up", "network", list(group), clock.now() - t0, nbytes, list(sources), report)
 
     async def _load_host(self, targets: tuple[int, ...]) -> None:
         holder = self.cluster.pool.host_holder(self.model)
-        t0 = time.monotonic()
+        t0 = clock.now()
         report = await self.cluster.transfer(self.model, self.source, [holder], list(targets), from_host=True)
         nbytes = sum(v["bytes"] for v in report.values())
-        self.scaler.record("up", "host", list(targets), time.monotonic() - t0, nbytes, [holder], report)
+        self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, [holder], report)
 
     async def _load_disk(self, target: int, role: Role) -> None:
-        t0 = time.monotonic()
+        t0 = clock.now()
         try:
             res = await self.cluster.load(
-                self.model, target, self.disk_source, max_bytes_per_s=self.cluster.cfg.disk_bytes_per_s
+                self.model,
+                target,
+                self.disk_source,
+                max_bytes_per_s=self.cluster.cfg.disk_bytes_per_s,
+                cold=True,  # from the disk itself, as a scale-up from an SSD would
             )
         except BlitzScaleError as e:
             self._load_failed((target,), e)
             return
-        self.scaler.record("up", "disk", [target], time.monotonic() - t0, int(res.get("bytes", 0)), [])
+        self.scaler.record("up", "disk", [target], clock.now() - t0, int(res.get("bytes", 0)), [])
         self._load_succeeded((target,))
         await self.scaler.activate_many([target], role)

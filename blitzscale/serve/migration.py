@@ -12,10 +12,10 @@ pair and give its request another request's KV (a wrong answer with HTTP 200).
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from blitzscale import clock
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.errors import UnavailableError
 from blitzscale.messages import (
@@ -56,7 +56,7 @@ class KVMigrations:
         instance (which allocates first and posts its receive), or wait for one."""
         rt = self.router
         if r.migrating_since is None:
-            r.migrating_since = time.monotonic()
+            r.migrating_since = clock.now()
         if self.can_adopt(r):
             await self._adopt(r, rt.instances[r.prefill_rank])  # type: ignore[index]
             return
@@ -81,7 +81,7 @@ class KVMigrations:
 
     async def retry(self) -> None:
         """Every dispatch round: the waiting requests try again, or fail once overdue."""
-        rt, now = self.router, time.monotonic()
+        rt, now = self.router, clock.now()
         limit = rt.cfg.max_migration_wait_s
         for _ in range(len(self.pending)):
             r = self.pending.popleft()

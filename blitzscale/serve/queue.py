@@ -4,10 +4,10 @@ rather than left to wait without end."""
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterator
 
+from blitzscale import clock
 from blitzscale.serve.requests import RouterRequest
 
 
@@ -38,14 +38,14 @@ class RequestQueue:
         return not self._q or not self.max_tokens or self.num_tokens + num_tokens <= self.max_tokens
 
     def push(self, r: RouterRequest) -> None:
-        r.queued_at = time.monotonic()
+        r.queued_at = clock.now()
         self._q.append(r)
         self.num_tokens += len(r.prompt)
 
     def push_front(self, r: RouterRequest) -> None:
         """Back to the head (a request its instance lost before any output); its wait
         starts again."""
-        r.queued_at = time.monotonic()
+        r.queued_at = clock.now()
         self._q.appendleft(r)
         self.num_tokens += len(r.prompt)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 
+from blitzscale import clock
 from blitzscale.engine.request import RequestOutput, SamplingParams
 from blitzscale.messages import OutputMsg, SamplingMsg, sampling_msg
 
@@ -16,7 +16,7 @@ class RouterRequest:
     prompt: list[int]
     params: SamplingParams
     out: asyncio.Queue[RequestOutput | Exception] = field(default_factory=asyncio.Queue)
-    arrival: float = field(default_factory=time.monotonic)
+    arrival: float = field(default_factory=clock.now)
     queued_at: float = 0.0  # when it last entered the global queue
     stage: str = "queued"  # queued | prefill | migrating | decode | done (| aborting: KV still moving)
     prefill_rank: int | None = None
@@ -48,7 +48,7 @@ class RouterRequest:
     def accept(self, o: OutputMsg, finished: bool) -> RequestOutput:
         """Fold a worker's output into the request and make the client's delta."""
         if self.first_token_at is None and o.new_token_ids:
-            self.first_token_at = time.monotonic()
+            self.first_token_at = clock.now()
         self.output_ids += o.new_token_ids
         self.text += o.text_delta
         return RequestOutput(

@@ -12,15 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import zmq
-import zmq.asyncio
-
+from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.engine.engine import validate_request
@@ -29,7 +26,6 @@ from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFaile
 from blitzscale.messages import (
     RELAY_EVENTS,
     AbortMsg,
-    FrameError,
     GenerateMsg,
     HelloMsg,
     KVFailedMsg,
@@ -43,9 +39,8 @@ from blitzscale.messages import (
     RequestEvent,
     Role,
     StatsMsg,
-    encode,
-    open_frames,
 )
+from blitzscale.serve.dataplane import DataPlane
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.live import LiveScaling
 from blitzscale.serve.migration import KVMigrations
@@ -98,7 +93,7 @@ class Router:
         self,
         cfg: RouterConfig,
         cluster: Cluster,
-        data: zmq.asyncio.Socket,
+        data: DataPlane,
         tokenizer: Any,
         model_name: str,
         vocab_size: int,
@@ -244,15 +239,18 @@ class Router:
     async def _dispatch_loop(self) -> None:
         last_check = 0.0
         while True:
+            # (asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel
+            # that lands as its timeout fires, and stop() would then wait forever)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=0.01)
+                async with asyncio.timeout(0.01):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self._dispatch_queue()
                 await self.migrations.retry()
                 await self.live.round()
-                if time.monotonic() - last_check > self.cfg.health_check_s:
-                    last_check = time.monotonic()
+                if clock.now() - last_check > self.cfg.health_check_s:
+                    last_check = clock.now()
                     self._fail_dead_instances()
             except Exception:  # one bad round must not stop dispatching for good
                 log.exception("dispatch round failed")
@@ -295,7 +293,7 @@ class Router:
 
     async def _dispatch_queue(self) -> None:
         role = "prefill" if self.cfg.mode == "pd" else "colocated"
-        for late in self.queue.pop_expired(time.monotonic()):
+        for late in self.queue.pop_expired(clock.now()):
             self.num_refused["queue_timeout"] += 1
             late.out.put_nowait(
                 OverloadedError(
@@ -314,7 +312,7 @@ class Router:
             if inst is None:
                 return  # FCFS: the head waits, and so does everyone behind it
             self.queue.pop()
-            r.stage, r.prefill_rank, r.dispatched_at = "prefill", inst.rank, time.monotonic()
+            r.stage, r.prefill_rank, r.dispatched_at = "prefill", inst.rank, clock.now()
             self.state.assign(inst.rank, len(r.prompt))
             hold = self.cfg.mode == "pd"
             await self._send(
@@ -351,12 +349,7 @@ class Router:
 
     async def _recv_loop(self) -> None:
         while True:
-            frames = await self.data.recv_multipart()
-            try:
-                msg = open_frames(frames, self.cluster.token)
-            except FrameError as e:  # a stray or hostile local process: drop it, go on
-                log.warning("dropped a frame on the data socket from %r: %s", frames[0][:32], e)
-                continue
+            msg = await self.data.recv()
             try:
                 await self._on_message(msg)
             except Exception:  # a bug in one handler must not stop every stream
@@ -464,7 +457,7 @@ class Router:
         r.prefill_rank = r.decode_rank = r.relay_from = None
 
     async def _send(self, rank: int, msg: Message) -> None:
-        await self.data.send_multipart([f"w{rank}".encode(), encode(msg)])
+        await self.data.send(rank, msg)
 
     def _send_nowait(self, rank: int, msg: Message) -> None:
-        self.data.send_multipart([f"w{rank}".encode(), encode(msg)])  # queued by zmq, sent by the loop
+        self.data.send_nowait(rank, msg)

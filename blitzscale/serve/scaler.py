@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
+from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.config import PlannerConfig, PolicyConfig
@@ -126,7 +126,7 @@ class Scaler:
 
     def snapshot(self) -> ClusterSnapshot:
         r = self.router
-        now = time.monotonic()
+        now = clock.now()
         instances = self.state.views()
         used = {rank for i in instances for rank in i.ranks}
         return ClusterSnapshot(
@@ -259,7 +259,7 @@ class Scaler:
             for rank in ranks:  # what loading it again would cost (no-thrash rule)
                 self.state.loaded(rank, seconds)
         event = {
-            "time": time.monotonic(),
+            "time": clock.now(),
             "direction": direction,
             "path": path,
             "ranks": ranks,

@@ -25,6 +25,7 @@ from blitzscale.checkpoint.convert import convert
 from blitzscale.checkpoint.native import is_native_folder
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.dataplane import ZmqDataPlane
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.router import Router
 from blitzscale.serve.scaler import Scaler
@@ -69,8 +70,9 @@ class ServingCluster:
         src = resolve_model(folder)
         mcfg = load_config(src)
         max_len = min(cfg.engine.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
+        plane = ZmqDataPlane(data, self.cluster.token)
         self.router = Router(
-            cfg.router, self.cluster, data, load_tokenizer(src), cfg.model.name, mcfg.vocab_size, max_len
+            cfg.router, self.cluster, plane, load_tokenizer(src), cfg.model.name, mcfg.vocab_size, max_len
         )
         await self.router.start()
         self.metrics = ClusterMetrics(self.registry, self.router)

@@ -9,11 +9,11 @@ change it only through these methods; every state change is checked against
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from blitzscale import clock
 from blitzscale.control.snapshot import InstanceState, InstanceView
 from blitzscale.control.states import check_transition
 from blitzscale.messages import StatsMsg
@@ -75,7 +75,7 @@ class ControlState:
             return inst
         check_transition(inst.state, new)
         log.info("instance %d: %s -> %s %s", inst.id, inst.state.value, new.value, why)
-        inst.transitions.append((time.monotonic(), inst.state.value, new.value))
+        inst.transitions.append((clock.now(), inst.state.value, new.value))
         inst.state = new
         if new is InstanceState.INACTIVE:  # nothing is on it any more: a reload starts clean
             inst.num_assigned = inst.outstanding_tokens = 0
@@ -83,7 +83,7 @@ class ControlState:
             inst.live_ready = False
         if new in (InstanceState.LOADING, InstanceState.NEW_PREFILL):
             inst.live_ready = False
-        inst.idle_since = time.monotonic() if inst.is_idle else None  # a new state: a new clock
+        inst.idle_since = clock.now() if inst.is_idle else None  # a new state: a new clock
         return inst
 
     def set_live_ready(self, rank: int) -> None:
@@ -95,7 +95,7 @@ class ControlState:
     def loaded(self, rank: int, seconds: float) -> None:
         """Its weights just finished loading, in `seconds` (what loading again would cost)."""
         inst = self.instance(rank)
-        inst.loaded_at, inst.load_s = time.monotonic(), seconds
+        inst.loaded_at, inst.load_s = clock.now(), seconds
 
     def on_stats(self, s: StatsMsg) -> None:
         inst = self._instances.get(s.rank)
@@ -137,7 +137,7 @@ class ControlState:
         if not inst.is_idle:
             inst.idle_since = None
         elif inst.idle_since is None:
-            inst.idle_since = time.monotonic()
+            inst.idle_since = clock.now()
 
     # --- live pairs -----------------------------------------------------------------------
 

@@ -1,0 +1,254 @@
+"""`blitzscale simulate` (our control plane on a simulated cluster) and `blitzscale profile`
+(the step times it runs on, measured here)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from blitzscale.cli.common import add_device_arg, check_device
+from blitzscale.errors import InvalidRequestError
+
+TRACE_FORMATS = {"azure": "azure", "burstgpt": "burstgpt", "mooncake": "mooncake", "csv": "processed"}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="run our control plane against a simulated cluster on a virtual clock",
+        description="Replay a trace against simulated GPUs: the real router, planner and policies "
+        "decide; instances, links and disks take the time their profiles say. Writes "
+        "OUT/<policy>/{requests.jsonl,summary.json,report.html} and OUT/comparison.json.",
+    )
+    p.add_argument("--preset", default="paper-a", help="cluster preset name or .toml (default paper-a)")
+    p.add_argument("--model", default="llama3-8b", help="model the preset has a profile for")
+    p.add_argument("--trace", required=True, help="trace file")
+    p.add_argument("--format", default="azure", help=f"trace format: {', '.join(TRACE_FORMATS)}")
+    p.add_argument("--policy", default="blitz,sllm", help="comma-separated policies (default blitz,sllm)")
+    p.add_argument("--out", required=True, help="output folder (created)")
+    p.add_argument("--duration", type=float, help="only requests arriving in the first S seconds")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="scale the request rate (default 1)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="divide timestamps by X (default 1)")
+    p.add_argument("--mode", default="pd", choices=["pd", "colocated"])
+    p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds (default: the model's)")
+    p.add_argument("--tbt-slo", type=float, help="TBT SLO in seconds (default: the model's)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_simulate)
+
+    q = sub.add_parser(
+        "profile",
+        help="measure our engine's prefill and decode step times (the simulator's cost model)",
+    )
+    q.add_argument("--model", default="smollm2-135m")
+    add_device_arg(q)
+    q.add_argument("--out", required=True, help="profile JSON file to write")
+    q.add_argument("--batches", default="1,4,16,64", help="decode batch sizes")
+    q.add_argument("--contexts", default="128,512,1024", help="decode contexts (tokens)")
+    q.add_argument("--prefill", default="16,128,512,1024,2048", help="prefill lengths (tokens)")
+    q.add_argument(
+        "--derive",
+        metavar="PROFILE",
+        help="measure nothing: scale PROFILE to another device by --bandwidth-factor (decode) and "
+        "--flops-factor (prefill), with --memory-bytes and --name",
+    )
+    q.add_argument("--bandwidth-factor", type=float, help="target / measured memory bandwidth")
+    q.add_argument("--flops-factor", type=float, help="target / measured bf16 FLOP rate")
+    q.add_argument("--memory-bytes", type=float, help="the target device's memory")
+    q.add_argument("--name", help="the derived profile's name (<model>-<device>)")
+    q.add_argument("--device-name", help="the derived profile's device, in words")
+    q.set_defaults(func=run_profile)
+
+
+def _ints(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise InvalidRequestError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals) or list(vals) != sorted(set(vals)):
+        raise InvalidRequestError(f"{flag} must be increasing positive integers, got {text!r}")
+    return vals
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    if args.derive:
+        return _derive(args)
+    check_device(args.device)
+    from blitzscale.bench.profile import ProfileConfig, measure_profile
+
+    cfg = ProfileConfig(
+        model=args.model,
+        device=args.device,
+        prefill_tokens=_ints("--prefill", args.prefill),
+        decode_batch=_ints("--batches", args.batches),
+        decode_context=_ints("--contexts", args.contexts),
+    )
+    profile = measure_profile(cfg)
+    profile.save(Path(args.out))
+    print(json.dumps({"profile": str(args.out), "kv_tokens": profile.kv_tokens}))
+    return 0
+
+
+def _derive(args: argparse.Namespace) -> int:
+    from blitzscale.sim.profile import load_profile
+
+    need = ("bandwidth_factor", "flops_factor", "memory_bytes", "name", "device_name")
+    missing = [f"--{n.replace('_', '-')}" for n in need if getattr(args, n) is None]
+    if missing:
+        raise InvalidRequestError(f"--derive needs {', '.join(missing)}")
+    for n in ("bandwidth_factor", "flops_factor", "memory_bytes"):
+        if not getattr(args, n) > 0:
+            raise InvalidRequestError(f"--{n.replace('_', '-')} must be > 0, got {getattr(args, n)}")
+    base = load_profile(args.derive)
+    derived = base.derive(
+        args.name, args.device_name, args.bandwidth_factor, args.flops_factor, int(args.memory_bytes)
+    )
+    derived.save(Path(args.out))
+    print(json.dumps({"profile": str(args.out), "kv_tokens": derived.kv_tokens}))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> list[str]:
+    from blitzscale.sim.runner import SIM_POLICIES
+
+    if args.format not in TRACE_FORMATS:
+        raise InvalidRequestError(f"--format must be one of {', '.join(TRACE_FORMATS)}, got {args.format!r}")
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    bad = [p for p in policies if p not in SIM_POLICIES]
+    if bad or not policies:
+        raise InvalidRequestError(
+            f"--policy: unknown {bad or args.policy!r}; known: {', '.join(SIM_POLICIES)}"
+        )
+    for flag, v in (("--rate-scale", args.rate_scale), ("--time-scale", args.time_scale)):
+        if not v > 0:
+            raise InvalidRequestError(f"{flag} must be > 0, got {v}")
+    for flag, v in (
+        ("--duration", args.duration),
+        ("--ttft-slo", args.ttft_slo),
+        ("--tbt-slo", args.tbt_slo),
+    ):
+        if v is not None and not v > 0:
+            raise InvalidRequestError(f"{flag} must be > 0, got {v}")
+    if not Path(args.trace).is_file():
+        raise InvalidRequestError(f"--trace: no file {args.trace!r}")
+    return policies
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    policies = _check(args)
+    from blitzscale.client.traces import load_trace, transform
+    from blitzscale.sim.config import load_model, load_preset
+    from blitzscale.sim.runner import SimSetup
+
+    preset, model = load_preset(args.preset), load_model(args.model)
+    preset.profile(model.name)  # a missing profile fails here, before any run
+    trace = load_trace(args.trace, TRACE_FORMATS[args.format])
+    trace = transform(
+        trace,
+        duration=args.duration,
+        time_scale=args.time_scale,
+        rate_scale=args.rate_scale,
+        max_input=model.max_model_len // 2,
+        max_output=model.max_model_len // 2,
+    )
+    if not trace:
+        raise InvalidRequestError("the trace has no request in the chosen window")
+    setup = SimSetup(preset=preset, model=model, mode=args.mode)
+    slo = (args.ttft_slo or model.ttft_slo_s, args.tbt_slo or model.tbt_slo_s)
+    out = Path(args.out)
+    rows = run_policies(setup, trace, policies, out, slo, show_progress=not args.quiet)
+    (out / "comparison.json").write_text(json.dumps(rows, indent=2) + "\n")
+    _print_table(rows)
+    return 0
+
+
+def run_policies(
+    setup: Any,
+    trace: list[Any],
+    policies: list[str],
+    out: Path,
+    slo: tuple[float, float],
+    show_progress: bool,
+) -> list[dict[str, Any]]:
+    """Every policy over the same trace; fixed-* are sized from blitz's peak (run first)."""
+    from dataclasses import replace
+
+    from rich.progress import Progress
+
+    from blitzscale.client.record import write_records
+    from blitzscale.client.report import write_report
+    from blitzscale.client.summary import summarize
+    from blitzscale.sim.runner import fixed_counts, simulate
+
+    order = sorted(policies, key=lambda p: p != "blitz")
+    needs_blitz = any(p.startswith("fixed") for p in policies) and "blitz" not in policies
+    if needs_blitz:
+        order.insert(0, "blitz")
+    span = max(t.arrival_s for t in trace)
+    rows, peak = [], (1, 1)
+    with Progress(disable=not show_progress, transient=True) as bar:
+        for policy in order:
+            task = bar.add_task(f"simulating {policy}", total=span)
+            s = replace(setup, fixed=fixed_counts(peak, policy)) if policy.startswith("fixed") else setup
+            res = simulate(s, trace, policy, progress=lambda t, task=task: bar.update(task, completed=t))
+            if policy == "blitz":
+                peak = res.peak
+            if policy not in policies:
+                continue
+            summary = replace(summarize(res.records, slo[0], slo[1]), gpu_seconds=res.gpu_seconds)
+            folder = out / policy
+            folder.mkdir(parents=True, exist_ok=True)
+            write_records(folder / "requests.jsonl", res.records)
+            body = {
+                **summary.to_json(),
+                "sim_wall_s": round(res.sim_wall_s, 2),
+                "scale_events": len(res.events),
+            }
+            (folder / "summary.json").write_text(json.dumps(body, indent=2) + "\n")
+            write_report(folder, res.records, summary, res.samples, res.events)
+            rows.append(
+                {
+                    "policy": policy,
+                    "requests": summary.num_requests,
+                    "ok": summary.num_ok,
+                    "ttft_mean_s": summary.ttft_s.mean,
+                    "ttft_p99_s": summary.ttft_s.p99,
+                    "tbt_p99_s": summary.tbt_s.p99,
+                    "slo_attainment": summary.slo_attainment,
+                    "gpu_seconds": round(res.gpu_seconds, 1),
+                    "scale_ups": sum(1 for e in res.events if e["direction"] == "up"),
+                    "peak_instances": list(res.peak),
+                    "sim_wall_s": round(res.sim_wall_s, 2),
+                    "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                }
+            )
+    return rows
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="simulated policies")
+    for col in ("policy", "ok/requests", "TTFT mean", "TTFT p99", "TBT p99", "SLO", "GPU s", "ups", "wall s"):
+        t.add_column(col)
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{1000 * v:.0f} ms"
+
+    for r in rows:
+        slo = r["slo_attainment"]
+        t.add_row(
+            r["policy"],
+            f"{r['ok']}/{r['requests']}",
+            ms(r["ttft_mean_s"]),
+            ms(r["ttft_p99_s"]),
+            ms(r["tbt_p99_s"]),
+            "-" if slo is None else f"{100 * slo:.0f}%",
+            f"{r['gpu_seconds']:.0f}",
+            str(r["scale_ups"]),
+            f"{r['sim_wall_s']:.1f}",
+        )
+    Console().print(t)

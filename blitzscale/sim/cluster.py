@@ -1,0 +1,288 @@
+"""The simulated cluster: the control plane's cluster interface (cluster/base.py) over
+simulated GPUs, links and disks, and the data plane to their simulated engines.
+
+Every operation takes the time the links say on the virtual clock, holds its ranks like
+the real cluster's do (operations on one rank in order, on different ranks side by side)
+and writes the same parameter pool. Workers never die here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+from blitzscale import clock
+from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.pool import ParameterPool
+from blitzscale.errors import BlitzScaleError
+from blitzscale.messages import ActivateMsg, HelloMsg, KVSentMsg, Message, ReplyMsg, Role
+from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
+from blitzscale.sim.links import Links, Topology
+from blitzscale.sim.profile import Profile
+
+
+class SimDataPlane:
+    """The router's data plane to simulated engines: typed messages in process."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster = cluster
+        self.inbox: asyncio.Queue[Message] = asyncio.Queue()
+
+    async def send(self, rank: int, msg: Message) -> None:
+        self.send_nowait(rank, msg)
+
+    def send_nowait(self, rank: int, msg: Message) -> None:
+        self.cluster.deliver(rank, msg)
+
+    async def recv(self) -> Message:
+        return await self.inbox.get()
+
+
+class SimCluster:
+    def __init__(
+        self,
+        topo: Topology,
+        profile: Profile,
+        cfg: ClusterConfig,
+        *,
+        local_host_cache: bool = False,
+        piece_bytes: int = 0,
+    ) -> None:
+        self.topo = topo
+        self.profile = profile
+        self.cfg = cfg
+        self.local_host_cache = local_host_cache  # sllm / allcache: each host's own DRAM copy
+        self.piece_bytes = piece_bytes or max(1, profile.weight_bytes // (profile.num_layers + 2))
+        self.pool = ParameterPool()
+        self.restarts: Counter[int] = Counter()
+        self.links = Links(topo)
+        self.data = SimDataPlane(self)
+        self.recorder = Recorder()
+        self.engines: dict[int, SimEngine] = {}
+        self._locks = [asyncio.Lock() for _ in range(topo.world_size)]
+        self._ops = itertools.count(1)
+        self.gpu_busy_s = 0.0  # GPU-seconds holding a model (the summary's gpu_seconds)
+        self._held_since: dict[int, float] = {}
+        self.messages = 0  # data-plane messages, for the simulator's own report
+        for rank in range(topo.world_size):  # every simulated worker is up from the start
+            self._emit(HelloMsg(rank=rank, pid=0, device=f"sim:{rank}"))
+
+    # --- the interface: status ---------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return self.topo.world_size
+
+    def alive_ranks(self) -> list[int]:
+        return list(range(self.world_size))
+
+    def dead_now(self) -> set[int]:
+        return set()
+
+    def status(self) -> dict[str, Any]:
+        return {"alive": self.alive_ranks(), "dead": [], "pool": self.pool.snapshot()}
+
+    def next_op(self) -> int:
+        return next(self._ops)
+
+    async def _hold(self, stack: AsyncExitStack, ranks: list[int]) -> None:
+        for r in sorted(set(ranks)):  # one order for everyone: no deadlock
+            await stack.enter_async_context(self._locks[r])
+
+    def _gained(self, ranks: list[int]) -> None:
+        now = clock.now()
+        for r in ranks:
+            self._held_since.setdefault(r, now)
+
+    def _lost(self, rank: int) -> None:
+        since = self._held_since.pop(rank, None)
+        if since is not None:
+            self.gpu_busy_s += clock.now() - since
+
+    def gpu_seconds(self) -> float:
+        """GPU-seconds with a model on them so far (instances counted while they hold it)."""
+        now = clock.now()
+        return self.gpu_busy_s + sum(now - t for t in self._held_since.values())
+
+    # --- loads ----------------------------------------------------------------------------
+
+    async def load(
+        self, model: str, rank: int, source: str, *, max_bytes_per_s: float = 0.0, cold: bool = False
+    ) -> dict[str, Any]:
+        nbytes = self.profile.weight_bytes
+        async with AsyncExitStack() as stack:
+            await self._hold(stack, [rank])
+            self.pool.begin_load(model, [rank])
+            self._gained([rank])
+            links = self.links.disk_links(rank)
+            rate = self.links.rate(links)
+            if max_bytes_per_s:
+                rate = min(rate, max_bytes_per_s)
+            seconds = nbytes / rate + self.topo.latency_s
+            with self.links.using(links):
+                await asyncio.sleep(seconds)
+            self.pool.commit_load(model, [rank])
+        return {"seconds": seconds, "bytes": nbytes}
+
+    async def transfer(
+        self,
+        model: str,
+        source: str,
+        sources: list[int],
+        targets: list[int],
+        *,
+        from_host: bool = False,
+        live: dict[int, Message] | None = None,
+        on_live: Callable[[ReplyMsg], None] | None = None,
+    ) -> dict[int, dict[str, Any]]:
+        nbytes = self.profile.weight_bytes
+        if any(t in self.pool.gpu_holders(model) for t in targets):
+            raise BlitzScaleError(f"a target of {targets} already holds {model}")
+        async with AsyncExitStack() as stack:
+            await self._hold(stack, [*targets, *([] if from_host else sources)])
+            self.pool.begin_load(model, targets)
+            self._gained(targets)
+            if from_host:
+                holder = sources[0] if sources else 0
+                links = [
+                    lk for t in targets for lk in self.links.host_links(holder, t, self.local_host_cache)
+                ]
+                seconds = nbytes / self.links.rate(links) + self.topo.latency_s
+                first = self.piece_bytes / self.links.rate(links)
+            else:
+                chains = [[s, *targets] for s in sources]
+                links = self.links.chain_links(chains)
+                seconds = self.links.multicast_seconds(sources, targets, nbytes, self.piece_bytes)
+                first = 2 * self.piece_bytes / self.links.rate(links) + self.topo.latency_s
+            t0 = clock.now()
+            for rank, msg in (live or {}).items():  # ZigZag: engines start before weights land
+                assert isinstance(msg, ActivateMsg)
+                self._start_engine(rank, msg, loaded_at=t0 + seconds, first_layers_at=t0 + first)
+                if on_live is not None:
+                    on_live(ReplyMsg(op_id=msg.op_id, rank=rank, ok=True, result=self._engine_info()))
+            with self.links.using(links):
+                await asyncio.sleep(seconds)
+            self.pool.commit_load(model, targets)
+        return {
+            t: {
+                "seconds": seconds,
+                "first_layer_s": first,
+                "bytes": nbytes,
+                "senders_done_s": seconds,
+                "replied_s": seconds,
+            }
+            for t in targets
+        }
+
+    async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
+        self.pool.add_host_copy(model, rank)
+        return {"bytes": self.profile.weight_bytes}
+
+    # --- serving ------------------------------------------------------------------------
+
+    def _shape(self, msg: ActivateMsg) -> EngineShape:
+        e, p = msg.engine, self.profile
+        return EngineShape(
+            block_size=e.block_size,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            max_num_seqs=e.max_num_seqs,
+            max_model_len=e.max_model_len or 1 << 30,
+            kv_blocks=max(1, p.kv_tokens // e.block_size),
+        )
+
+    def _engine_info(self) -> dict[str, Any]:
+        return {"num_kv_blocks": self.profile.kv_tokens, "max_model_len": 1 << 30}
+
+    def _start_engine(
+        self, rank: int, msg: ActivateMsg, loaded_at: float | None = None, first_layers_at: float = 0.0
+    ) -> None:
+        if rank in self.engines:
+            raise BlitzScaleError(f"rank {rank} is already serving")
+        e = SimEngine(
+            rank=rank,
+            role=msg.role,
+            profile=self.profile,
+            shape=self._shape(msg),
+            emit=self._emit,
+            recorder=self.recorder,
+            kv_move=self._kv_move,
+            loaded_at=loaded_at,
+        )
+        self.engines[rank] = e
+        e.start()
+        if loaded_at is not None:
+            e.live_events(first_layers_at)
+
+    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]:
+        async with AsyncExitStack() as stack:
+            await self._hold(stack, list(msgs))
+            for rank, msg in msgs.items():
+                self._start_engine(rank, msg)
+        return {rank: self._engine_info() for rank in msgs}
+
+    async def set_role(self, rank: int, role: Role) -> None:
+        self.engines[rank].role = role
+
+    async def deactivate(self, rank: int) -> None:
+        e = self.engines.get(rank)
+        if e is not None and not e.is_idle:
+            raise BlitzScaleError(f"rank {rank} still has requests; drain it first")
+        if e is not None:
+            e.stop()
+            del self.engines[rank]
+
+    async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
+        async with AsyncExitStack() as stack:
+            await self._hold(stack, [rank])
+            self.pool.release(model, rank)
+            if host_copy and self.pool.host_holder(model) == rank:
+                self.pool.drop_host_copy(model)
+            self._lost(rank)
+        return {"freed_bytes": self.profile.weight_bytes}
+
+    async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
+        return "simulated"
+
+    async def respawn(self, rank: int) -> dict[str, Any]:
+        raise BlitzScaleError("simulated workers do not die")
+
+    def kill(self, rank: int) -> None:
+        raise BlitzScaleError("simulated workers do not die")
+
+    async def stop(self) -> None:
+        """The end of the run: every engine stops."""
+        tasks = [t for e in self.engines.values() if (t := e.stop()) is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.engines.clear()
+
+    # --- the data plane -------------------------------------------------------------------
+
+    def deliver(self, rank: int, msg: Message) -> None:
+        self.messages += 1
+        e = self.engines.get(rank)
+        if e is not None:
+            e.handle(msg)
+
+    def _emit(self, msg: Message) -> None:
+        self.messages += 1
+        self.data.inbox.put_nowait(msg)
+
+    def _kv_move(self, src: int, dst: int, rid: str, tokens: int) -> None:
+        """A held request's KV from `src` to `dst` over their link, shared fairly."""
+        links = self.topo.path(src, dst)
+        seconds = tokens * self.profile.kv_bytes_per_token / self.links.rate(links) + self.topo.latency_s
+
+        async def move() -> None:
+            with self.links.using(links):
+                await asyncio.sleep(seconds)
+            if src in self.engines:
+                self.engines[src].kv_sent(rid)
+            if dst in self.engines:
+                self.engines[dst].kv_arrived(rid)
+            self._emit(KVSentMsg(rank=src, request_id=rid))
+
+        asyncio.get_running_loop().create_task(move())

@@ -1,0 +1,89 @@
+"""Simulator presets (TOML files users copy and edit) and the models it knows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blitzscale.errors import BlitzScaleError
+from blitzscale.sim.links import Topology
+from blitzscale.sim.profile import Profile, load_profile
+from blitzscale.tomlfile import read_toml
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+class SimConfigError(BlitzScaleError, ValueError):
+    """A preset or model the simulator cannot use (names the file or the value)."""
+
+
+@dataclass(frozen=True)
+class SimModel:
+    name: str
+    tp: int
+    ttft_slo_s: float
+    tbt_slo_s: float
+    max_model_len: int
+
+
+@dataclass(frozen=True)
+class SimPreset:
+    name: str
+    topology: Topology
+    device: str
+    memory_bytes: float
+
+    def profile(self, model: str) -> Profile:
+        """`<model>-<device>` from the shipped profiles, sized to this preset's device."""
+        p = load_profile(f"{model}-{self.device}")
+        if p.device_memory_bytes != int(self.memory_bytes):
+            from dataclasses import replace
+
+            p = replace(p, device_memory_bytes=int(self.memory_bytes))
+        return p
+
+
+def _section(d: dict[str, Any], name: str, where: str) -> dict[str, Any]:
+    sec = d.get(name)
+    if not isinstance(sec, dict):
+        raise SimConfigError(f"{where}: needs a [{name}] table")
+    return sec
+
+
+def load_preset(name_or_path: str) -> SimPreset:
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = PRESETS_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PRESETS_DIR.glob("*.toml") if p.stem != "models")
+        raise SimConfigError(f"no preset {name_or_path!r}; shipped: {', '.join(known)}, or a .toml path")
+    d = read_toml(path, f"--preset {path}")
+    topo, dev = _section(d, "topology", str(path)), _section(d, "device", str(path))
+    try:
+        topology = Topology(
+            **{k: (int(v) if k in ("nodes", "gpus_per_node") else float(v)) for k, v in topo.items()}
+        )
+    except (TypeError, ValueError) as e:
+        raise SimConfigError(f"{path} [topology]: {e}") from e
+    unknown = set(dev) - {"name", "memory_bytes"}
+    if unknown or "name" not in dev or "memory_bytes" not in dev:
+        raise SimConfigError(f"{path} [device] needs name and memory_bytes (unknown: {sorted(unknown)})")
+    return SimPreset(path.stem, topology, str(dev["name"]), float(dev["memory_bytes"]))
+
+
+def load_model(name: str) -> SimModel:
+    models = read_toml(PRESETS_DIR / "models.toml", "the simulator's models.toml")
+    if name not in models:
+        raise SimConfigError(f"the simulator knows no model {name!r}; known: {', '.join(sorted(models))}")
+    m = models[name]
+    model = SimModel(
+        name=name,
+        tp=int(m.get("tp", 1)),
+        ttft_slo_s=float(m["ttft_slo_s"]),
+        tbt_slo_s=float(m["tbt_slo_s"]),
+        max_model_len=int(m["max_model_len"]),
+    )
+    if model.tp != 1:
+        raise SimConfigError(f"model {name!r} has tp={model.tp}: the simulator runs TP=1 instances so far")
+    return model

@@ -1,0 +1,107 @@
+"""The simulated machines' links: NVLink domains (one per node), a NIC per GPU on a
+non-blocking leaf-spine network, a PCIe link per GPU to its host, an SSD per node.
+
+Links are shared fairly: a transfer or KV migration that starts while others use one of
+its links gets an equal share of it, fixed when it starts (a flow-level approximation:
+later arrivals do not slow flows already running).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: int
+    gpus_per_node: int
+    nvlink_bytes_per_s: float  # one GPU's NVLink bandwidth to a peer in its node (0: none)
+    nic_bytes_per_s: float  # one GPU's RDMA NIC (each direction)
+    pcie_bytes_per_s: float  # one GPU's PCIe link to host memory (and to peers without NVLink)
+    ssd_bytes_per_s: float  # one node's SSD read bandwidth
+    latency_s: float = 10e-6  # per message on any link
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise ValueError(f"nodes and gpus_per_node must be >= 1, got {self.nodes} x {self.gpus_per_node}")
+        for name in ("nic_bytes_per_s", "pcie_bytes_per_s", "ssd_bytes_per_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.nvlink_bytes_per_s < 0:
+            raise ValueError(f"nvlink_bytes_per_s must be >= 0, got {self.nvlink_bytes_per_s}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def path(self, a: int, b: int) -> list[tuple[tuple[str, int], float]]:
+        """The links a GPU-to-GPU stream from `a` to `b` crosses, with their bandwidth."""
+        if self.node_of(a) == self.node_of(b):
+            if self.nvlink_bytes_per_s:
+                return [
+                    (("nvlink-out", a), self.nvlink_bytes_per_s),
+                    (("nvlink-in", b), self.nvlink_bytes_per_s),
+                ]
+            return [(("pcie", a), self.pcie_bytes_per_s), (("pcie", b), self.pcie_bytes_per_s)]
+        return [(("nic-out", a), self.nic_bytes_per_s), (("nic-in", b), self.nic_bytes_per_s)]
+
+
+class Links:
+    """Which links are in use now; a flow's bandwidth is its fair share when it starts."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self._active: Counter[tuple[str, int]] = Counter()
+
+    def rate(self, links: list[tuple[tuple[str, int], float]]) -> float:
+        """Bytes per second a new flow over `links` gets."""
+        return min(bw / (self._active[key] + 1) for key, bw in links)
+
+    @contextlib.contextmanager
+    def using(self, links: list[tuple[tuple[str, int], float]]) -> Iterator[None]:
+        keys = [key for key, _ in links]
+        self._active.update(keys)
+        try:
+            yield
+        finally:
+            self._active.subtract(keys)
+
+    # --- the flows the cluster makes --------------------------------------------------------
+
+    def chain_links(self, chains: list[list[int]]) -> list[tuple[tuple[str, int], float]]:
+        return [link for c in chains for a, b in itertools.pairwise(c) for link in self.topo.path(a, b)]
+
+    def multicast_seconds(self, sources: list[int], targets: list[int], nbytes: int, piece: int) -> float:
+        """Chain multicast from `sources` (stripes) through every target, pipelined by
+        pieces: the slowest chain's stripe plus one piece per further hop."""
+        k = max(1, len(sources))
+        chains = [[s, *targets[j:], *targets[:j]] for j, s in enumerate(sources)] if targets else []
+        worst = 0.0
+        for c in chains:
+            links = self.chain_links([c])
+            rate = self.rate(links)
+            hops = len(c) - 1
+            worst = max(
+                worst, (nbytes / k) / rate + (hops - 1) * (piece / k) / rate + hops * self.topo.latency_s
+            )
+        return worst
+
+    def host_links(self, holder: int, target: int, local: bool) -> list[tuple[tuple[str, int], float]]:
+        """Host memory -> `target`: its own host over PCIe (`local`, a per-host cache), or
+        the holder's host across the network (the one host copy)."""
+        t = self.topo
+        links = [(("pcie", target), t.pcie_bytes_per_s)]
+        if not local and t.node_of(holder) != t.node_of(target):
+            links += [(("nic-out", holder), t.nic_bytes_per_s), (("nic-in", target), t.nic_bytes_per_s)]
+        return links
+
+    def disk_links(self, target: int) -> list[tuple[tuple[str, int], float]]:
+        t = self.topo
+        return [(("ssd", t.node_of(target)), t.ssd_bytes_per_s), (("pcie", target), t.pcie_bytes_per_s)]

@@ -1,0 +1,185 @@
+"""Step-time profiles: how long our engine takes to prefill and to decode, measured on a
+real machine (`blitzscale profile`) or derived from a measured one, interpolated here.
+
+A profile is a JSON file:
+- `prefill`: `tokens` -> `ms` for one prefill step of that many prompt tokens;
+- `decode`: `batch` x `context` -> `ms` for one decode step of `batch` sequences whose
+  mean context is `context` tokens;
+- sizes: `weight_bytes`, `kv_bytes_per_token`, `device_memory_bytes` (what one GPU or CPU
+  slot holds), `memory_utilization` (share of what is left after the weights for KV);
+- `derived_from` (optional): the measured profile it was scaled from and the factors
+  (decode scales with memory bandwidth, prefill with the FLOP rate).
+Between points the times are linear; beyond the last point they grow with the last slope.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blitzscale.errors import BlitzScaleError
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+class ProfileError(BlitzScaleError, ValueError):
+    """A profile file that cannot be used (names the file and the problem)."""
+
+
+def _interp(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear through the points; the end segments extend beyond them (never
+    below zero)."""
+    if len(xs) == 1:
+        return ys[0] * (x / xs[0] if xs[0] else 1.0)
+    i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    device: str
+    weight_bytes: int
+    kv_bytes_per_token: int
+    device_memory_bytes: int
+    prefill_tokens: tuple[int, ...]
+    prefill_ms: tuple[float, ...]
+    decode_batch: tuple[int, ...]
+    decode_context: tuple[int, ...]
+    decode_ms: tuple[tuple[float, ...], ...]  # [batch][context]
+    memory_utilization: float = 0.9
+    num_layers: int = 32
+    derived_from: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        def increasing(name: str, xs: tuple[int, ...]) -> None:
+            if not xs or any(b <= a for a, b in itertools.pairwise(xs)):
+                raise ProfileError(f"profile {self.name!r}: {name} must be increasing and non-empty")
+
+        increasing("prefill.tokens", self.prefill_tokens)
+        increasing("decode.batch", self.decode_batch)
+        increasing("decode.context", self.decode_context)
+        if len(self.prefill_ms) != len(self.prefill_tokens):
+            raise ProfileError(f"profile {self.name!r}: prefill.ms needs one value per prefill.tokens")
+        if len(self.decode_ms) != len(self.decode_batch) or any(
+            len(row) != len(self.decode_context) for row in self.decode_ms
+        ):
+            raise ProfileError(f"profile {self.name!r}: decode.ms must be [batch][context]")
+        if self.kv_tokens < 1:
+            raise ProfileError(f"profile {self.name!r}: the weights leave no memory for KV")
+
+    # --- times ----------------------------------------------------------------------------
+
+    def prefill_s(self, tokens: int) -> float:
+        return _interp(list(self.prefill_tokens), list(self.prefill_ms), tokens) / 1000
+
+    def decode_s(self, batch: int, context: float) -> float:
+        """One decode step of `batch` sequences at mean context `context`."""
+        if batch <= 0:
+            return 0.0
+        ctx = list(self.decode_context)
+        per_batch = [_interp(ctx, list(row), context) for row in self.decode_ms]
+        return _interp(list(self.decode_batch), per_batch, batch) / 1000
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of KV one instance holds."""
+        free = (self.device_memory_bytes - self.weight_bytes) * self.memory_utilization
+        return int(free // self.kv_bytes_per_token)
+
+    # --- files ----------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {
+            "name": d["name"],
+            "device": d["device"],
+            "note": d["note"],
+            "weight_bytes": d["weight_bytes"],
+            "kv_bytes_per_token": d["kv_bytes_per_token"],
+            "device_memory_bytes": d["device_memory_bytes"],
+            "memory_utilization": d["memory_utilization"],
+            "num_layers": d["num_layers"],
+            "prefill": {"tokens": list(self.prefill_tokens), "ms": list(self.prefill_ms)},
+            "decode": {
+                "batch": list(self.decode_batch),
+                "context": list(self.decode_context),
+                "ms": [list(r) for r in self.decode_ms],
+            },
+            "derived_from": d["derived_from"],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], where: str = "profile") -> Profile:
+        try:
+            return cls(
+                name=str(d["name"]),
+                device=str(d["device"]),
+                note=str(d.get("note", "")),
+                weight_bytes=int(d["weight_bytes"]),
+                kv_bytes_per_token=int(d["kv_bytes_per_token"]),
+                device_memory_bytes=int(d["device_memory_bytes"]),
+                memory_utilization=float(d.get("memory_utilization", 0.9)),
+                num_layers=int(d.get("num_layers", 32)),
+                prefill_tokens=tuple(int(x) for x in d["prefill"]["tokens"]),
+                prefill_ms=tuple(float(x) for x in d["prefill"]["ms"]),
+                decode_batch=tuple(int(x) for x in d["decode"]["batch"]),
+                decode_context=tuple(int(x) for x in d["decode"]["context"]),
+                decode_ms=tuple(tuple(float(x) for x in row) for row in d["decode"]["ms"]),
+                derived_from=dict(d.get("derived_from") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, ProfileError):
+                raise
+            raise ProfileError(f"{where}: not a step-time profile ({type(e).__name__}: {e})") from e
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    def derive(
+        self, name: str, device: str, bandwidth_factor: float, flops_factor: float, memory_bytes: int
+    ) -> Profile:
+        """This profile on another device: decode steps (memory-bound) divided by the memory
+        bandwidth ratio, prefill steps (compute-bound) by the FLOP-rate ratio."""
+        return Profile(
+            name=name,
+            device=device,
+            note=f"derived from {self.name!r} ({self.device})",
+            weight_bytes=self.weight_bytes,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            device_memory_bytes=memory_bytes,
+            memory_utilization=self.memory_utilization,
+            num_layers=self.num_layers,
+            prefill_tokens=self.prefill_tokens,
+            prefill_ms=tuple(round(x / flops_factor, 4) for x in self.prefill_ms),
+            decode_batch=self.decode_batch,
+            decode_context=self.decode_context,
+            decode_ms=tuple(tuple(round(x / bandwidth_factor, 4) for x in row) for row in self.decode_ms),
+            derived_from={
+                "profile": self.name,
+                "device": self.device,
+                "bandwidth_factor": bandwidth_factor,
+                "flops_factor": flops_factor,
+            },
+        )
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A shipped profile by name (`blitzscale/sim/profiles/<name>.json`) or a JSON file."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILES_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+        raise ProfileError(f"no profile {name_or_path!r}; shipped: {', '.join(known)}, or a .json path")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}: not JSON ({e})") from e
+    return Profile.from_json(data, str(path))

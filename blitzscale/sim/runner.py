@@ -1,0 +1,225 @@
+"""One simulated run: our router, scaler, planner and policies on the virtual clock against
+a `SimCluster`, with a trace replayed open-loop by simulated clients.
+
+The control plane is the server's own code (serve/router.py, serve/scaler.py, control/);
+only the cluster (sim/cluster.py) and the clients are simulated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from blitzscale import clock
+from blitzscale.client.record import STATUS_ERROR, STATUS_OK, RequestRecord
+from blitzscale.client.traces import TraceRequest
+from blitzscale.cluster.config import ClusterConfig
+from blitzscale.control.config import PlannerConfig, PolicyConfig
+from blitzscale.engine.config import EngineConfig
+from blitzscale.engine.request import SamplingParams
+from blitzscale.errors import BlitzScaleError
+from blitzscale.serve.metrics import ClusterMetrics
+from blitzscale.serve.router import Router, RouterConfig
+from blitzscale.serve.scaler import Scaler
+from blitzscale.sim import clock as sim_clock
+from blitzscale.sim.cluster import SimCluster
+from blitzscale.sim.config import SimModel, SimPreset
+from blitzscale.sim.engine import base_id
+
+SIM_POLICIES = (
+    "blitz",
+    "blitz-nolive",
+    "network",
+    "network-multicast",
+    "sllm",
+    "allcache",
+    "fixed-peak",
+    "fixed-half",
+)
+SAMPLE_EVERY_S = 1.0  # the serving-instance count is sampled this often (report, GPU time)
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    preset: SimPreset
+    model: SimModel
+    mode: str = "pd"
+    planner: PlannerConfig | None = None  # None: rates from the profile, the defaults otherwise
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(block_size=16, max_num_seqs=256))
+    router: RouterConfig | None = None
+    fixed: tuple[int, int] = (1, 1)  # fixed-*: (prefill, decode) instances
+
+
+@dataclass
+class SimResult:
+    policy: str
+    records: list[RequestRecord]
+    samples: list[tuple[float, int]]
+    peak: tuple[int, int]  # most prefill-side and decode instances serving at once
+    events: list[dict[str, Any]]
+    gpu_seconds: float
+    sim_wall_s: float
+    messages: int
+
+
+def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
+    """The planner's per-instance rates from the profile (a 2048-token prefill; the KV
+    link between two GPUs of a node)."""
+    if setup.planner is not None:
+        return setup.planner
+    p = setup.preset.profile(setup.model.name)
+    link = cluster.links.rate(cluster.topo.path(0, min(1, cluster.world_size - 1)))
+    return PlannerConfig(
+        tokens_prefilled_per_sec=2048 / p.prefill_s(2048),
+        tokens_transferred_per_sec=link / p.kv_bytes_per_token,
+        max_prefill=0,
+        max_decode=0,
+    )
+
+
+def _policy(name: str, fixed: tuple[int, int]) -> PolicyConfig:
+    if name.startswith("fixed"):
+        return PolicyConfig(name="fixed", fixed_prefill=fixed[0], fixed_decode=fixed[1])
+    return PolicyConfig(name=name)
+
+
+async def _run(
+    setup: SimSetup, trace: Sequence[TraceRequest], policy: str, progress: Callable[[float], None] | None
+) -> SimResult:
+    wall0 = time.perf_counter()
+    preset, model = setup.preset, setup.model
+    profile = preset.profile(model.name)
+    topo = preset.topology
+    cfg = ClusterConfig(num_workers=topo.world_size, ranks_per_host=topo.gpus_per_node)
+    cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"))
+    pcfg = _policy(policy, setup.fixed)
+    rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
+    engine = replace(setup.engine, max_model_len=model.max_model_len)
+    router = Router(rcfg, cluster, cluster.data, None, model.name, 1 << 20, model.max_model_len)
+    await router.start()
+    metrics = ClusterMetrics(CollectorRegistry(), router)
+    scaler = Scaler(router, planner_for(setup, cluster), pcfg, model.name, "sim", "sim", engine, metrics)
+    if pcfg.name == "fixed":
+        n_pre, n_dec = setup.fixed
+    else:
+        n_pre, n_dec = scaler.planner.min_prefill, scaler.planner.min_decode
+    if setup.mode != "pd":
+        n_dec = 0
+    if n_pre + n_dec > topo.world_size:
+        raise BlitzScaleError(
+            f"{n_pre + n_dec} first instances need as many GPUs, the preset has {topo.world_size}"
+        )
+    await scaler.bootstrap(n_pre, n_dec, keep_host_copy=pcfg.name != "fixed")
+    t0 = clock.now()
+    scale_task = asyncio.create_task(scaler.run()) if pcfg.name != "fixed" else None
+    records: list[RequestRecord | None] = [None] * len(trace)
+    samples: list[tuple[float, int]] = []
+    peak = [0, 0]
+
+    def sample() -> None:
+        roles = [i.accepts for i in router.instances.values() if i.accepts is not None]
+        samples.append((clock.now() - t0, len(roles)))
+        peak[0] = max(peak[0], sum(1 for r in roles if r != "decode"))
+        peak[1] = max(peak[1], sum(1 for r in roles if r == "decode"))
+
+    async def sampler() -> None:
+        while True:
+            sample()
+            if progress is not None:
+                progress(clock.now() - t0)
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+    async def client(i: int, tr: TraceRequest) -> None:
+        await asyncio.sleep(max(0.0, t0 + tr.arrival_s - clock.now()))
+        records[i] = await _one(router, cluster, i, tr, t0)
+
+    sampling = asyncio.create_task(sampler())
+    await asyncio.gather(*(client(i, tr) for i, tr in enumerate(trace)))
+    sample()
+    sampling.cancel()
+    if scale_task is not None:
+        scale_task.cancel()
+    await scaler.stop()
+    await router.stop()
+    await cluster.stop()
+    events = [{**e, "time": e["time"] - t0} for e in scaler.events]
+    return SimResult(
+        policy=policy,
+        records=[r for r in records if r is not None],
+        samples=samples,
+        peak=(peak[0], peak[1]),
+        events=events,
+        gpu_seconds=cluster.gpu_seconds(),
+        sim_wall_s=time.perf_counter() - wall0,
+        messages=cluster.messages,
+    )
+
+
+async def _one(router: Router, cluster: SimCluster, i: int, tr: TraceRequest, t0: float) -> RequestRecord:
+    rid = f"sim-{i}"
+    sent = clock.now()
+    ttft: float | None = None
+    queue_s: float | None = None
+    n_out = 0
+    params = SamplingParams(max_tokens=max(1, tr.output_tokens), temperature=0.0, ignore_eos=True)
+    try:
+        async for out in router.generate(rid, [0] * max(1, tr.input_tokens), params):
+            if ttft is None and out.new_token_ids:
+                ttft = clock.now() - sent
+                queue_s = router.queue_time_s(rid)
+            n_out = len(out.token_ids)
+    except BlitzScaleError as e:
+        cluster.recorder.forget(rid)
+        return RequestRecord(
+            index=i,
+            scheduled_s=tr.arrival_s,
+            send_s=sent - t0,
+            input_tokens=tr.input_tokens,
+            requested_output_tokens=tr.output_tokens,
+            output_tokens=n_out,
+            status=STATUS_ERROR,
+            error=str(e),
+            ttft_s=ttft,
+        )
+    e2e = clock.now() - sent
+    tbts = cluster.recorder.tbts(base_id(rid))
+    cluster.recorder.forget(rid)
+    return RequestRecord(
+        index=i,
+        scheduled_s=tr.arrival_s,
+        send_s=sent - t0,
+        input_tokens=tr.input_tokens,
+        requested_output_tokens=tr.output_tokens,
+        output_tokens=n_out,
+        status=STATUS_OK,
+        ttft_s=ttft,
+        tbts_s=tbts,
+        e2e_s=e2e,
+        queue_s=queue_s,
+        inference_s=None if queue_s is None else e2e - queue_s,
+    )
+
+
+def simulate(
+    setup: SimSetup,
+    trace: Sequence[TraceRequest],
+    policy: str,
+    progress: Callable[[float], None] | None = None,
+) -> SimResult:
+    """Run one policy over `trace` on a fresh virtual clock."""
+    if policy not in SIM_POLICIES:
+        raise BlitzScaleError(f"unknown policy {policy!r}; known: {', '.join(SIM_POLICIES)}")
+    return sim_clock.run(_run(setup, trace, policy, progress))
+
+
+def fixed_counts(peak: tuple[int, int], policy: str) -> tuple[int, int]:
+    """fixed-peak provisions the most instances blitz served at once; fixed-half half that."""
+    if policy == "fixed-half":
+        return (max(1, math.ceil(peak[0] / 2)), max(1, math.ceil(peak[1] / 2)))
+    return (max(1, peak[0]), max(1, peak[1]))
