@@ -1,0 +1,109 @@
+"""The GPU backend: Triton kernels reading the paged cache through the block tables.
+
+No dense mask and no gathered copy of any sequence's keys. A step's decode rows go to the
+split-key decode kernel, its prefill chunks (any lengths, with or without a cached prefix)
+to the varlen prefill kernel: two launches for a mixed step, whatever its shape. The plan
+holds only host integers (counts, grid sizes), so a step on a CUDA graph's static metadata
+launches the same kernels with the same arguments at every replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import triton
+
+from blitzscale.model.attention import triton_kernels as K
+from blitzscale.model.attention.base import AttentionBackend
+from blitzscale.model.attention.metadata import AttentionMetadata
+
+DECODE_BLOCK_N = 64
+MAX_SPLITS = 32
+PREFILL_BLOCK_M = 64
+PREFILL_BLOCK_N = 64
+
+
+@cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@dataclass(frozen=True)
+class _Plan:
+    num_decode: int
+    max_decode_len: int
+    num_prefill: int
+    max_prefill_q: int
+
+
+def decode_splits(num_decode: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
+    """Enough programs for two waves over the GPU, but no split shorter than one key tile."""
+    want = -(-2 * num_sms // max(1, num_decode * num_kv_heads))
+    return max(1, min(MAX_SPLITS, want, -(-max_len // DECODE_BLOCK_N)))
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+
+    def make_plan(self, meta: AttentionMetadata) -> _Plan:
+        dec = [c for n, c in zip(meta.query_lens, meta.context_lens, strict=True) if n == 1]
+        pre = [n for n in meta.query_lens if n != 1]
+        return _Plan(len(dec), max(dec, default=0), len(pre), max(pre, default=0))
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        plan = self.prepare(meta)
+        num_tokens, num_heads, head_dim = q.shape
+        num_kv = k.shape[1]
+        block_d = triton.next_power_of_2(head_dim)
+        K.store_kv[(num_tokens,)](
+            k, v, k_cache, v_cache, meta.slot_mapping,
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(1), k_cache.stride(2),
+            NUM_KV=num_kv, HEAD_DIM=head_dim, BLOCK_KV=triton.next_power_of_2(num_kv), BLOCK_D=block_d,
+        )  # fmt: skip
+        out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+        qk_scale = scale * K.LOG2E
+        group = num_heads // num_kv
+        page = k_cache.shape[1]
+        bt = meta.block_tables
+        if plan.num_decode:
+            sms = _num_sms(q.device.index or 0)
+            splits = decode_splits(plan.num_decode, num_kv, plan.max_decode_len, sms)
+            rows = plan.num_decode * num_heads * splits
+            mid_o = torch.empty(rows, block_d, dtype=torch.float32, device=q.device)
+            mid_lse = torch.empty(rows, dtype=torch.float32, device=q.device)
+            K.decode_split[(plan.num_decode, num_kv, splits)](
+                q, k_cache, v_cache, bt, meta.seq_lens, meta.query_start_loc, meta.decode_seqs,
+                mid_o, mid_lse, q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
+                bt.stride(0), qk_scale, splits,
+                PAGE=page, NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim,
+                BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=DECODE_BLOCK_N,
+                num_warps=4, num_stages=2,
+            )  # fmt: skip
+            K.decode_merge[(plan.num_decode, num_heads)](
+                mid_o, mid_lse, out, meta.query_start_loc, meta.decode_seqs,
+                out.stride(0), out.stride(1), splits,
+                NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+                BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+            )  # fmt: skip
+        if plan.num_prefill:
+            grid = (triton.cdiv(plan.max_prefill_q, PREFILL_BLOCK_M), num_heads, plan.num_prefill)
+            K.prefill[grid](
+                q, k_cache, v_cache, out, bt, meta.seq_lens, meta.query_start_loc, meta.prefill_seqs,
+                q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                k_cache.stride(1), k_cache.stride(2), bt.stride(0), qk_scale,
+                PAGE=page, GROUP=group, HEAD_DIM=head_dim,
+                BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, BLOCK_D=block_d,
+                num_warps=4, num_stages=2,
+            )  # fmt: skip
+        return out
