@@ -21,6 +21,7 @@ from blitzscale.checkpoint import load_weights, resolve_model
 from blitzscale.checkpoint.pack import hf_state_dict
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.engine.engine import default_dtype
+from blitzscale.model.llama import LlamaModel
 from blitzscale.model.weights import ModelWeights
 
 
@@ -106,7 +107,13 @@ def _engine(weights: ModelWeights, cfg: EngineBenchConfig, max_seqs: int) -> LLM
 
 
 def _decode_ms(
-    engine: LLMEngine, cfg: EngineBenchConfig, batch: int, context: int, device: torch.device, steps: int
+    engine: LLMEngine,
+    cfg: EngineBenchConfig,
+    batch: int,
+    context: int,
+    device: torch.device,
+    steps: int,
+    gpu_ms: list[float] | None = None,
 ) -> float:
     # Long enough that no request ends before the timed steps do; aborted after them.
     params = SamplingParams(max_tokens=2 * steps + 40, temperature=0, ignore_eos=True)
@@ -116,6 +123,12 @@ def _decode_ms(
         engine.step()  # the prompts (several mixed prefill + decode steps when long)
     engine.step()  # first decode of all (warm)
     t = _timed(lambda: [engine.step() for _ in range(steps)], device)
+    graphs = engine.runner.graphs
+    if gpu_ms is not None and graphs is not None and graphs.bucket_for(batch) is not None:
+        # The same step's graph alone, replayed on the last step's inputs: the GPU's share
+        # of a step (the rest is the engine's CPU work between steps).
+        g = graphs.graphs[graphs.bucket_for(batch)]  # type: ignore[index]
+        gpu_ms.append(1000 * _timed(lambda: [g.replay() for _ in range(10)], device) / 10)
     for rid in ids:
         engine.abort(rid)
     while engine.has_unfinished():
@@ -143,14 +156,16 @@ def _hf_model(weights: ModelWeights) -> torch.nn.Module:
 
 
 @torch.inference_mode()
-def _compare_logits(engine: LLMEngine, hf: torch.nn.Module, device: torch.device) -> dict[str, float]:
+def _compare_logits(
+    model: LlamaModel, engine: LLMEngine, hf: torch.nn.Module, device: torch.device
+) -> dict[str, float]:
     from blitzscale.kvcache.cache import KVCache
     from blitzscale.model.attention import AttentionMetadata
 
     ids = _random_prompts(1, 64, engine.model_config.vocab_size, 3)[0]
     kv = KVCache(engine.model_config, 2, 64, engine.kv_cache.data.dtype, device)
     meta = AttentionMetadata.build([64], [64], [[0]], 64, device)
-    ours = engine.model.forward(torch.tensor(ids, device=device), meta, kv).float()
+    ours = model.forward(torch.tensor(ids, device=device), meta, kv).float()
     ref = hf(torch.tensor([ids], device=device)).logits[0].float()
     return {
         "max_abs_diff": float((ours - ref).abs().max()),
@@ -208,18 +223,25 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
     result["cuda_graph_buckets"] = engine.runner.graphs.buckets if engine.runner.graphs else []
     hf = _hf_model(weights) if cfg.with_hf else None
     if hf is not None:
-        result["logits_vs_hf"] = _compare_logits(engine, hf, device)
+        result["logits_vs_hf"] = _compare_logits(engine.model, engine, hf, device)
+        if engine.model.attn.name != "reference":  # the reference path on the same weights
+            ref = LlamaModel(weights, max_positions=engine.max_model_len, backend="reference")
+            result["logits_vs_hf_reference_backend"] = _compare_logits(ref, engine, hf, device)
     vocab = weights.config.vocab_size
     steps = cfg.decode_steps
     decode: dict[str, dict[str, float]] = {}
+    replay: dict[str, dict[str, float]] = {}
     roof: dict[str, dict[str, float]] = {}
     ratio: dict[str, dict[str, float]] = {}
     for ctx in cfg.context_lens:
         c = str(ctx)
-        decode[c], roof[c], ratio[c] = {}, {}, {}
+        decode[c], roof[c], ratio[c], replay[c] = {}, {}, {}, {}
         for b in cfg.batch_sizes:
-            ms = _decode_ms(engine, cfg, b, ctx, device, steps)
+            gpu: list[float] = []
+            ms = _decode_ms(engine, cfg, b, ctx, device, steps, gpu)
             decode[c][str(b)] = round(ms, 3)
+            if gpu:
+                replay[c][str(b)] = round(gpu[0], 3)
             if bw is not None:
                 # Each step reads every weight once and the KV of every sequence (its
                 # context grows from ctx + 1 to ctx + steps over the timed steps).
@@ -227,6 +249,8 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
                 roof[c][str(b)] = round(1000 * (weights.layout.nbytes + kv) / bw, 3)
                 ratio[c][str(b)] = round(ms / roof[c][str(b)], 3)
     result["decode_ms_per_step"] = decode
+    if any(replay.values()):
+        result["graph_replay_ms"] = replay
     if bw is not None:
         result["copy_bandwidth_GBps"] = round(bw / 1e9, 1)
         result["roofline_decode_ms"] = roof

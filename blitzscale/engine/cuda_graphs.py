@@ -38,6 +38,8 @@ class DecodeGraphs:
         self.static = torch.zeros(total, dtype=torch.long, device=device)
         self.h = dict(zip(sizes, self.host.split(list(sizes.values())), strict=True))
         self.d = dict(zip(sizes, self.static.split(list(sizes.values())), strict=True))
+        self.rows: list[list[int]] = [[] for _ in range(mb)]  # what each host table row holds
+        self.h_head = self.host[: 4 * mb]  # ids, positions, slots, seq_lens
         self.h["qsl"].copy_(torch.arange(mb + 1))
         self.h["decode"].copy_(torch.arange(mb))
         self.h["slots"].fill_(PAD_SLOT)
@@ -106,20 +108,23 @@ class DecodeGraphs:
         n = len(token_ids)
         b = self.bucket_for(n)
         assert b is not None
-        bs = self.kv_cache.block_size
-        self.copied.synchronize()  # the last step's copy has left the host buffer
-        h = self.h
+        bs, mb, w = self.kv_cache.block_size, self.buckets[-1], self.width
         pos = [c - 1 for c in context_lens]
-        h["ids"][:n] = torch.tensor(token_ids)
-        h["positions"][:n] = torch.tensor(pos)
-        h["slots"][:n] = torch.tensor([t[p // bs] * bs + p % bs for t, p in zip(tables, pos, strict=True)])
-        h["slots"][n:b] = PAD_SLOT
-        h["seq_lens"][:n] = torch.tensor(context_lens)
-        h["seq_lens"][n:b] = 1
-        rows = h["tables"][: b * self.width].view(b, self.width)
-        rows.zero_()
-        for i, t in enumerate(tables):
-            rows[i, : len(t)] = torch.tensor(t)
+        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, pos, strict=True)]
+        pad = [0] * (mb - n)
+        # ids, positions, slots, seq_lens: adjacent in the buffer, one write for all four
+        head = token_ids + pad + pos + pad + slots + [PAD_SLOT] * (mb - n) + context_lens + [1] * (mb - n)
+        self.copied.synchronize()  # the last step's copy has left the host buffer
+        self.h_head.copy_(torch.tensor(head))
+        # Block-table rows persist between steps; only rows that changed are rewritten (a
+        # new request in that row, a new block). A row is read only up to its sequence's
+        # length, so stale entries past it, and the rows of padding, need no clearing.
+        rows = self.h["tables"].view(mb, w)
+        for i, table in enumerate(tables):
+            t = table[:w]
+            if self.rows[i] != t:
+                rows[i, : len(t)] = torch.tensor(t)
+                self.rows[i] = t
         self.static.copy_(self.host, non_blocking=True)
         self.copied.record()
         self.graphs[b].replay()

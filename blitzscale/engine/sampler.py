@@ -95,7 +95,6 @@ def _sample_on_device(
             ]
             picks[seeded] = torch.tensor(drawn).to(logits.device, non_blocking=True)
         out[idx] = sorted_ids.gather(1, picks[:, None]).squeeze(1)
-    both = torch.stack([out, bad.long()])
+    out = torch.where(bad, NO_TOKEN, out)
     wait_for_device(logits.device)  # before .tolist(): wait without the GIL
-    tokens, flags = both.tolist()
-    return [NO_TOKEN if b else t for t, b in zip(tokens, flags, strict=True)]
+    return out.tolist()

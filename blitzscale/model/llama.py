@@ -54,6 +54,7 @@ class LlamaModel:
         )
         self.attn = select_backend(weights.device, weights.dtype, backend)
         self.ops = select_ops(weights.device, weights.dtype, _OPS.get(backend, "auto"))
+        self.fuse_rotary = self.attn.fuses_rotary and self.ops.name == "triton"
         self.check_ready = True  # off only while capturing CUDA graphs ahead of the weights
 
     @property
@@ -109,10 +110,13 @@ class LlamaModel:
         else:
             x, residual = ops.add_rms_norm(delta, residual, w.input_norm, eps)
         q, k, v = F.linear(x, w.qkv, w.qkv_bias).split([self.q_size, self.kv_size, self.kv_size], -1)
-        q, k = ops.rotary(q.view(n, self.num_heads, d), k.view(n, self.num_kv_heads, d), rot)
-        attn = self.attn.forward(
-            q, k, v.view(n, self.num_kv_heads, d), *kv_cache.layer(i), meta, self.scale
-        )
+        q = q.view(n, self.num_heads, d)
+        k, v = k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
+        if self.fuse_rotary:
+            attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale, rotary=rot)
+        else:
+            q, k = ops.rotary(q, k, rot)
+            attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale)
         out = self._reduce(F.linear(attn.reshape(n, self.q_size), w.o))
         x, residual = ops.add_rms_norm(out, residual, w.post_norm, eps)
         return residual, self._reduce(F.linear(ops.silu_mul(F.linear(x, w.gate_up)), w.down))

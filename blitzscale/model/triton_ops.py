@@ -3,7 +3,10 @@
 - `add_rms_norm`: residual add and RMSNorm in one pass (rounded where the reference rounds:
   the sum to the activation dtype, then the normalised row, then the weight product);
 - `silu_mul`: SiLU(gate) * up straight from the fused gate_up projection;
-- `rotary`: rotary embedding of q and k in place, reading cos/sin by position.
+- `rotary`: rotary embedding of q and k in place, reading cos/sin by position (the Triton
+  attention backend fuses this with its cache store instead).
+Each rounds to the activation dtype where the eager torch ops round (logits stay close to
+transformers', which runs those ops).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from blitzscale.model.attention.triton_kernels import rope_pair
 from blitzscale.model.ops import TorchOps
 from blitzscale.model.rope import RotaryEmbedding
 
@@ -45,7 +49,8 @@ def _silu_mul(gu_ptr, out_ptr, stride_gu, N, BLOCK: tl.constexpr):
     m = cols < N
     g = tl.load(gu_ptr + row * stride_gu + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * stride_gu + N + cols, mask=m, other=0.0).to(tl.float32)
-    out = g * tl.sigmoid(g) * u
+    act = (g * tl.sigmoid(g)).to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded as F.silu rounds
+    out = act * u
     tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=m)
 
 
@@ -64,19 +69,15 @@ def _rotary(
     hq = tl.arange(0, BLOCK_Q)[:, None]
     mq = (hq < NUM_Q) & dm[None, :]
     p = q_ptr + t * stride_qt + hq * stride_qh + d[None, :]
-    x1 = tl.load(p, mask=mq, other=0.0)
-    x2 = tl.load(p + HALF, mask=mq, other=0.0)
-    a, b = x1.to(tl.float32), x2.to(tl.float32)
-    tl.store(p, (a * cos - b * sin).to(x1.dtype), mask=mq)
-    tl.store(p + HALF, (b * cos + a * sin).to(x1.dtype), mask=mq)
+    o1, o2 = rope_pair(tl.load(p, mask=mq, other=0.0), tl.load(p + HALF, mask=mq, other=0.0), cos, sin)
+    tl.store(p, o1, mask=mq)
+    tl.store(p + HALF, o2, mask=mq)
     hk = tl.arange(0, BLOCK_K)[:, None]
     mk = (hk < NUM_K) & dm[None, :]
     p = k_ptr + t * stride_kt + hk * stride_kh + d[None, :]
-    x1 = tl.load(p, mask=mk, other=0.0)
-    x2 = tl.load(p + HALF, mask=mk, other=0.0)
-    a, b = x1.to(tl.float32), x2.to(tl.float32)
-    tl.store(p, (a * cos - b * sin).to(x1.dtype), mask=mk)
-    tl.store(p + HALF, (b * cos + a * sin).to(x1.dtype), mask=mk)
+    o1, o2 = rope_pair(tl.load(p, mask=mk, other=0.0), tl.load(p + HALF, mask=mk, other=0.0), cos, sin)
+    tl.store(p, o1, mask=mk)
+    tl.store(p + HALF, o2, mask=mk)
 
 
 class TritonOps(TorchOps):

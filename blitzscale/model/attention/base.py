@@ -17,6 +17,7 @@ from blitzscale.model.attention.metadata import AttentionMetadata
 
 class AttentionBackend(ABC):
     name: str = "base"
+    fuses_rotary: bool = False  # forward(..., rotary=tables) rotates q and k itself
 
     def prepare(self, meta: AttentionMetadata) -> Any:
         """The step's plan, made on the first call and kept on `meta` for every layer
@@ -38,5 +39,7 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rotary: Any = None,
     ) -> torch.Tensor:
-        """Store k, v at `meta.slot_mapping`, then return attention output [T, num_heads, head_dim]."""
+        """Store k, v at `meta.slot_mapping`, then return attention output [T, num_heads, head_dim].
+        With `rotary` (only where `fuses_rotary`), q and k are first rotated by it."""

@@ -9,6 +9,7 @@ no cached prefix, else with a [chunk, keys] mask made for that call and dropped 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,7 @@ class ReferenceBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rotary: Any = None,
     ) -> torch.Tensor:
         plan = self.prepare(meta)
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import torch
 import triton
@@ -46,6 +47,7 @@ def decode_splits(num_decode: int, num_kv_heads: int, max_len: int, num_sms: int
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    fuses_rotary = True  # takes TritonOps' rotary tables: (RotaryEmbedding, positions)
 
     def make_plan(self, meta: AttentionMetadata) -> _Plan:
         dec = [c for n, c in zip(meta.query_lens, meta.context_lens, strict=True) if n == 1]
@@ -61,16 +63,29 @@ class TritonBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rotary: Any = None,
     ) -> torch.Tensor:
         plan = self.prepare(meta)
         num_tokens, num_heads, head_dim = q.shape
         num_kv = k.shape[1]
         block_d = triton.next_power_of_2(head_dim)
-        K.store_kv[(num_tokens,)](
-            k, v, k_cache, v_cache, meta.slot_mapping,
-            k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(1), k_cache.stride(2),
-            NUM_KV=num_kv, HEAD_DIM=head_dim, BLOCK_KV=triton.next_power_of_2(num_kv), BLOCK_D=block_d,
-        )  # fmt: skip
+        if rotary is None:
+            K.store_kv[(num_tokens,)](
+                k, v, k_cache, v_cache, meta.slot_mapping,
+                k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(1), k_cache.stride(2),
+                NUM_KV=num_kv, HEAD_DIM=head_dim, BLOCK_KV=triton.next_power_of_2(num_kv), BLOCK_D=block_d,
+            )  # fmt: skip
+        else:
+            rope, positions = rotary
+            half = head_dim // 2
+            K.rotary_store[(num_tokens,)](
+                q, k, v, k_cache, v_cache, meta.slot_mapping, positions, rope.cos, rope.sin,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                k_cache.stride(1), k_cache.stride(2), rope.cos.stride(0),
+                NUM_Q=num_heads, NUM_KV=num_kv, HEAD_DIM=head_dim, HALF=half,
+                BLOCK_Q=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(num_kv),
+                BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=block_d,
+            )  # fmt: skip
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
         qk_scale = scale * K.LOG2E
         group = num_heads // num_kv
@@ -79,23 +94,25 @@ class TritonBackend(AttentionBackend):
         if plan.num_decode:
             sms = _num_sms(q.device.index or 0)
             splits = decode_splits(plan.num_decode, num_kv, plan.max_decode_len, sms)
+            direct = splits == 1
             rows = plan.num_decode * num_heads * splits
-            mid_o = torch.empty(rows, block_d, dtype=torch.float32, device=q.device)
-            mid_lse = torch.empty(rows, dtype=torch.float32, device=q.device)
+            mid_o = out if direct else torch.empty(rows, block_d, dtype=torch.float32, device=q.device)
+            mid_lse = out if direct else torch.empty(rows, dtype=torch.float32, device=q.device)
             K.decode_split[(plan.num_decode, num_kv, splits)](
                 q, k_cache, v_cache, bt, meta.seq_lens, meta.query_start_loc, meta.decode_seqs,
                 mid_o, mid_lse, q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
-                bt.stride(0), qk_scale, splits,
+                bt.stride(0), out.stride(0), out.stride(1), qk_scale, splits,
                 PAGE=page, NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim,
                 BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=DECODE_BLOCK_N,
-                num_warps=4, num_stages=2,
+                DIRECT=direct, num_warps=4, num_stages=2,
             )  # fmt: skip
-            K.decode_merge[(plan.num_decode, num_heads)](
-                mid_o, mid_lse, out, meta.query_start_loc, meta.decode_seqs,
-                out.stride(0), out.stride(1), splits,
-                NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-                BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
-            )  # fmt: skip
+            if not direct:
+                K.decode_merge[(plan.num_decode, num_heads)](
+                    mid_o, mid_lse, out, meta.query_start_loc, meta.decode_seqs,
+                    out.stride(0), out.stride(1), splits,
+                    NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+                    BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+                )  # fmt: skip
         if plan.num_prefill:
             grid = (triton.cdiv(plan.max_prefill_q, PREFILL_BLOCK_M), num_heads, plan.num_prefill)
             K.prefill[grid](

@@ -5,7 +5,8 @@ block_table[seq, pos // block_size] * block_size + pos % block_size, looked up p
 tiles need not line up with blocks and any block size works.
 
 - `store_kv`: the step's new keys and values into their slots (slot -1: skipped, for the
-  padded rows of a CUDA graph).
+  padded rows of a CUDA graph); `rotary_store` does the same and applies the rotary
+  embedding to q (in place) and k on the way, one launch instead of two.
 - `decode_split` + `decode_merge`: one query token per sequence (flash-decoding). A program
   takes one sequence, one KV head with all its query heads (GQA packed into the rows of the
   dot product) and one split of the keys; the merge combines the splits by log-sum-exp.
@@ -39,12 +40,60 @@ def store_kv(
 
 
 @triton.jit
+def rope_pair(a, b, c, s):
+    """(a*c - b*s, b*c + a*s), rounded after each product and sum as the eager torch ops
+    (and transformers) round them."""
+    dt = a.dtype
+    a, b = a.to(tl.float32), b.to(tl.float32)
+    ac = (a * c).to(dt).to(tl.float32)
+    bs = (b * s).to(dt).to(tl.float32)
+    bc = (b * c).to(dt).to(tl.float32)
+    as_ = (a * s).to(dt).to(tl.float32)
+    return (ac - bs).to(dt), (bc + as_).to(dt)
+
+
+@triton.jit
+def rotary_store(
+    q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch, stride_c,
+    NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)
+    dm = d < HALF
+    c = tl.load(cos_ptr + pos * stride_c + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    s = tl.load(sin_ptr + pos * stride_c + d, mask=dm, other=0.0).to(tl.float32)[None, :]
+    hq = tl.arange(0, BLOCK_Q)[:, None]
+    mq = (hq < NUM_Q) & dm[None, :]
+    p = q_ptr + t * stride_qt + hq * stride_qh + d[None, :]
+    o1, o2 = rope_pair(tl.load(p, mask=mq, other=0.0), tl.load(p + HALF, mask=mq, other=0.0), c, s)
+    tl.store(p, o1, mask=mq)
+    tl.store(p + HALF, o2, mask=mq)
+    hk = tl.arange(0, BLOCK_KV)[:, None]
+    mk = (hk < NUM_KV) & dm[None, :] & (slot >= 0)
+    p = k_ptr + t * stride_kt + hk * stride_kh + d[None, :]
+    o1, o2 = rope_pair(tl.load(p, mask=mk, other=0.0), tl.load(p + HALF, mask=mk, other=0.0), c, s)
+    dst = kc_ptr + slot * stride_cs + hk * stride_ch + d[None, :]
+    tl.store(dst, o1, mask=mk)
+    tl.store(dst + HALF, o2, mask=mk)
+    dd = tl.arange(0, BLOCK_D)[None, :]
+    mv = (hk < NUM_KV) & (dd < HEAD_DIM) & (slot >= 0)
+    v = tl.load(v_ptr + t * stride_vt + hk * stride_vh + dd, mask=mv)
+    tl.store(vc_ptr + slot * stride_cs + hk * stride_ch + dd, v, mask=mv)
+
+
+@triton.jit
 def decode_split(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, seqs_ptr, mid_o_ptr, mid_lse_ptr,
-    stride_qt, stride_qh, stride_cs, stride_ch, stride_bt, qk_scale, num_splits,
+    stride_qt, stride_qh, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh, qk_scale, num_splits,
     PAGE: tl.constexpr, NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
 ):  # fmt: skip
+    """With DIRECT (one split) the result goes straight to the output (mid_o_ptr is it,
+    mid_lse_ptr unused): no merge launch."""
     i = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -88,10 +137,14 @@ def decode_split(
         m_i = m_new
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    row = (i * NUM_HEADS + heads) * num_splits + split
-    tl.store(mid_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=hmask[:, None])
-    tl.store(mid_lse_ptr + row, lse, mask=hmask)
+    if DIRECT:
+        dst = mid_o_ptr + tok * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(dst, out.to(mid_o_ptr.dtype.element_ty), mask=hmask[:, None] & dmask[None, :])
+    else:
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        row = (i * NUM_HEADS + heads) * num_splits + split
+        tl.store(mid_o_ptr + row[:, None] * BLOCK_D + offs_d[None, :], out, mask=hmask[:, None])
+        tl.store(mid_lse_ptr + row, lse, mask=hmask)
 
 
 @triton.jit
