@@ -227,6 +227,9 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
         if engine.model.attn.name != "reference":  # the reference path on the same weights
             ref = LlamaModel(weights, max_positions=engine.max_model_len, backend="reference")
             result["logits_vs_hf_reference_backend"] = _compare_logits(ref, engine, hf, device)
+            for attn, ops in (("reference", "triton"), ("triton", "torch")):  # which part differs
+                m = LlamaModel(weights, max_positions=engine.max_model_len, backend=attn, ops=ops)
+                result[f"logits_vs_hf_{attn}_attention_{ops}_ops"] = _compare_logits(m, engine, hf, device)
     vocab = weights.config.vocab_size
     steps = cfg.decode_steps
     decode: dict[str, dict[str, float]] = {}
@@ -269,6 +272,11 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
             str(c): {str(b): round(_hf_decode_ms(hf, cfg, b, c, vocab, device), 3) for b in cfg.batch_sizes}
         }
     result["prefill_ms"] = round(_prefill_ms(engine, cfg, device), 3)
+    attn = engine.model.attn
+    if hasattr(attn, "fresh_prefill"):  # the paged Triton prefill kernel instead of SDPA's
+        attn.fresh_prefill, kept = "triton", attn.fresh_prefill
+        result["prefill_ms_triton_kernel"] = round(_prefill_ms(engine, cfg, device), 3)
+        attn.fresh_prefill = kept
     if flops is not None:
         result["bf16_matmul_TFLOPs"] = round(flops / 1e12, 1)
         result["prefill_flop_bound_ms"] = round(1000 * prefill_flops(weights, cfg.prefill_len) / flops, 3)

@@ -95,6 +95,7 @@ def _sample_on_device(
             ]
             picks[seeded] = torch.tensor(drawn).to(logits.device, non_blocking=True)
         out[idx] = sorted_ids.gather(1, picks[:, None]).squeeze(1)
-    out = torch.where(bad, NO_TOKEN, out)
-    wait_for_device(logits.device)  # before .tolist(): wait without the GIL
-    return out.tolist()
+    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+    host.copy_(torch.where(bad, NO_TOKEN, out), non_blocking=True)
+    wait_for_device(logits.device)  # the one wait of the step, without the GIL
+    return host.tolist()

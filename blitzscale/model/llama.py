@@ -36,8 +36,10 @@ class LlamaModel:
         max_positions: int | None = None,
         tp_group: dist.ProcessGroup | None = None,
         backend: str = "auto",
+        ops: str | None = None,
     ) -> None:
-        """`backend`: "auto" (by device and dtype), "reference" (SDPA + torch ops) or "triton"."""
+        """`backend`: "auto" (by device and dtype), "reference" (SDPA) or "triton"; `ops`
+        ("auto", "torch", "triton") follows it unless given."""
         self.weights = weights
         self.tp_group = tp_group
         self.config = cfg = weights.config
@@ -53,7 +55,7 @@ class LlamaModel:
             cfg, max_positions or cfg.max_position_embeddings, weights.dtype, weights.device
         )
         self.attn = select_backend(weights.device, weights.dtype, backend)
-        self.ops = select_ops(weights.device, weights.dtype, _OPS.get(backend, "auto"))
+        self.ops = select_ops(weights.device, weights.dtype, ops or _OPS.get(backend, "auto"))
         self.fuse_rotary = self.attn.fuses_rotary and self.ops.name == "triton"
         self.check_ready = True  # off only while capturing CUDA graphs ahead of the weights
 

@@ -46,14 +46,24 @@ def _tables(ctx: list[int], page: int, num_blocks: int, seed: int) -> list[list[
         ([1, 1, 1], [64, 65, 2049]),  # a block boundary either side, a long split context
         ([1, 37, 1, 16, 130], [300, 37, 17, 48, 130]),  # decode rows between fresh prompts
         ([1, 24, 1, 64], [4000, 40, 63, 192]),  # chunks with cached prefixes
+        ([200, 1, 64], [200, 9, 64]),  # whole prompts only (SDPA unless told otherwise)
     ],
 )
+@pytest.mark.parametrize("fresh_prefill", ["sdpa", "triton"])
 @torch.inference_mode()
 def test_triton_attention_matches_sdpa(
-    heads: int, kv_heads: int, head_dim: int, page: int, query_lens: list[int], context_lens: list[int]
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page: int,
+    query_lens: list[int],
+    context_lens: list[int],
+    fresh_prefill: str,
 ) -> None:
     from blitzscale.model.attention.triton_backend import TritonBackend
 
+    backend = TritonBackend()
+    backend.fresh_prefill = fresh_prefill
     g = torch.Generator(device="cuda").manual_seed(0)
     num_blocks = sum(-(-c // page) for c in context_lens) + 3
     tables = _tables(context_lens, page, num_blocks, 1)
@@ -70,7 +80,7 @@ def test_triton_attention_matches_sdpa(
         q.float(), k.float(), v.float(), kc_ref, vc_ref,
         AttentionMetadata.build(query_lens, context_lens, tables, page, "cuda"), scale,
     )  # fmt: skip
-    out = TritonBackend().forward(
+    out = backend.forward(
         q, k, v, kc, vc, AttentionMetadata.build(query_lens, context_lens, tables, page, "cuda"), scale
     )
     assert torch.equal(kc.float(), kc_ref) and torch.equal(vc.float(), vc_ref)  # the stores

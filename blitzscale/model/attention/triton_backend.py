@@ -2,7 +2,9 @@
 
 No dense mask and no gathered copy of any sequence's keys. A step's decode rows go to the
 split-key decode kernel, its prefill chunks (any lengths, with or without a cached prefix)
-to the varlen prefill kernel: two launches for a mixed step, whatever its shape. The plan
+to the varlen prefill kernel: two launches for a mixed step, whatever its shape. A step
+whose chunks are all whole prompts uses SDPA's causal flash kernel on the fresh q/k/v
+instead (one call per prompt: no mask, nothing gathered). The plan
 holds only host integers (counts, grid sizes), so a step on a CUDA graph's static metadata
 launches the same kernels with the same arguments at every replay.
 """
@@ -14,6 +16,7 @@ from functools import cache
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 import triton
 
 from blitzscale.model.attention import triton_kernels as K
@@ -37,6 +40,7 @@ class _Plan:
     max_decode_len: int
     num_prefill: int
     max_prefill_q: int
+    fresh: tuple[tuple[int, int], ...] | None  # (first token, length) when no chunk has a prefix
 
 
 def decode_splits(num_decode: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
@@ -48,11 +52,21 @@ def decode_splits(num_decode: int, num_kv_heads: int, max_len: int, num_sms: int
 class TritonBackend(AttentionBackend):
     name = "triton"
     fuses_rotary = True  # takes TritonOps' rotary tables: (RotaryEmbedding, positions)
+    # Steps whose prefill chunks all start a sequence (no cached prefix) attend them with
+    # SDPA's flash kernel ("sdpa", measured faster) or the paged prefill kernel ("triton").
+    fresh_prefill = "sdpa"
 
     def make_plan(self, meta: AttentionMetadata) -> _Plan:
         dec = [c for n, c in zip(meta.query_lens, meta.context_lens, strict=True) if n == 1]
         pre = [n for n in meta.query_lens if n != 1]
-        return _Plan(len(dec), max(dec, default=0), len(pre), max(pre, default=0))
+        fresh, first = [], 0
+        for n, c in zip(meta.query_lens, meta.context_lens, strict=True):
+            if n != 1:
+                fresh.append((first, n) if n == c else None)
+            first += n
+        sdpa = self.fresh_prefill == "sdpa" and None not in fresh
+        whole = tuple(x for x in fresh if x is not None) if sdpa else None
+        return _Plan(len(dec), max(dec, default=0), len(pre), max(pre, default=0), whole)
 
     def forward(
         self,
@@ -113,7 +127,13 @@ class TritonBackend(AttentionBackend):
                     NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
                     BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
                 )  # fmt: skip
-        if plan.num_prefill:
+        if plan.fresh is not None:  # whole prompts: SDPA's flash kernel on this step's q, k, v
+            for first, n in plan.fresh:
+                rows = slice(first, first + n)
+                qh, kh, vh = (x[rows].transpose(0, 1)[None] for x in (q, k, v))
+                o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True)
+                out[rows] = o[0].transpose(0, 1)
+        elif plan.num_prefill:
             grid = (triton.cdiv(plan.max_prefill_q, PREFILL_BLOCK_M), num_heads, plan.num_prefill)
             K.prefill[grid](
                 q, k_cache, v_cache, out, bt, meta.seq_lens, meta.query_start_loc, meta.prefill_seqs,

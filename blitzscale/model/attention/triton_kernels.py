@@ -76,6 +76,8 @@ def rotary_store(
     mk = (hk < NUM_KV) & dm[None, :] & (slot >= 0)
     p = k_ptr + t * stride_kt + hk * stride_kh + d[None, :]
     o1, o2 = rope_pair(tl.load(p, mask=mk, other=0.0), tl.load(p + HALF, mask=mk, other=0.0), c, s)
+    tl.store(p, o1, mask=mk)  # k rotated in place too (SDPA prefill reads it)
+    tl.store(p + HALF, o2, mask=mk)
     dst = kc_ptr + slot * stride_cs + hk * stride_ch + d[None, :]
     tl.store(dst, o1, mask=mk)
     tl.store(dst + HALF, o2, mask=mk)
