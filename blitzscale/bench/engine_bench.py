@@ -155,23 +155,53 @@ def _hf_model(weights: ModelWeights) -> torch.nn.Module:
     return model.eval()
 
 
-@torch.inference_mode()
-def _compare_logits(
-    model: LlamaModel, engine: LLMEngine, hf: torch.nn.Module, device: torch.device
-) -> dict[str, float]:
-    from blitzscale.kvcache.cache import KVCache
-    from blitzscale.model.attention import AttentionMetadata
-
-    ids = _random_prompts(1, 64, engine.model_config.vocab_size, 3)[0]
-    kv = KVCache(engine.model_config, 2, 64, engine.kv_cache.data.dtype, device)
-    meta = AttentionMetadata.build([64], [64], [[0]], 64, device)
-    ours = model.forward(torch.tensor(ids, device=device), meta, kv).float()
-    ref = hf(torch.tensor([ids], device=device)).logits[0].float()
+def _logit_stats(ours: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     return {
         "max_abs_diff": float((ours - ref).abs().max()),
         "ref_max_abs": float(ref.abs().max()),
         "top1_agreement": float((ours.argmax(-1) == ref.argmax(-1)).float().mean()),
         "cosine_min": float(torch.nn.functional.cosine_similarity(ours, ref, dim=-1).min()),
+    }
+
+
+def _probe_ids(engine: LLMEngine) -> list[int]:
+    return _random_prompts(1, 64, engine.model_config.vocab_size, 3)[0]
+
+
+@torch.inference_mode()
+def _our_logits(model: LlamaModel, engine: LLMEngine, device: torch.device) -> torch.Tensor:
+    from blitzscale.kvcache.cache import KVCache
+    from blitzscale.model.attention import AttentionMetadata
+
+    kv = KVCache(engine.model_config, 2, 64, engine.kv_cache.data.dtype, device)
+    meta = AttentionMetadata.build([64], [64], [[0]], 64, device)
+    return model.forward(torch.tensor(_probe_ids(engine), device=device), meta, kv).float()
+
+
+@torch.inference_mode()
+def _hf_logits(hf: torch.nn.Module, engine: LLMEngine, device: torch.device) -> torch.Tensor:
+    return hf(torch.tensor([_probe_ids(engine)], device=device)).logits[0].float()
+
+
+def _compare_logits(
+    model: LlamaModel, engine: LLMEngine, hf: torch.nn.Module, device: torch.device
+) -> dict[str, float]:
+    return _logit_stats(_our_logits(model, engine, device), _hf_logits(hf, engine, device))
+
+
+@torch.inference_mode()
+def _vs_fp32(weights: ModelWeights, engine: LLMEngine, hf: torch.nn.Module, device) -> dict[str, Any]:
+    """Both bf16 paths (ours, HF's) against HF run in fp32 on the same weights: which is
+    nearer the exact answer (bf16 paths differ from each other by their rounding)."""
+    hf32 = _hf_model(weights).float()  # new fp32 tensors; our bf16 buffer is untouched
+    exact = _hf_logits(hf32, engine, device)
+    del hf32
+    torch.cuda.empty_cache()
+    ref = LlamaModel(weights, max_positions=engine.max_model_len, backend="reference")
+    return {
+        "ours": _logit_stats(_our_logits(engine.model, engine, device), exact),
+        "reference_backend": _logit_stats(_our_logits(ref, engine, device), exact),
+        "hf_bf16": _logit_stats(_hf_logits(hf, engine, device), exact),
     }
 
 
@@ -230,6 +260,8 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
             for attn, ops in (("reference", "triton"), ("triton", "torch")):  # which part differs
                 m = LlamaModel(weights, max_positions=engine.max_model_len, backend=attn, ops=ops)
                 result[f"logits_vs_hf_{attn}_attention_{ops}_ops"] = _compare_logits(m, engine, hf, device)
+        if cuda:
+            result["logits_vs_hf_fp32"] = _vs_fp32(weights, engine, hf, device)
     vocab = weights.config.vocab_size
     steps = cfg.decode_steps
     decode: dict[str, dict[str, float]] = {}

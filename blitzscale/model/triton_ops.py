@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from blitzscale.model.attention.triton_kernels import rope_pair
 from blitzscale.model.ops import TorchOps
@@ -37,7 +38,7 @@ def _rms_norm(
         tl.store(res_out_ptr + row * N + cols, x, mask=m)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, 0) / N
-    y = (xf * tl.rsqrt(var + eps)).to(x.dtype)
+    y = (xf * libdevice.rsqrt(var + eps)).to(x.dtype)  # CUDA's rsqrtf, as torch.rsqrt
     w = tl.load(w_ptr + cols, mask=m, other=0.0)
     tl.store(out_ptr + row * N + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=m)
 
@@ -49,7 +50,8 @@ def _silu_mul(gu_ptr, out_ptr, stride_gu, N, BLOCK: tl.constexpr):
     m = cols < N
     g = tl.load(gu_ptr + row * stride_gu + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * stride_gu + N + cols, mask=m, other=0.0).to(tl.float32)
-    act = (g * tl.sigmoid(g)).to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded as F.silu rounds
+    # x / (1 + exp(-x)) with CUDA's expf and an IEEE division, rounded: F.silu's own formula
+    act = libdevice.div_rn(g, 1.0 + libdevice.exp(-g)).to(out_ptr.dtype.element_ty).to(tl.float32)
     out = act * u
     tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=m)
 

@@ -43,9 +43,13 @@ class _Plan:
     fresh: tuple[tuple[int, int], ...] | None  # (first token, length) when no chunk has a prefix
 
 
+DECODE_WAVES = 2
+
+
 def decode_splits(num_decode: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
-    """Enough programs for two waves over the GPU, but no split shorter than one key tile."""
-    want = -(-2 * num_sms // max(1, num_decode * num_kv_heads))
+    """Enough programs for DECODE_WAVES waves over the GPU, but no split shorter than one
+    key tile."""
+    want = -(-DECODE_WAVES * num_sms // max(1, num_decode * num_kv_heads))
     return max(1, min(MAX_SPLITS, want, -(-max_len // DECODE_BLOCK_N)))
 
 
