@@ -5,7 +5,8 @@
   us, and for HF `generate` at the first context length; a few eager steps for comparison;
 - decode roofline: (weight bytes + KV bytes read) / device copy bandwidth measured now;
 - time to prefill `prefill_len` tokens, for us and for one HF forward, and the bf16 FLOP
-  bound: the prefill's matmul and attention FLOPs / a large bf16 matmul's rate measured now.
+  bound: the prefill's matmul and attention FLOPs / a large bf16 matmul's rate measured now;
+- a live target: time from its last weight segment landing to its first decode step's end.
 """
 
 from __future__ import annotations
@@ -228,6 +229,49 @@ def _hf_prefill_ms(hf: torch.nn.Module, cfg: EngineBenchConfig, vocab: int, devi
     return 1000 * _timed(lambda: hf(ids, logits_to_keep=1), device)
 
 
+@torch.inference_mode()
+def _live_first_decode(
+    weights: ModelWeights, cfg: EngineBenchConfig, device: torch.device
+) -> dict[str, float]:
+    """A live target on the same memory: built (graphs captured) before any segment lands,
+    one request admitted, segments landing one by one with a step after each; then the
+    time from the last segment landing to the end of the request's first decode step."""
+    live = ModelWeights(weights.config, weights.layout, weights.buffer)  # nothing landed yet
+    t = time.perf_counter()
+    engine = LLMEngine(
+        live,
+        None,
+        EngineConfig(
+            block_size=cfg.block_size,
+            num_kv_blocks=64,
+            max_num_seqs=max(cfg.batch_sizes),
+            max_model_len=max(cfg.context_lens) + 2 * cfg.decode_steps + 64,
+        ),
+    )
+    build_s = time.perf_counter() - t
+    engine.start_live()
+    prompt = _random_prompts(1, 128, weights.config.vocab_size, 11)[0]
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    segments = live.readiness.num_segments
+    for seg in range(segments - 1):
+        live.readiness.add(seg)
+        engine.step()
+    _sync(device)
+    t = time.perf_counter()
+    live.readiness.add(segments - 1)  # the last segment (the head) lands
+    tokens = 0
+    while tokens < 2:  # the prompt's first token, then the first decode step's
+        tokens += sum(len(o.new_token_ids) for o in engine.step() if o.request_id == rid)
+    _sync(device)
+    ms = 1000 * (time.perf_counter() - t)
+    engine.abort(rid)
+    engine.step()
+    return {
+        "engine_build_before_weights_s": round(build_s, 3),
+        "last_segment_to_first_decode_ms": round(ms, 3),
+    }
+
+
 def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
     device = torch.device(cfg.device)
     dtype = default_dtype(device)
@@ -316,4 +360,6 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
     if hf is not None:
         result["hf_prefill_ms"] = round(_hf_prefill_ms(hf, cfg, vocab, device), 3)
     result["kv_blocks_free_at_end"] = engine.pool.num_free_blocks == engine.pool.num_blocks
+    if cuda:
+        result["live_target"] = _live_first_decode(weights, cfg, device)
     return result
