@@ -21,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e = bsub.add_parser("engine", help="decode / prefill speed and correctness against transformers")
     e.add_argument("--model", default="random:llama3-8b")
     e.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    e.add_argument("--batch-sizes", type=_int_list, default=[1, 8, 32])
+    e.add_argument("--batch-sizes", type=_int_list, default=[1, 8, 32, 64])
+    e.add_argument("--context-lens", type=_int_list, default=[512, 2048], help="decode contexts")
     e.add_argument("--prompt-len", type=int, default=128)
     e.add_argument("--decode-steps", type=int, default=32)
     e.add_argument("--prefill-len", type=int, default=2048)
@@ -225,6 +226,7 @@ def _run_engine(args: argparse.Namespace) -> int:
         model=args.model,
         device=args.device,
         batch_sizes=tuple(args.batch_sizes),
+        context_lens=tuple(args.context_lens),
         prompt_len=args.prompt_len,
         decode_steps=args.decode_steps,
         prefill_len=args.prefill_len,

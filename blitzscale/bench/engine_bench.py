@@ -1,9 +1,12 @@
-"""Engine speed next to Hugging Face transformers and the HBM roofline, in one run.
+"""Engine speed next to Hugging Face transformers and the device's limits, in one run.
 
 - correctness: our logits vs transformers' on the same weights (shared memory, no copy);
-- decode ms per step at several batch sizes, for us and for HF `generate`;
-- time to prefill `prefill_len` tokens, for us and for one HF forward;
-- roofline: weight bytes / (device copy bandwidth measured now).
+- decode ms per step at several batch sizes and context lengths (CUDA graphs on a GPU), for
+  us, and for HF `generate` at the first context length; a few eager steps for comparison;
+- decode roofline: (weight bytes + KV bytes read) / device copy bandwidth measured now;
+- time to prefill `prefill_len` tokens, for us and for one HF forward, and the bf16 FLOP
+  bound: the prefill's matmul and attention FLOPs / a large bf16 matmul's rate measured now;
+- a live target: time from its last weight segment landing to its first decode step's end.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from blitzscale.checkpoint import load_weights, resolve_model
 from blitzscale.checkpoint.pack import hf_state_dict
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.engine.engine import default_dtype
+from blitzscale.model.llama import LlamaModel
 from blitzscale.model.weights import ModelWeights
 
 
@@ -26,8 +30,9 @@ from blitzscale.model.weights import ModelWeights
 class EngineBenchConfig:
     model: str = "random:llama3-8b"
     device: str = "cuda"
-    batch_sizes: tuple[int, ...] = (1, 8, 32)
-    prompt_len: int = 128
+    batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
+    context_lens: tuple[int, ...] = (512, 2048)
+    prompt_len: int = 128  # (kept for old command lines; decode uses context_lens)
     decode_steps: int = 32
     prefill_len: int = 2048
     with_hf: bool = True
@@ -56,37 +61,80 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 31, reps: int = 5) -
     return 2 * nbytes / best
 
 
+def matmul_flops(device: torch.device, n: int = 8192, reps: int = 10) -> float:
+    """bf16 FLOP/s of an n x n x n matmul on random data (mean of `reps` after a warm-up)."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    for _ in range(3):
+        a @ b
+    t = _timed(lambda: [a @ b for _ in range(reps)], device)
+    return 2 * n**3 * reps / t
+
+
+def prefill_flops(weights: ModelWeights, tokens: int) -> float:
+    """Matmul FLOPs of one prompt of `tokens`: every layer's projections, causal attention
+    (QK^T and PV over the lower triangle), and the head for the last token only."""
+    cfg = weights.config
+    per_token = sum(t.numel() for w in weights.layers for t in (w.qkv, w.o, w.gate_up, w.down))
+    attention = 2 * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * (tokens + 1) / 2
+    return 2 * per_token * tokens + attention + 2 * weights.lm_head.numel()
+
+
+def kv_bytes_per_token(weights: ModelWeights) -> int:
+    cfg = weights.config
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * weights.buffer.element_size()
+
+
 def _random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n, length), generator=g).tolist()
 
 
 def _engine(weights: ModelWeights, cfg: EngineBenchConfig, max_seqs: int) -> LLMEngine:
-    tokens = max(max_seqs * (cfg.prompt_len + cfg.decode_steps + 2), cfg.prefill_len + 2)
-    blocks = -(-tokens // cfg.block_size) + max_seqs
+    longest = max(*cfg.context_lens, cfg.prefill_len)
+    tokens = max(max_seqs * (max(cfg.context_lens) + cfg.decode_steps + 2), cfg.prefill_len + 2)
+    blocks = -(-tokens // cfg.block_size) + 2 * max_seqs
     return LLMEngine(
         weights,
         None,
         EngineConfig(
             block_size=cfg.block_size,
             num_kv_blocks=blocks,
-            max_num_batched_tokens=max(max_seqs * cfg.prompt_len, cfg.prefill_len),
+            max_num_batched_tokens=max(8192, cfg.prefill_len),
             max_num_seqs=max_seqs,
-            max_model_len=cfg.prefill_len + cfg.decode_steps + 8,
+            max_model_len=longest + 2 * cfg.decode_steps + 64,
         ),
     )
 
 
-def _decode_ms(engine: LLMEngine, cfg: EngineBenchConfig, batch: int, device: torch.device) -> float:
-    params = SamplingParams(max_tokens=cfg.decode_steps + 2, temperature=0, ignore_eos=True)
-    for p in _random_prompts(batch, cfg.prompt_len, engine.model_config.vocab_size, batch):
-        engine.add_request(p, params)
-    engine.step()  # prefill of the whole batch
-    engine.step()  # first decode (warm)
-    t = _timed(lambda: [engine.step() for _ in range(cfg.decode_steps)], device)
+def _decode_ms(
+    engine: LLMEngine,
+    cfg: EngineBenchConfig,
+    batch: int,
+    context: int,
+    device: torch.device,
+    steps: int,
+    gpu_ms: list[float] | None = None,
+) -> float:
+    # Long enough that no request ends before the timed steps do; aborted after them.
+    params = SamplingParams(max_tokens=2 * steps + 40, temperature=0, ignore_eos=True)
+    prompts = _random_prompts(batch, context, engine.model_config.vocab_size, batch)
+    ids = [engine.add_request(p, params) for p in prompts]
+    while any(r.num_output_tokens == 0 for r in engine.requests.values()):
+        engine.step()  # the prompts (several mixed prefill + decode steps when long)
+    engine.step()  # first decode of all (warm)
+    t = _timed(lambda: [engine.step() for _ in range(steps)], device)
+    graphs = engine.runner.graphs
+    if gpu_ms is not None and graphs is not None and graphs.bucket_for(batch) is not None:
+        # The same step's graph alone, replayed on the last step's inputs: the GPU's share
+        # of a step (the rest is the engine's CPU work between steps).
+        g = graphs.graphs[graphs.bucket_for(batch)]  # type: ignore[index]
+        gpu_ms.append(1000 * _timed(lambda: [g.replay() for _ in range(10)], device) / 10)
+    for rid in ids:
+        engine.abort(rid)
     while engine.has_unfinished():
         engine.step()
-    return 1000 * t / cfg.decode_steps
+    return 1000 * t / steps
 
 
 def _prefill_ms(engine: LLMEngine, cfg: EngineBenchConfig, device: torch.device) -> float:
@@ -108,16 +156,7 @@ def _hf_model(weights: ModelWeights) -> torch.nn.Module:
     return model.eval()
 
 
-@torch.inference_mode()
-def _compare_logits(engine: LLMEngine, hf: torch.nn.Module, device: torch.device) -> dict[str, float]:
-    from blitzscale.kvcache.cache import KVCache
-    from blitzscale.model.attention import AttentionMetadata
-
-    ids = _random_prompts(1, 64, engine.model_config.vocab_size, 3)[0]
-    kv = KVCache(engine.model_config, 2, 64, engine.kv_cache.data.dtype, device)
-    meta = AttentionMetadata.build([64], [64], [[0]], 64, device)
-    ours = engine.model.forward(torch.tensor(ids, device=device), meta, kv).float()
-    ref = hf(torch.tensor([ids], device=device)).logits[0].float()
+def _logit_stats(ours: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     return {
         "max_abs_diff": float((ours - ref).abs().max()),
         "ref_max_abs": float(ref.abs().max()),
@@ -126,9 +165,52 @@ def _compare_logits(engine: LLMEngine, hf: torch.nn.Module, device: torch.device
     }
 
 
+def _probe_ids(engine: LLMEngine) -> list[int]:
+    return _random_prompts(1, 64, engine.model_config.vocab_size, 3)[0]
+
+
 @torch.inference_mode()
-def _hf_decode_ms(hf: torch.nn.Module, cfg: EngineBenchConfig, batch: int, vocab: int, device) -> float:
-    ids = torch.tensor(_random_prompts(batch, cfg.prompt_len, vocab, batch), device=device)
+def _our_logits(model: LlamaModel, engine: LLMEngine, device: torch.device) -> torch.Tensor:
+    from blitzscale.kvcache.cache import KVCache
+    from blitzscale.model.attention import AttentionMetadata
+
+    kv = KVCache(engine.model_config, 2, 64, engine.kv_cache.data.dtype, device)
+    meta = AttentionMetadata.build([64], [64], [[0]], 64, device)
+    return model.forward(torch.tensor(_probe_ids(engine), device=device), meta, kv).float()
+
+
+@torch.inference_mode()
+def _hf_logits(hf: torch.nn.Module, engine: LLMEngine, device: torch.device) -> torch.Tensor:
+    return hf(torch.tensor([_probe_ids(engine)], device=device)).logits[0].float()
+
+
+def _compare_logits(
+    model: LlamaModel, engine: LLMEngine, hf: torch.nn.Module, device: torch.device
+) -> dict[str, float]:
+    return _logit_stats(_our_logits(model, engine, device), _hf_logits(hf, engine, device))
+
+
+@torch.inference_mode()
+def _vs_fp32(weights: ModelWeights, engine: LLMEngine, hf: torch.nn.Module, device) -> dict[str, Any]:
+    """Both bf16 paths (ours, HF's) against HF run in fp32 on the same weights: which is
+    nearer the exact answer (bf16 paths differ from each other by their rounding)."""
+    hf32 = _hf_model(weights).float()  # new fp32 tensors; our bf16 buffer is untouched
+    exact = _hf_logits(hf32, engine, device)
+    del hf32
+    torch.cuda.empty_cache()
+    ref = LlamaModel(weights, max_positions=engine.max_model_len, backend="reference")
+    return {
+        "ours": _logit_stats(_our_logits(engine.model, engine, device), exact),
+        "reference_backend": _logit_stats(_our_logits(ref, engine, device), exact),
+        "hf_bf16": _logit_stats(_hf_logits(hf, engine, device), exact),
+    }
+
+
+@torch.inference_mode()
+def _hf_decode_ms(
+    hf: torch.nn.Module, cfg: EngineBenchConfig, batch: int, context: int, vocab: int, device
+) -> float:
+    ids = torch.tensor(_random_prompts(batch, context, vocab, batch), device=device)
     kw = {"do_sample": False, "pad_token_id": 0}
 
     def gen(n: int) -> None:
@@ -147,38 +229,137 @@ def _hf_prefill_ms(hf: torch.nn.Module, cfg: EngineBenchConfig, vocab: int, devi
     return 1000 * _timed(lambda: hf(ids, logits_to_keep=1), device)
 
 
+@torch.inference_mode()
+def _live_first_decode(
+    weights: ModelWeights, cfg: EngineBenchConfig, device: torch.device
+) -> dict[str, float]:
+    """A live target on the same memory: built (graphs captured) before any segment lands,
+    one request admitted, segments landing one by one with a step after each; then the
+    time from the last segment landing to the end of the request's first decode step."""
+    live = ModelWeights(weights.config, weights.layout, weights.buffer)  # nothing landed yet
+    t = time.perf_counter()
+    engine = LLMEngine(
+        live,
+        None,
+        EngineConfig(
+            block_size=cfg.block_size,
+            num_kv_blocks=64,
+            max_num_seqs=max(cfg.batch_sizes),
+            max_model_len=max(cfg.context_lens) + 2 * cfg.decode_steps + 64,
+        ),
+    )
+    build_s = time.perf_counter() - t
+    engine.start_live()
+    prompt = _random_prompts(1, 128, weights.config.vocab_size, 11)[0]
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    segments = live.readiness.num_segments
+    for seg in range(segments - 1):
+        live.readiness.add(seg)
+        engine.step()
+    _sync(device)
+    t = time.perf_counter()
+    live.readiness.add(segments - 1)  # the last segment (the head) lands
+    tokens = 0
+    while tokens < 2:  # the prompt's first token, then the first decode step's
+        tokens += sum(len(o.new_token_ids) for o in engine.step() if o.request_id == rid)
+    _sync(device)
+    ms = 1000 * (time.perf_counter() - t)
+    engine.abort(rid)
+    engine.step()
+    return {
+        "engine_build_before_weights_s": round(build_s, 3),
+        "last_segment_to_first_decode_ms": round(ms, 3),
+    }
+
+
 def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
     device = torch.device(cfg.device)
     dtype = default_dtype(device)
     t0 = time.perf_counter()
     weights = load_weights(resolve_model(cfg.model), dtype=dtype, device=device)
     build_s = time.perf_counter() - t0
-    bw = copy_bandwidth(device) if device.type == "cuda" else None
+    cuda = device.type == "cuda"
+    bw = copy_bandwidth(device) if cuda else None
+    flops = matmul_flops(device) if cuda else None
     result: dict[str, Any] = {
         "config": asdict(cfg),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__,
         "dtype": str(dtype),
         "weight_bytes": weights.layout.nbytes,
+        "kv_bytes_per_token": kv_bytes_per_token(weights),
         "build_s": round(build_s, 3),
     }
-    if bw is not None:
-        result["copy_bandwidth_GBps"] = round(bw / 1e9, 1)
-        # A decode step must read every weight once: HBM moves `bw` bytes/s in all.
-        result["roofline_decode_ms"] = round(1000 * weights.layout.nbytes / bw, 3)
+    t0 = time.perf_counter()
     engine = _engine(weights, cfg, max(cfg.batch_sizes))
+    result["engine_build_s"] = round(time.perf_counter() - t0, 3)  # includes graph capture
+    result["attention_backend"] = engine.model.attn.name
+    result["cuda_graph_buckets"] = engine.runner.graphs.buckets if engine.runner.graphs else []
     hf = _hf_model(weights) if cfg.with_hf else None
     if hf is not None:
-        result["logits_vs_hf"] = _compare_logits(engine, hf, device)
+        result["logits_vs_hf"] = _compare_logits(engine.model, engine, hf, device)
+        if engine.model.attn.name != "reference":  # the reference path on the same weights
+            ref = LlamaModel(weights, max_positions=engine.max_model_len, backend="reference")
+            result["logits_vs_hf_reference_backend"] = _compare_logits(ref, engine, hf, device)
+            for attn, ops in (("reference", "triton"), ("triton", "torch")):  # which part differs
+                m = LlamaModel(weights, max_positions=engine.max_model_len, backend=attn, ops=ops)
+                result[f"logits_vs_hf_{attn}_attention_{ops}_ops"] = _compare_logits(m, engine, hf, device)
+        if cuda:
+            result["logits_vs_hf_fp32"] = _vs_fp32(weights, engine, hf, device)
     vocab = weights.config.vocab_size
-    result["decode_ms_per_step"] = {}
-    result["hf_decode_ms_per_step"] = {}
-    for b in cfg.batch_sizes:
-        result["decode_ms_per_step"][str(b)] = round(_decode_ms(engine, cfg, b, device), 3)
-        if hf is not None:
-            result["hf_decode_ms_per_step"][str(b)] = round(_hf_decode_ms(hf, cfg, b, vocab, device), 3)
+    steps = cfg.decode_steps
+    decode: dict[str, dict[str, float]] = {}
+    replay: dict[str, dict[str, float]] = {}
+    roof: dict[str, dict[str, float]] = {}
+    ratio: dict[str, dict[str, float]] = {}
+    for ctx in cfg.context_lens:
+        c = str(ctx)
+        decode[c], roof[c], ratio[c], replay[c] = {}, {}, {}, {}
+        for b in cfg.batch_sizes:
+            gpu: list[float] = []
+            ms = _decode_ms(engine, cfg, b, ctx, device, steps, gpu)
+            decode[c][str(b)] = round(ms, 3)
+            if gpu:
+                replay[c][str(b)] = round(gpu[0], 3)
+            if bw is not None:
+                # Each step reads every weight once and the KV of every sequence (its
+                # context grows from ctx + 1 to ctx + steps over the timed steps).
+                kv = b * (ctx + 1 + steps / 2) * result["kv_bytes_per_token"]
+                roof[c][str(b)] = round(1000 * (weights.layout.nbytes + kv) / bw, 3)
+                ratio[c][str(b)] = round(ms / roof[c][str(b)], 3)
+    result["decode_ms_per_step"] = decode
+    if any(replay.values()):
+        result["graph_replay_ms"] = replay
+    if bw is not None:
+        result["copy_bandwidth_GBps"] = round(bw / 1e9, 1)
+        result["roofline_decode_ms"] = roof
+        result["decode_vs_roofline"] = ratio
+    graphs = engine.runner.graphs
+    if graphs is not None:  # the same steps without graphs, at the first context length
+        engine.runner.graphs = None
+        c = cfg.context_lens[0]
+        result["eager_decode_ms_per_step"] = {
+            str(c): {str(b): round(_decode_ms(engine, cfg, b, c, device, 8), 3) for b in cfg.batch_sizes}
+        }
+        engine.runner.graphs = graphs
+    if hf is not None:
+        c = cfg.context_lens[0]
+        result["hf_decode_ms_per_step"] = {
+            str(c): {str(b): round(_hf_decode_ms(hf, cfg, b, c, vocab, device), 3) for b in cfg.batch_sizes}
+        }
     result["prefill_ms"] = round(_prefill_ms(engine, cfg, device), 3)
+    attn = engine.model.attn
+    if hasattr(attn, "fresh_prefill"):  # the paged Triton prefill kernel instead of SDPA's
+        attn.fresh_prefill, kept = "triton", attn.fresh_prefill
+        result["prefill_ms_triton_kernel"] = round(_prefill_ms(engine, cfg, device), 3)
+        attn.fresh_prefill = kept
+    if flops is not None:
+        result["bf16_matmul_TFLOPs"] = round(flops / 1e12, 1)
+        result["prefill_flop_bound_ms"] = round(1000 * prefill_flops(weights, cfg.prefill_len) / flops, 3)
+        result["prefill_vs_flop_bound"] = round(result["prefill_ms"] / result["prefill_flop_bound_ms"], 3)
     if hf is not None:
         result["hf_prefill_ms"] = round(_hf_prefill_ms(hf, cfg, vocab, device), 3)
     result["kv_blocks_free_at_end"] = engine.pool.num_free_blocks == engine.pool.num_blocks
+    if cuda:
+        result["live_target"] = _live_first_decode(weights, cfg, device)
     return result

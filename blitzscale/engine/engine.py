@@ -91,7 +91,7 @@ class LLMEngine:
 
     def _init_components(self, weights: ModelWeights) -> None:
         self.model = LlamaModel(weights, max_positions=self.max_model_len)
-        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.config.max_num_seqs, self.max_model_len)
         self.table = RequestTable(self.pool)  # every request here, with its status
         self.scheduler = Scheduler(
             self.pool, self.config.max_num_batched_tokens, self.config.max_num_seqs, self.table

@@ -1,20 +1,40 @@
-"""Turns a scheduler step into tensors, runs the model, and returns the rows to sample."""
+"""Turns a scheduler step into tensors, runs the model, and returns the rows to sample.
+
+Inputs go to the device in one asynchronous copy from pinned memory (metadata, token ids and
+the rows to sample together), so building a step never waits for the GPU. On CUDA with the
+Triton backend, decode steps replay a captured graph (engine/cuda_graphs.py).
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from blitzscale.engine.cuda_graphs import DecodeGraphs
 from blitzscale.engine.scheduler import SchedulerOutput
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.attention import AttentionMetadata
 from blitzscale.model.llama import LlamaModel
 
+# BLITZSCALE_CUDA_GRAPHS=0 runs every step eagerly (for comparisons and debugging).
+GRAPHS_ENABLED = os.environ.get("BLITZSCALE_CUDA_GRAPHS", "1") != "0"
+
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache: KVCache) -> None:
+    def __init__(
+        self, model: LlamaModel, kv_cache: KVCache, max_num_seqs: int = 0, max_model_len: int = 0
+    ) -> None:
+        """With `max_num_seqs` and `max_model_len`, decode graphs are captured now (CUDA,
+        Triton backend, no tensor parallelism)."""
         self.model = model
         self.kv_cache = kv_cache
         self.device = model.weights.device
+        self.graphs: DecodeGraphs | None = None
+        usable = model.attn.name == "triton" and model.tp_group is None and GRAPHS_ENABLED
+        if usable and max_num_seqs > 0 and max_model_len > 0:
+            self.graphs = DecodeGraphs(model, kv_cache, max_num_seqs, max_model_len)
+            self.graphs.capture()
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
@@ -30,10 +50,15 @@ class ModelRunner:
             tables.append(r.block_ids)
             if s.completes_prompt:
                 last.append(len(token_ids) - 1)
-        meta = AttentionMetadata.build(
-            query_lens, context_lens, tables, self.kv_cache.block_size, self.device
+        n = len(query_lens)
+        if (
+            self.graphs is not None
+            and len(token_ids) == n == len(last)
+            and self.graphs.bucket_for(n) is not None
+        ):
+            return self.graphs.run(token_ids, context_lens, tables)
+        meta, (ids, rows) = AttentionMetadata.build_with(
+            query_lens, context_lens, tables, self.kv_cache.block_size, self.device, [token_ids, last]
         )
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         hidden = self.model.run_layers(self.model.embed(ids), meta, self.kv_cache)
-        rows = torch.tensor(last, dtype=torch.long, device=self.device)
         return self.model.logits(hidden[rows]).float()

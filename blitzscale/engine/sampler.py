@@ -1,4 +1,11 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeds.
+
+On CUDA the whole batch is sampled on the GPU and read back in one copy (the step's only
+wait for the device): parameters go up by an asynchronous copy, unseeded rows draw by the
+exponential race (argmax of p / Exp(1), exact sampling from p) on the GPU's generator. A
+seeded row draws from its own CPU torch.Generator exactly as on CPU, so its stream stays
+reproducible and can migrate between instances (that row's probabilities come to the host).
+"""
 
 from __future__ import annotations
 
@@ -15,11 +22,38 @@ def sample(
 ) -> list[int]:
     """One token per row of `logits` ([N, vocab], float32); NO_TOKEN for a row whose logits
     are not all finite, so that one request fails and the rest of the batch goes on."""
+    if logits.device.type == "cuda":
+        return _sample_on_device(logits, params, generators)
     wait_for_device(logits.device)  # before any .tolist(): wait without the GIL
     bad = ~torch.isfinite(logits).all(dim=-1)
     logits = logits.masked_fill(bad[:, None], 0.0)  # sampled harmlessly, then discarded
     out = _sample(logits, params, generators)
     return [NO_TOKEN if b else t for t, b in zip(out, bad.tolist(), strict=True)]
+
+
+def _filtered(
+    logits: torch.Tensor, params: list[SamplingParams], rows: list[int], idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities after temperature, top-k and top-p, sorted descending, and their ids."""
+    vocab = logits.shape[-1]
+    host = torch.tensor(
+        [
+            [params[i].temperature for i in rows],
+            [params[i].top_k if params[i].top_k > 0 else vocab for i in rows],
+            [params[i].top_p for i in rows],
+        ],
+        dtype=torch.float32,
+    )
+    if logits.device.type == "cuda":
+        host = host.pin_memory()
+    temps, top_k, top_p = host.to(logits.device, non_blocking=True)
+    sorted_logits, sorted_ids = (logits[idx] / temps[:, None]).sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device)[None, :]
+    sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
+    return sorted_logits.softmax(dim=-1), sorted_ids
 
 
 def _sample(
@@ -30,22 +64,38 @@ def _sample(
     if not rows:
         return out.tolist()
     idx = torch.tensor(rows, device=logits.device)
-    temps = torch.tensor([params[i].temperature for i in rows], device=logits.device)
-    sorted_logits, sorted_ids = (logits[idx] / temps[:, None]).sort(dim=-1, descending=True)
-    vocab = logits.shape[-1]
-    top_k = torch.tensor(
-        [params[i].top_k if params[i].top_k > 0 else vocab for i in rows], device=logits.device
-    )
-    rank = torch.arange(vocab, device=logits.device)[None, :]
-    sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
-    top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
+    probs, sorted_ids = _filtered(logits, params, rows, idx)
     picks = torch.multinomial(probs, 1).squeeze(1)
     for j, i in enumerate(rows):  # seeded requests draw from their own CPU generator
         if generators[i] is not None:
             picks[j] = torch.multinomial(probs[j].cpu(), 1, generator=generators[i]).item()
     out[idx] = sorted_ids.gather(1, picks[:, None]).squeeze(1)
     return out.tolist()
+
+
+def _sample_on_device(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    out = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.is_greedy]
+    if rows:
+        logits = logits.masked_fill(bad[:, None], 0.0)  # sampled harmlessly, then discarded
+        idx = torch.tensor(rows).pin_memory().to(logits.device, non_blocking=True)
+        probs, sorted_ids = _filtered(logits, params, rows, idx)
+        race = probs / torch.empty_like(probs).exponential_().clamp_min_(1e-30)
+        picks = race.argmax(dim=-1)
+        seeded = [j for j, i in enumerate(rows) if generators[i] is not None]
+        if seeded:
+            wait_for_device(logits.device)
+            host = probs[seeded].cpu()
+            drawn = [
+                torch.multinomial(host[k], 1, generator=generators[rows[j]]).item()
+                for k, j in enumerate(seeded)
+            ]
+            picks[seeded] = torch.tensor(drawn).to(logits.device, non_blocking=True)
+        out[idx] = sorted_ids.gather(1, picks[:, None]).squeeze(1)
+    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+    host.copy_(torch.where(bad, NO_TOKEN, out), non_blocking=True)
+    wait_for_device(logits.device)  # the one wait of the step, without the GIL
+    return host.tolist()

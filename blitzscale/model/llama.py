@@ -2,29 +2,31 @@
 
 `embed`, `run_layers(start, end)` and `logits` are separate so a caller can run any layer
 range on given hidden states: live scaling splits one request's layers across instances.
+Attention goes through an `AttentionBackend` (model/attention) and the pointwise work through
+an ops object (model/ops.py): the SDPA reference and plain torch on CPU, Triton kernels for
+bf16/fp16 on CUDA. Inside a range the residual add is fused with the next RMSNorm.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from blitzscale.model.attention import AttentionMetadata, paged_attention
-from blitzscale.model.rope import RotaryEmbedding, apply_rotary
-from blitzscale.model.weights import ModelWeights
+from blitzscale.model.attention import AttentionMetadata, select_backend
+from blitzscale.model.ops import rms_norm, select_ops
+from blitzscale.model.rope import RotaryEmbedding
+from blitzscale.model.weights import LayerWeights, ModelWeights
 
 if TYPE_CHECKING:
     from blitzscale.kvcache.cache import KVCache
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
+__all__ = ["LlamaModel", "rms_norm"]
+
+_OPS = {"reference": "torch", "triton": "triton"}
 
 
 class LlamaModel:
@@ -33,7 +35,11 @@ class LlamaModel:
         weights: ModelWeights,
         max_positions: int | None = None,
         tp_group: dist.ProcessGroup | None = None,
+        backend: str = "auto",
+        ops: str | None = None,
     ) -> None:
+        """`backend`: "auto" (by device and dtype), "reference" (SDPA) or "triton"; `ops`
+        ("auto", "torch", "triton") follows it unless given."""
         self.weights = weights
         self.tp_group = tp_group
         self.config = cfg = weights.config
@@ -48,6 +54,10 @@ class LlamaModel:
         self.rope = RotaryEmbedding(
             cfg, max_positions or cfg.max_position_embeddings, weights.dtype, weights.device
         )
+        self.attn = select_backend(weights.device, weights.dtype, backend)
+        self.ops = select_ops(weights.device, weights.dtype, ops or _OPS.get(backend, "auto"))
+        self.fuse_rotary = self.attn.fuses_rotary and self.ops.name == "triton"
+        self.check_ready = True  # off only while capturing CUDA graphs ahead of the weights
 
     @property
     def num_layers(self) -> int:
@@ -65,41 +75,53 @@ class LlamaModel:
         end: int | None = None,
     ) -> torch.Tensor:
         end = self.num_layers if end is None else end
-        cos, sin = self.rope.tables(meta.positions)
+        self.attn.prepare(meta)
+        rot = self.ops.rotary_tables(self.rope, meta.positions)
+        residual, delta = hidden, None
         for i in range(start, end):
-            hidden = self._layer(i, hidden, cos, sin, meta, kv_cache)
-        return hidden
+            residual, delta = self._layer(i, residual, delta, rot, meta, kv_cache)
+        return residual if delta is None else residual + delta
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         w = self.weights
-        return F.linear(rms_norm(hidden, w.norm, self.config.rms_norm_eps), w.lm_head)
+        return F.linear(self.ops.rms_norm(hidden, w.norm, self.config.rms_norm_eps), w.lm_head)
 
     def forward(self, token_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
         """Logits for every token (tests and references; the engine picks rows first)."""
         return self.logits(self.run_layers(self.embed(token_ids), meta, kv_cache))
 
+    def _weights(self, i: int) -> LayerWeights:
+        return self.weights.layer(i) if self.check_ready else self.weights.layers[i]
+
     def _layer(
         self,
         i: int,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        residual: torch.Tensor,
+        delta: torch.Tensor | None,
+        rot: Any,
         meta: AttentionMetadata,
         kv_cache: KVCache,
-    ) -> torch.Tensor:
-        w = self.weights.layer(i)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i on the residual stream `residual + delta` (delta: the last layer's MLP
+        output, not yet added); returns the new (residual, delta)."""
+        w, ops = self._weights(i), self.ops
         eps = self.config.rms_norm_eps
-        n, d = hidden.shape[0], self.config.head_dim
-        x = rms_norm(hidden, w.input_norm, eps)
+        n, d = residual.shape[0], self.config.head_dim
+        if delta is None:
+            x = ops.rms_norm(residual, w.input_norm, eps)
+        else:
+            x, residual = ops.add_rms_norm(delta, residual, w.input_norm, eps)
         q, k, v = F.linear(x, w.qkv, w.qkv_bias).split([self.q_size, self.kv_size, self.kv_size], -1)
-        q = apply_rotary(q.view(n, self.num_heads, d), cos, sin)
-        k = apply_rotary(k.view(n, self.num_kv_heads, d), cos, sin)
-        kv_cache.write(i, k, v.view(n, self.num_kv_heads, d), meta.slot_mapping)
-        attn = paged_attention(q, *kv_cache.layer(i), meta, self.scale)
-        hidden = hidden + self._reduce(F.linear(attn.reshape(n, self.q_size), w.o))
-        x = rms_norm(hidden, w.post_norm, eps)
-        gate, up = F.linear(x, w.gate_up).chunk(2, dim=-1)
-        return hidden + self._reduce(F.linear(F.silu(gate) * up, w.down))
+        q = q.view(n, self.num_heads, d)
+        k, v = k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
+        if self.fuse_rotary:
+            attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale, rotary=rot)
+        else:
+            q, k = ops.rotary(q, k, rot)
+            attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale)
+        out = self._reduce(F.linear(attn.reshape(n, self.q_size), w.o))
+        x, residual = ops.add_rms_norm(out, residual, w.post_norm, eps)
+        return residual, self._reduce(F.linear(ops.silu_mul(F.linear(x, w.gate_up)), w.down))
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Row-parallel outputs are partial sums across TP ranks."""

@@ -5,7 +5,10 @@ for data. Anything that has to wait for the whole device to go idle then stalls 
 transfer ends: loading a kernel module on its first launch, creating the thread's cuBLAS
 handle. Kernels are loaded eagerly (`CUDA_MODULE_LOADING=EAGER`, set in `worker_main`);
 this runs a tiny model through a real engine on the thread that will serve, before any
-transfer, so the rest of that state exists too.
+transfer, so the rest of that state exists too (on CUDA in bf16 that engine also compiles
+the Triton kernels for the tiny shapes and captures its decode graphs). The served model's
+own kernels are compiled, and its graphs captured, when its engine is built: Triton
+specialises on shapes such as the head count, and graphs hold the instance's addresses.
 """
 
 from __future__ import annotations

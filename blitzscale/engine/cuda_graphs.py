@@ -1,0 +1,131 @@
+"""CUDA graphs of the decode step, one per batch-size bucket, captured up front.
+
+A decode step of n sequences replays the graph of the smallest bucket >= n: the forward of
+every layer, the final norm and the logits, as one launch. Inputs live in one static device
+buffer (token ids, positions, slots, key lengths, block tables), filled from one pinned host
+buffer by one asynchronous copy; padded rows store nothing (slot -1) and attend to one key.
+Capture happens when the engine is built, before any request, and does not need the weights
+to have landed: the weight views and the KV cache have fixed addresses, so a live target
+captures while its weights are still arriving and its first full decode pays no capture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from blitzscale.kvcache.cache import KVCache
+from blitzscale.model.attention import AttentionMetadata
+from blitzscale.model.llama import LlamaModel
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+PAD_SLOT = -1
+
+
+class DecodeGraphs:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, max_batch: int, max_model_len: int) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.max_model_len = max_model_len
+        self.buckets = sorted({b for b in BUCKETS if b < max_batch} | {max_batch})
+        mb = self.buckets[-1]
+        self.width = -(-max_model_len // kv_cache.block_size)
+        sizes = {"ids": mb, "positions": mb, "slots": mb, "seq_lens": mb, "qsl": mb + 1, "decode": mb}
+        sizes["prefill"] = 0
+        sizes["tables"] = mb * self.width
+        device = model.weights.device
+        total = sum(sizes.values())
+        self.host = torch.zeros(total, dtype=torch.long, pin_memory=True)
+        self.static = torch.zeros(total, dtype=torch.long, device=device)
+        self.h = dict(zip(sizes, self.host.split(list(sizes.values())), strict=True))
+        self.d = dict(zip(sizes, self.static.split(list(sizes.values())), strict=True))
+        self.rows: list[list[int]] = [[] for _ in range(mb)]  # what each host table row holds
+        self.h_head = self.host[: 4 * mb]  # ids, positions, slots, seq_lens
+        self.h["qsl"].copy_(torch.arange(mb + 1))
+        self.h["decode"].copy_(torch.arange(mb))
+        self.h["slots"].fill_(PAD_SLOT)
+        self.h["seq_lens"].fill_(1)
+        self.static.copy_(self.host)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def bucket_for(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def _meta(self, b: int) -> AttentionMetadata:
+        d = self.d
+        return AttentionMetadata(
+            positions=d["positions"][:b],
+            slot_mapping=d["slots"][:b],
+            block_tables=d["tables"][: b * self.width].view(b, self.width),
+            seq_lens=d["seq_lens"][:b],
+            query_start_loc=d["qsl"][: b + 1],
+            decode_seqs=d["decode"][:b],
+            prefill_seqs=d["prefill"],
+            query_lens=(1,) * b,
+            context_lens=(self.max_model_len,) * b,
+            block_size=self.kv_cache.block_size,
+        )
+
+    def _forward(self, b: int, meta: AttentionMetadata) -> torch.Tensor:
+        m = self.model
+        hidden = m.run_layers(m.embed(self.d["ids"][:b]), meta, self.kv_cache)
+        return m.logits(hidden).float()
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Every bucket, largest first (the smaller ones reuse its pool memory). The static
+        inputs hold padding rows only, so the warm-up runs write nothing to the cache.
+        Nothing here waits for the whole device (`torch.cuda.graph` would synchronize it):
+        a live target captures while its weight receives are in flight."""
+        m = self.model
+        m.check_ready = False
+        main = torch.cuda.current_stream()
+        side = torch.cuda.Stream()
+        try:
+            for b in reversed(self.buckets):
+                meta = self._meta(b)
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    self._forward(b, meta)  # warm-up: Triton compiles, cuBLAS chooses
+                    g = torch.cuda.CUDAGraph()
+                    g.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                    try:
+                        self.outputs[b] = self._forward(b, meta)
+                    finally:
+                        g.capture_end()
+                main.wait_stream(side)
+                self.graphs[b] = g
+        finally:
+            m.check_ready = True
+        main.synchronize()
+
+    def run(self, token_ids: list[int], context_lens: list[int], tables: list[list[int]]) -> torch.Tensor:
+        """Float32 logits [n, vocab] of one decode token per sequence (a view of the graph's
+        output: valid until the next replay)."""
+        n = len(token_ids)
+        b = self.bucket_for(n)
+        assert b is not None
+        bs, mb, w = self.kv_cache.block_size, self.buckets[-1], self.width
+        pos = [c - 1 for c in context_lens]
+        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, pos, strict=True)]
+        pad = [0] * (mb - n)
+        # ids, positions, slots, seq_lens: adjacent in the buffer, one write for all four
+        head = token_ids + pad + pos + pad + slots + [PAD_SLOT] * (mb - n) + context_lens + [1] * (mb - n)
+        self.copied.synchronize()  # the last step's copy has left the host buffer
+        self.h_head.copy_(torch.tensor(head))
+        # Block-table rows persist between steps; only rows that changed are rewritten (a
+        # new request in that row, a new block). A row is read only up to its sequence's
+        # length, so stale entries past it, and the rows of padding, need no clearing.
+        rows = self.h["tables"].view(mb, w)
+        for i, table in enumerate(tables):
+            t = table[:w]
+            if self.rows[i] != t:
+                rows[i, : len(t)] = torch.tensor(t)
+                self.rows[i] = t
+        self.static.copy_(self.host, non_blocking=True)
+        self.copied.record()
+        self.graphs[b].replay()
+        return self.outputs[b][:n]

@@ -1,0 +1,150 @@
+"""The GPU backend: Triton kernels reading the paged cache through the block tables.
+
+No dense mask and no gathered copy of any sequence's keys. A step's decode rows go to the
+split-key decode kernel, its prefill chunks (any lengths, with or without a cached prefix)
+to the varlen prefill kernel: two launches for a mixed step, whatever its shape. A step
+whose chunks are all whole prompts uses SDPA's causal flash kernel on the fresh q/k/v
+instead (one call per prompt: no mask, nothing gathered). The plan
+holds only host integers (counts, grid sizes), so a step on a CUDA graph's static metadata
+launches the same kernels with the same arguments at every replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from blitzscale.model.attention import triton_kernels as K
+from blitzscale.model.attention.base import AttentionBackend
+from blitzscale.model.attention.metadata import AttentionMetadata
+
+DECODE_BLOCK_N = 64
+MAX_SPLITS = 32
+PREFILL_BLOCK_M = 64
+PREFILL_BLOCK_N = 64
+
+
+@cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@dataclass(frozen=True)
+class _Plan:
+    num_decode: int
+    max_decode_len: int
+    num_prefill: int
+    max_prefill_q: int
+    fresh: tuple[tuple[int, int], ...] | None  # (first token, length) when no chunk has a prefix
+
+
+DECODE_WAVES = 2
+
+
+def decode_splits(num_decode: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
+    """Enough programs for DECODE_WAVES waves over the GPU, but no split shorter than one
+    key tile."""
+    want = -(-DECODE_WAVES * num_sms // max(1, num_decode * num_kv_heads))
+    return max(1, min(MAX_SPLITS, want, -(-max_len // DECODE_BLOCK_N)))
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+    fuses_rotary = True  # takes TritonOps' rotary tables: (RotaryEmbedding, positions)
+    # Steps whose prefill chunks all start a sequence (no cached prefix) attend them with
+    # SDPA's flash kernel ("sdpa", measured faster) or the paged prefill kernel ("triton").
+    fresh_prefill = "sdpa"
+
+    def make_plan(self, meta: AttentionMetadata) -> _Plan:
+        dec = [c for n, c in zip(meta.query_lens, meta.context_lens, strict=True) if n == 1]
+        pre = [n for n in meta.query_lens if n != 1]
+        fresh, first = [], 0
+        for n, c in zip(meta.query_lens, meta.context_lens, strict=True):
+            if n != 1:
+                fresh.append((first, n) if n == c else None)
+            first += n
+        sdpa = self.fresh_prefill == "sdpa" and None not in fresh
+        whole = tuple(x for x in fresh if x is not None) if sdpa else None
+        return _Plan(len(dec), max(dec, default=0), len(pre), max(pre, default=0), whole)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        rotary: Any = None,
+    ) -> torch.Tensor:
+        plan = self.prepare(meta)
+        num_tokens, num_heads, head_dim = q.shape
+        num_kv = k.shape[1]
+        block_d = triton.next_power_of_2(head_dim)
+        if rotary is None:
+            K.store_kv[(num_tokens,)](
+                k, v, k_cache, v_cache, meta.slot_mapping,
+                k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(1), k_cache.stride(2),
+                NUM_KV=num_kv, HEAD_DIM=head_dim, BLOCK_KV=triton.next_power_of_2(num_kv), BLOCK_D=block_d,
+            )  # fmt: skip
+        else:
+            rope, positions = rotary
+            half = head_dim // 2
+            K.rotary_store[(num_tokens,)](
+                q, k, v, k_cache, v_cache, meta.slot_mapping, positions, rope.cos, rope.sin,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                k_cache.stride(1), k_cache.stride(2), rope.cos.stride(0),
+                NUM_Q=num_heads, NUM_KV=num_kv, HEAD_DIM=head_dim, HALF=half,
+                BLOCK_Q=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(num_kv),
+                BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=block_d,
+            )  # fmt: skip
+        out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+        qk_scale = scale * K.LOG2E
+        group = num_heads // num_kv
+        page = k_cache.shape[1]
+        bt = meta.block_tables
+        if plan.num_decode:
+            sms = _num_sms(q.device.index or 0)
+            splits = decode_splits(plan.num_decode, num_kv, plan.max_decode_len, sms)
+            direct = splits == 1
+            rows = plan.num_decode * num_heads * splits
+            mid_o = out if direct else torch.empty(rows, block_d, dtype=torch.float32, device=q.device)
+            mid_lse = out if direct else torch.empty(rows, dtype=torch.float32, device=q.device)
+            K.decode_split[(plan.num_decode, num_kv, splits)](
+                q, k_cache, v_cache, bt, meta.seq_lens, meta.query_start_loc, meta.decode_seqs,
+                mid_o, mid_lse, q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
+                bt.stride(0), out.stride(0), out.stride(1), qk_scale, splits,
+                PAGE=page, NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim,
+                BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=DECODE_BLOCK_N,
+                DIRECT=direct, num_warps=4, num_stages=2,
+            )  # fmt: skip
+            if not direct:
+                K.decode_merge[(plan.num_decode, num_heads)](
+                    mid_o, mid_lse, out, meta.query_start_loc, meta.decode_seqs,
+                    out.stride(0), out.stride(1), splits,
+                    NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+                    BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+                )  # fmt: skip
+        if plan.fresh is not None:  # whole prompts: SDPA's flash kernel on this step's q, k, v
+            for first, n in plan.fresh:
+                rows = slice(first, first + n)
+                qh, kh, vh = (x[rows].transpose(0, 1)[None] for x in (q, k, v))
+                o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True)
+                out[rows] = o[0].transpose(0, 1)
+        elif plan.num_prefill:
+            grid = (triton.cdiv(plan.max_prefill_q, PREFILL_BLOCK_M), num_heads, plan.num_prefill)
+            K.prefill[grid](
+                q, k_cache, v_cache, out, bt, meta.seq_lens, meta.query_start_loc, meta.prefill_seqs,
+                q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                k_cache.stride(1), k_cache.stride(2), bt.stride(0), qk_scale,
+                PAGE=page, GROUP=group, HEAD_DIM=head_dim,
+                BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, BLOCK_D=block_d,
+                num_warps=4, num_stages=2,
+            )  # fmt: skip
+        return out

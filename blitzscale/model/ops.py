@@ -1,0 +1,58 @@
+"""The model's pointwise operations behind one small interface.
+
+`TorchOps` is the reference (and the CPU path: the same ops in the same order as always, so
+CPU tokens stay bit-identical); `select_ops` swaps in fused Triton kernels for bf16/fp16 on
+CUDA (blitzscale.model.triton_ops, imported only then).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from blitzscale.model.rope import RotaryEmbedding, apply_rotary
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+class TorchOps:
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(residual + x), residual + x)."""
+        residual = residual + x
+        return rms_norm(residual, weight, eps), residual
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def rotary_tables(self, rope: RotaryEmbedding, positions: torch.Tensor) -> Any:
+        """Whatever `rotary` needs, made once per step."""
+        return rope.tables(positions)
+
+    def rotary(self, q: torch.Tensor, k: torch.Tensor, tables: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = tables
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+def select_ops(device: torch.device, dtype: torch.dtype, name: str = "auto") -> TorchOps:
+    from blitzscale.model.attention import uses_triton
+
+    if name == "torch" or (name == "auto" and not uses_triton(device, dtype)):
+        return TorchOps()
+    from blitzscale.model.triton_ops import TritonOps
+
+    return TritonOps()
