@@ -109,7 +109,7 @@ def measure_profile(cfg: ProfileConfig, log: Callable[[str], None] = print) -> P
         else f"cpu ({torch.get_num_threads()} threads)"
     )
     return Profile(
-        name=f"{cfg.model}-{'cpu' if device.type == 'cpu' else 'cuda'}",
+        name=f"{cfg.model.removeprefix('random:')}-{'cpu' if device.type == 'cpu' else 'cuda'}",
         device=name,
         note=f"measured by `blitzscale profile --model {cfg.model} --device {cfg.device}`"
         f" (torch {torch.__version__})",

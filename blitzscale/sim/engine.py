@@ -90,6 +90,7 @@ class SimRequest:
     max_tokens: int
     hold_kv: bool = False
     output: int = 0  # tokens produced
+    emitted: int = 0  # of which the router has been told
     blocks: int = 0  # reserved
 
     @property
@@ -228,7 +229,7 @@ class SimEngine:
     def _reserve_import(self, msg: RecvKVMsg) -> None:
         n = len(msg.token_ids)
         r = SimRequest(msg.request_id, msg.num_prompt_tokens, msg.params.max_tokens)
-        r.output = n - msg.num_prompt_tokens
+        r.output = r.emitted = n - msg.num_prompt_tokens
         need = self._blocks(min(r.prompt + r.max_tokens, self.shape.max_model_len))
         if self.used_blocks + need > self.shape.kv_blocks:
             self.emit(KVFailedMsg(rank=self.rank, request_id=msg.request_id, error="no room"))
@@ -309,19 +310,19 @@ class SimEngine:
                 self.recorder.steps(base_id(r.id), start, step, 1)
                 r.output += 1
                 if r.remaining <= 0:
-                    outs.append(self._finish(r, 1))
+                    outs.append(self._finish(r))
         for r in batch:
             r.output = 1
             self.recorder.first(base_id(r.id), now)
             if r.hold_kv:
                 self.held[r.id] = r
-                outs.append(self._out(r, 1, True, "migrate"))
+                outs.append(self._out(r, True, "migrate"))
             elif r.remaining <= 0:
                 self._free(r)
-                outs.append(self._out(r, 1, True, "length"))
+                outs.append(self._out(r, True, "length"))
             else:
                 self.running.append(r)
-                outs.append(self._out(r, 1, False, None))
+                outs.append(self._out(r, False, None))
         self._send(outs)
 
     async def _decode(self) -> None:
@@ -345,15 +346,18 @@ class SimEngine:
             self.recorder.steps(base_id(r.id), start, step, done)
             r.output += done
             if r.remaining <= 0:
-                outs.append(self._finish(r, done))
+                outs.append(self._finish(r))
         self._send(outs)
 
-    def _finish(self, r: SimRequest, new: int) -> OutputMsg:
+    def _finish(self, r: SimRequest) -> OutputMsg:
         self.running.remove(r)
         self._free(r)
-        return self._out(r, new, True, "length")
+        return self._out(r, True, "length")
 
-    def _out(self, r: SimRequest, new: int, finished: bool, reason: str | None) -> OutputMsg:
+    def _out(self, r: SimRequest, finished: bool, reason: str | None) -> OutputMsg:
+        """Every token since the last output (the first token, then the rest at the end:
+        the router needs no more, the token times are the recorder's)."""
+        new, r.emitted = r.output - r.emitted, r.output
         return OutputMsg(
             request_id=r.id,
             new_token_ids=[0] * new,

@@ -168,6 +168,13 @@ async def _one(router: Router, cluster: SimCluster, i: int, tr: TraceRequest, t0
     queue_s: float | None = None
     n_out = 0
     params = SamplingParams(max_tokens=max(1, tr.output_tokens), temperature=0.0, ignore_eos=True)
+    common = dict(
+        index=i,
+        scheduled_s=tr.arrival_s,
+        send_s=sent - t0,
+        input_tokens=tr.input_tokens,
+        requested_output_tokens=tr.output_tokens,
+    )
     try:
         async for out in router.generate(rid, [0] * max(1, tr.input_tokens), params):
             if ttft is None and out.new_token_ids:
@@ -176,26 +183,12 @@ async def _one(router: Router, cluster: SimCluster, i: int, tr: TraceRequest, t0
             n_out = len(out.token_ids)
     except BlitzScaleError as e:
         cluster.recorder.forget(rid)
-        return RequestRecord(
-            index=i,
-            scheduled_s=tr.arrival_s,
-            send_s=sent - t0,
-            input_tokens=tr.input_tokens,
-            requested_output_tokens=tr.output_tokens,
-            output_tokens=n_out,
-            status=STATUS_ERROR,
-            error=str(e),
-            ttft_s=ttft,
-        )
+        return RequestRecord(**common, output_tokens=n_out, status=STATUS_ERROR, error=str(e), ttft_s=ttft)
     e2e = clock.now() - sent
     tbts = cluster.recorder.tbts(base_id(rid))
     cluster.recorder.forget(rid)
     return RequestRecord(
-        index=i,
-        scheduled_s=tr.arrival_s,
-        send_s=sent - t0,
-        input_tokens=tr.input_tokens,
-        requested_output_tokens=tr.output_tokens,
+        **common,
         output_tokens=n_out,
         status=STATUS_OK,
         ttft_s=ttft,
