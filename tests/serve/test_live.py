@@ -1,7 +1,7 @@
 """Live scaling (ZigZag) in the serving cluster, on CPU workers with the real SmolLM2.
 
 Weight transfers are capped (`transfer_bytes_per_s`) so loading a new instance takes about
-eight seconds, a slow link in miniature. A burst then has to be served partly by the new
+thirteen seconds, a slow link in miniature. A burst then has to be served partly by the new
 instance while its layers are still arriving, and partly by its source, which finishes
 tasks the new instance has started (relays). Tokens must not change, and the requests that
 ran on the loading instance must get their first token before it is fully loaded.
@@ -23,7 +23,7 @@ from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-RATE = 60e6  # bytes/s: SmolLM2 in fp32 (538 MB) arrives in about 9 s
+RATE = 40e6  # bytes/s: SmolLM2 in fp32 (538 MB) arrives in about 13 s (margin on a busy machine)
 
 
 def live_config(mode: str, workers: int, policy: str = "blitz") -> ServeConfig:

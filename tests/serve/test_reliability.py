@@ -146,7 +146,7 @@ def test_foreign_frames_on_the_data_socket_do_not_stop_the_router(
     service, lt = fixed_pd
     router = service.router
     assert router is not None
-    endpoint = router.data.getsockopt(zmq.LAST_ENDPOINT).decode()
+    endpoint = router.data.sock.getsockopt(zmq.LAST_ENDPOINT).decode()  # type: ignore[attr-defined]
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 1000)
