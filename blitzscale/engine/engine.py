@@ -134,6 +134,7 @@ class LLMEngine:
         for migration (`held`); its output then has finish_reason "migrate"."""
         self.validate(prompt_token_ids, params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        self._check_new_id(request_id)
         req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
         if self.live is not None and not self.model.weights.readiness.all_ready:
             self.table.add(req, S.LIVE)
@@ -141,6 +142,12 @@ class LLMEngine:
         else:  # once loaded, new work skips the live queue, which only drains
             self.scheduler.add(req)
         return request_id
+
+    def _check_new_id(self, request_id: str) -> None:
+        """An id is in use while its request is here, and after an abort until its last
+        output has gone out (a new request under it would get that output)."""
+        if request_id in self.table or any(r.request_id == request_id for r in self._aborted):
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidRequestError, naming the bad value, for a request that can never run."""
@@ -357,8 +364,7 @@ class LLMEngine:
     ) -> Request:
         """Source side: blocks for a relayed prompt, before its hidden states and KV arrive."""
         self.validate(prompt_token_ids, params)
-        if request_id in self.table:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        self._check_new_id(request_id)
         if not 0 <= layer < self.model.num_layers:
             raise InvalidRequestError(f"relay layer {layer} is outside [0, {self.model.num_layers})")
         req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
@@ -420,8 +426,7 @@ class LLMEngine:
     ) -> Request:
         """Allocate blocks for a request prefilled elsewhere (all but its last token computed).
         The decode side allocates before any KV is sent."""
-        if request_id in self.table:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        self._check_new_id(request_id)
         req = Request(request_id, list(token_ids[:num_prompt_tokens]), params)
         req.token_ids = list(token_ids)
         req.num_computed_tokens = len(token_ids) - 1

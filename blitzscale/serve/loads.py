@@ -42,8 +42,9 @@ class Loads:
         if a.path != "network" and not from_host:
             # Disk loads are independent: each target reads on its own and serves as soon
             # as its own load ends, whatever the others do.
-            done = await asyncio.gather(
-                *(self._load_disk(t, role) for t in a.target_ranks), return_exceptions=True
+            done = await asyncio.gather(  # (the page cache is dropped once, by the first)
+                *(self._load_disk(t, role, cold=i == 0) for i, t in enumerate(a.target_ranks)),
+                return_exceptions=True,
             )
             for t, err in zip(a.target_ranks, done, strict=True):  # every target ran to its end
                 if isinstance(err, BaseException):
@@ -146,7 +147,7 @@ class Loads:
         nbytes = sum(v["bytes"] for v in report.values())
         self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, [holder], report)
 
-    async def _load_disk(self, target: int, role: Role) -> None:
+    async def _load_disk(self, target: int, role: Role, cold: bool) -> None:
         t0 = clock.now()
         try:
             res = await self.cluster.load(
@@ -154,7 +155,7 @@ class Loads:
                 target,
                 self.disk_source,
                 max_bytes_per_s=self.cluster.cfg.disk_bytes_per_s,
-                cold=True,  # from the disk itself, as a scale-up from an SSD would
+                cold=cold,  # from the disk itself, as a scale-up from an SSD would
             )
         except BlitzScaleError as e:
             self._load_failed((target,), e)

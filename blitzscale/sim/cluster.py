@@ -139,34 +139,50 @@ class SimCluster:
         live: dict[int, Message] | None = None,
         on_live: Callable[[ReplyMsg], None] | None = None,
     ) -> dict[int, dict[str, Any]]:
-        nbytes = self.profile.weight_bytes
         if any(t in self.pool.gpu_holders(model) for t in targets):
             raise BlitzScaleError(f"a target of {targets} already holds {model}")
         async with AsyncExitStack() as stack:
             await self._hold(stack, [*targets, *([] if from_host else sources)])
             self.pool.begin_load(model, targets)
             self._gained(targets)
-            if from_host:
-                holder = sources[0] if sources else 0
-                links = [
-                    lk for t in targets for lk in self.links.host_links(holder, t, self.local_host_cache)
-                ]
-                seconds = nbytes / self.links.rate(links) + self.topo.latency_s
-                first = self.piece_bytes / self.links.rate(links)
-            else:
-                chains = [[s, *targets] for s in sources]
-                links = self.links.chain_links(chains)
-                seconds = self.links.multicast_seconds(sources, targets, nbytes, self.piece_bytes)
-                first = 2 * self.piece_bytes / self.links.rate(links) + self.topo.latency_s
-            t0 = clock.now()
-            for rank, msg in (live or {}).items():  # ZigZag: engines start before weights land
-                assert isinstance(msg, ActivateMsg)
-                self._start_engine(rank, msg, loaded_at=t0 + seconds, first_layers_at=t0 + first)
-                if on_live is not None:
-                    on_live(ReplyMsg(op_id=msg.op_id, rank=rank, ok=True, result=self._engine_info()))
-            with self.links.using(links):
-                await asyncio.sleep(seconds)
+            try:
+                report = await self._move(model, sources, targets, from_host, live, on_live)
+            except BaseException:
+                self.pool.abort_load(model, targets)
+                for t in targets:
+                    self._lost(t)
+                raise
             self.pool.commit_load(model, targets)
+        return report
+
+    async def _move(
+        self,
+        model: str,
+        sources: list[int],
+        targets: list[int],
+        from_host: bool,
+        live: dict[int, Message] | None,
+        on_live: Callable[[ReplyMsg], None] | None,
+    ) -> dict[int, dict[str, Any]]:
+        nbytes = self.profile.weight_bytes
+        if from_host:
+            holder = sources[0] if sources else 0
+            links = [lk for t in targets for lk in self.links.host_links(holder, t, self.local_host_cache)]
+            own = Counter(key for key, _ in links)  # one holder's link, shared by every target
+            seconds = nbytes / self.links.rate(links, own) + self.topo.latency_s
+            first = self.piece_bytes / self.links.rate(links, own)
+        else:
+            links = self.links.chain_links(self.links.chains(sources, targets))
+            seconds = self.links.multicast_seconds(sources, targets, nbytes, self.piece_bytes)
+            first = 2 * self.piece_bytes / self.links.rate(links) + self.topo.latency_s
+        t0 = clock.now()
+        for rank, msg in (live or {}).items():  # ZigZag: engines start before weights land
+            assert isinstance(msg, ActivateMsg)
+            self._start_engine(rank, msg, loaded_at=t0 + seconds, first_layers_at=t0 + first)
+            if on_live is not None:
+                on_live(ReplyMsg(op_id=msg.op_id, rank=rank, ok=True, result=self._engine_info(msg)))
+        with self.links.using(links):
+            await asyncio.sleep(seconds)
         return {
             t: {
                 "seconds": seconds,
@@ -194,8 +210,10 @@ class SimCluster:
             kv_blocks=max(1, p.kv_tokens // e.block_size),
         )
 
-    def _engine_info(self) -> dict[str, Any]:
-        return {"num_kv_blocks": self.profile.kv_tokens, "max_model_len": 1 << 30}
+    def _engine_info(self, msg: ActivateMsg) -> dict[str, Any]:
+        """What a worker's activation reply says: its KV blocks and context limit."""
+        shape = self._shape(msg)
+        return {"num_kv_blocks": shape.kv_blocks, "max_model_len": shape.max_model_len}
 
     def _start_engine(
         self, rank: int, msg: ActivateMsg, loaded_at: float | None = None, first_layers_at: float = 0.0
@@ -222,7 +240,7 @@ class SimCluster:
             await self._hold(stack, list(msgs))
             for rank, msg in msgs.items():
                 self._start_engine(rank, msg)
-        return {rank: self._engine_info() for rank in msgs}
+        return {rank: self._engine_info(msg) for rank, msg in msgs.items()}
 
     async def set_role(self, rank: int, role: Role) -> None:
         self.engines[rank].role = role

@@ -125,6 +125,7 @@ class SimEngine:
     running: list[SimRequest] = field(default_factory=list)
     held: dict[str, SimRequest] = field(default_factory=dict)
     importing: dict[str, SimRequest] = field(default_factory=dict)
+    prefilling: list[SimRequest] = field(default_factory=list)  # in the step under way
     used_blocks: int = 0
 
     def __post_init__(self) -> None:
@@ -150,7 +151,7 @@ class SimEngine:
 
     @property
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.held or self.importing)
+        return not (self.waiting or self.running or self.held or self.importing or self.prefilling)
 
     @property
     def is_live(self) -> bool:
@@ -218,17 +219,15 @@ class SimEngine:
             r = coll.pop(rid, None)
             if r is not None:
                 self._free(r)
-        for r in [*self.waiting, *self.running]:
-            if r.id == rid:
-                if r in self.running:
-                    self.running.remove(r)
-                else:
-                    self.waiting.remove(r)
+        for coll in (self.waiting, self.running, self.prefilling):
+            for r in [r for r in coll if r.id == rid]:
+                coll.remove(r)
                 self._free(r)
 
     def _reserve_import(self, msg: RecvKVMsg) -> None:
         n = len(msg.token_ids)
-        r = SimRequest(msg.request_id, msg.num_prompt_tokens, msg.params.max_tokens)
+        total = min(msg.num_prompt_tokens + msg.params.max_tokens, self.shape.max_model_len)
+        r = SimRequest(msg.request_id, msg.num_prompt_tokens, max(1, total - msg.num_prompt_tokens))
         r.output = r.emitted = n - msg.num_prompt_tokens
         need = self._blocks(min(r.prompt + r.max_tokens, self.shape.max_model_len))
         if self.used_blocks + need > self.shape.kv_blocks:
@@ -299,6 +298,7 @@ class SimEngine:
         if decoding:
             step += p.decode_s(len(decoding), sum(r.context for r in decoding) / len(decoding))
         start = clock.now()
+        self.prefilling = list(batch)
         if self.loaded_at is not None and start < self.loaded_at:  # weights still arriving
             # layer by layer: the last one runs once its weights have landed
             step = max(step, self.loaded_at - start + step / p.num_layers)
@@ -311,15 +311,16 @@ class SimEngine:
                 r.output += 1
                 if r.remaining <= 0:
                     outs.append(self._finish(r))
-        for r in batch:
+        done, self.prefilling = self.prefilling, []  # (without those aborted meanwhile)
+        for r in done:
             r.output = 1
             self.recorder.first(base_id(r.id), now)
-            if r.hold_kv:
-                self.held[r.id] = r
-                outs.append(self._out(r, True, "migrate"))
-            elif r.remaining <= 0:
+            if r.remaining <= 0:  # done at its first token, as the engine's stop check says
                 self._free(r)
                 outs.append(self._out(r, True, "length"))
+            elif r.hold_kv:
+                self.held[r.id] = r
+                outs.append(self._out(r, True, "migrate"))
             else:
                 self.running.append(r)
                 outs.append(self._out(r, False, None))

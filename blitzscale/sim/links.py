@@ -60,9 +60,13 @@ class Links:
         self.topo = topo
         self._active: Counter[tuple[str, int]] = Counter()
 
-    def rate(self, links: list[tuple[tuple[str, int], float]]) -> float:
-        """Bytes per second a new flow over `links` gets."""
-        return min(bw / (self._active[key] + 1) for key, bw in links)
+    def rate(
+        self, links: list[tuple[tuple[str, int], float]], own: Counter[tuple[str, int]] | None = None
+    ) -> float:
+        """Bytes per second a new flow over `links` gets; `own`: flows of the same
+        operation on each link (its stripes share a target's inbound link)."""
+        own = own or Counter()
+        return min(bw / (self._active[key] + max(1, own[key])) for key, bw in links)
 
     @contextlib.contextmanager
     def using(self, links: list[tuple[tuple[str, int], float]]) -> Iterator[None]:
@@ -78,15 +82,22 @@ class Links:
     def chain_links(self, chains: list[list[int]]) -> list[tuple[tuple[str, int], float]]:
         return [link for c in chains for a, b in itertools.pairwise(c) for link in self.topo.path(a, b)]
 
+    @staticmethod
+    def chains(sources: list[int], targets: list[int]) -> list[list[int]]:
+        """Chain j carries stripe j from source j through every target, from a rotated start."""
+        return [[s, *targets[j:], *targets[:j]] for j, s in enumerate(sources)] if targets else []
+
     def multicast_seconds(self, sources: list[int], targets: list[int], nbytes: int, piece: int) -> float:
         """Chain multicast from `sources` (stripes) through every target, pipelined by
-        pieces: the slowest chain's stripe plus one piece per further hop."""
+        pieces: the slowest chain's stripe plus one piece per further hop. A target takes
+        every stripe, so the stripes share its inbound link."""
         k = max(1, len(sources))
-        chains = [[s, *targets[j:], *targets[:j]] for j, s in enumerate(sources)] if targets else []
+        chains = self.chains(sources, targets)
+        own = Counter(key for key, _ in self.chain_links(chains))
         worst = 0.0
         for c in chains:
             links = self.chain_links([c])
-            rate = self.rate(links)
+            rate = self.rate(links, own)
             hops = len(c) - 1
             worst = max(
                 worst, (nbytes / k) / rate + (hops - 1) * (piece / k) / rate + hops * self.topo.latency_s

@@ -106,3 +106,20 @@ def _is_engine(v: ast.expr) -> bool:
     if isinstance(v, ast.Name):
         return v.id in ("e", "engine")
     return isinstance(v, ast.Attribute) and v.attr == "engine"
+
+
+def test_an_aborted_id_stays_in_use_until_its_last_output_went_out(tiny_weights) -> None:
+    """Otherwise a new request under that id would receive the old one's abort output."""
+    from blitzscale.engine import EngineConfig, LLMEngine
+
+    e = LLMEngine(tiny_weights("tiny-llama3"), None, EngineConfig(block_size=4, num_kv_blocks=32))
+    params = SamplingParams(max_tokens=4, temperature=0)
+    e.add_request([1, 2, 3], params, request_id="x")
+    assert e.abort("x")
+    with pytest.raises(InvalidRequestError, match="'x'"):
+        e.add_request([4, 5], params, request_id="x")
+    with pytest.raises(InvalidRequestError, match="'x'"):
+        e.reserve_import("x", [1, 2, 3, 9], 3, params)
+    outs = e.step()
+    assert [(o.request_id, o.finish_reason) for o in outs] == [("x", "abort")]
+    e.add_request([4, 5], params, request_id="x")  # free again

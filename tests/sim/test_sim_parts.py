@@ -1,0 +1,72 @@
+"""The simulated engine and links on their own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from blitzscale.messages import AbortMsg, GenerateMsg, Message, OutputsMsg, SamplingMsg
+from blitzscale.sim.clock import run
+from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
+from blitzscale.sim.links import Links, Topology
+from blitzscale.sim.profile import Profile
+
+PROFILE = Profile(
+    name="t",
+    device="test",
+    weight_bytes=1000,
+    kv_bytes_per_token=1,
+    device_memory_bytes=100_000,
+    prefill_tokens=(1, 1000),
+    prefill_ms=(100.0, 1000.0),
+    decode_batch=(1, 10),
+    decode_context=(1, 1000),
+    decode_ms=((10.0, 10.0), (10.0, 10.0)),
+)
+SHAPE = EngineShape(
+    block_size=16, max_num_batched_tokens=4096, max_num_seqs=16, max_model_len=4096, kv_blocks=500
+)
+
+
+def _engine(sent: list[Message]) -> SimEngine:
+    return SimEngine(0, "colocated", PROFILE, SHAPE, sent.append, Recorder(), lambda *a: None)
+
+
+def test_an_abort_during_a_prefill_step_frees_the_request() -> None:
+    async def main() -> tuple[SimEngine, list[Message]]:
+        sent: list[Message] = []
+        e = _engine(sent)
+        e.start()
+        params = SamplingMsg(max_tokens=5)
+        e.handle(GenerateMsg(request_id="a", prompt_token_ids=[0] * 500, params=params, hold_kv=True))
+        e.handle(GenerateMsg(request_id="b", prompt_token_ids=[0] * 100, params=params))
+        await asyncio.sleep(0.2)  # both are in the prefill step (0.6 s)
+        assert e.used_blocks > 0 and not e.is_idle
+        e.handle(AbortMsg(request_id="a"))
+        await asyncio.sleep(5)
+        e.stop()
+        return e, sent
+
+    e, sent = run(main())
+    outs = [o for m in sent if isinstance(m, OutputsMsg) for o in m.outputs]
+    assert {o.request_id for o in outs} == {"b"} and sum(len(o.new_token_ids) for o in outs) == 5
+    assert e.is_idle and e.used_blocks == 0 and not e.held
+
+
+def test_striped_multicast_is_never_faster_than_a_targets_inbound_link() -> None:
+    topo = Topology(
+        nodes=2,
+        gpus_per_node=4,
+        nvlink_bytes_per_s=100.0,
+        nic_bytes_per_s=10.0,
+        pcie_bytes_per_s=10.0,
+        ssd_bytes_per_s=1.0,
+        latency_s=0.0,
+    )
+    links = Links(topo)
+    one = links.multicast_seconds([0], [1], 1000, 10)
+    four = links.multicast_seconds([0, 2, 3], [1], 1000, 10)
+    assert one == 10.0 and four >= 10.0 - 1e-9  # three stripes share rank 1's NVLink in
+    with links.using(topo.path(0, 1)):  # a KV migration on the same link halves its share
+        assert links.rate(topo.path(0, 1)) == 50.0
+    assert links.rate(topo.path(0, 4)) == 10.0 and links.rate(topo.path(0, 1), Counter()) == 100.0
