@@ -32,6 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, help="only requests arriving in the first S seconds")
     p.add_argument("--rate-scale", type=float, default=1.0, help="scale the request rate (default 1)")
     p.add_argument("--time-scale", type=float, default=1.0, help="divide timestamps by X (default 1)")
+    p.add_argument("--max-input", type=int, help="clamp prompts to N tokens (default: half the context)")
+    p.add_argument("--max-output", type=int, help="clamp outputs to N tokens (default: half the context)")
     p.add_argument("--mode", default="pd", choices=["pd", "colocated"])
     p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds (default: the model's)")
     p.add_argument("--tbt-slo", type=float, help="TBT SLO in seconds (default: the model's)")
@@ -128,6 +130,8 @@ def _check(args: argparse.Namespace) -> list[str]:
         ("--duration", args.duration),
         ("--ttft-slo", args.ttft_slo),
         ("--tbt-slo", args.tbt_slo),
+        ("--max-input", args.max_input),
+        ("--max-output", args.max_output),
     ):
         if v is not None and not v > 0:
             raise InvalidRequestError(f"{flag} must be > 0, got {v}")
@@ -150,8 +154,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         duration=args.duration,
         time_scale=args.time_scale,
         rate_scale=args.rate_scale,
-        max_input=model.max_model_len // 2,
-        max_output=model.max_model_len // 2,
+        max_input=args.max_input or model.max_model_len // 2,
+        max_output=args.max_output or model.max_model_len // 2,
     )
     if not trace:
         raise InvalidRequestError("the trace has no request in the chosen window")
