@@ -7,12 +7,12 @@ the mean of a few steps after all are prefilled. Random prompts; greedy.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from blitzscale.bench.engine_bench import _timed
 from blitzscale.checkpoint import load_weights, resolve_model
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.engine.engine import default_dtype
@@ -30,19 +30,6 @@ class ProfileConfig:
     steps: int = 4
     block_size: int = 16
     memory_bytes: int = 0  # what one instance holds (0: the GPU's memory; CPU: weights + 8192 tokens of KV)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], object], device: torch.device) -> float:
-    _sync(device)
-    t = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t
 
 
 def measure_profile(cfg: ProfileConfig, log: Callable[[str], None] = print) -> Profile:
