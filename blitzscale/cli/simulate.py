@@ -34,6 +34,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--time-scale", type=float, default=1.0, help="divide timestamps by X (default 1)")
     p.add_argument("--max-input", type=int, help="clamp prompts to N tokens (default: half the context)")
     p.add_argument("--max-output", type=int, help="clamp outputs to N tokens (default: half the context)")
+    p.add_argument(
+        "--planner",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [planner] knob over the profile-derived defaults (repeatable), e.g. prefill_upper=0.5",
+    )
     p.add_argument("--mode", default="pd", choices=["pd", "colocated"])
     p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds (default: the model's)")
     p.add_argument("--tbt-slo", type=float, help="TBT SLO in seconds (default: the model's)")
@@ -112,6 +119,31 @@ def _derive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _planner_knobs(pairs: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` strings as [planner] values (numbers as TOML reads them), checked by
+    PlannerConfig.from_dict, which names an unknown key or a wrong type."""
+    import tomllib
+
+    from blitzscale.control.config import PlannerConfig
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidRequestError(f"--planner takes KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            raise InvalidRequestError(
+                f"--planner {key.strip()}: {value!r} is not a number or boolean"
+            ) from None
+    try:
+        PlannerConfig.from_dict(out)
+    except (TypeError, ValueError) as e:
+        raise InvalidRequestError(f"--planner: {e}") from e
+    return out
+
+
 def _check(args: argparse.Namespace) -> list[str]:
     from blitzscale.sim.runner import SIM_POLICIES
 
@@ -159,7 +191,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     if not trace:
         raise InvalidRequestError("the trace has no request in the chosen window")
-    setup = SimSetup(preset=preset, model=model, mode=args.mode)
+    setup = SimSetup(
+        preset=preset, model=model, mode=args.mode, planner_overrides=_planner_knobs(args.planner)
+    )
     slo = (args.ttft_slo or model.ttft_slo_s, args.tbt_slo or model.tbt_slo_s)
     out = Path(args.out)
     rows = run_policies(setup, trace, policies, out, slo, show_progress=not args.quiet)

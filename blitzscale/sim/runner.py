@@ -51,6 +51,7 @@ class SimSetup:
     model: SimModel
     mode: str = "pd"
     planner: PlannerConfig | None = None  # None: rates from the profile, the defaults otherwise
+    planner_overrides: dict[str, Any] = field(default_factory=dict)  # over those
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(block_size=16, max_num_seqs=256))
     router: RouterConfig | None = None
     fixed: tuple[int, int] = (1, 1)  # fixed-*: (prefill, decode) instances
@@ -75,12 +76,11 @@ def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
         return setup.planner
     p = setup.preset.profile(setup.model.name)
     link = cluster.links.rate(cluster.topo.path(0, min(1, cluster.world_size - 1)))
-    return PlannerConfig(
-        tokens_prefilled_per_sec=2048 / p.prefill_s(2048),
-        tokens_transferred_per_sec=link / p.kv_bytes_per_token,
-        max_prefill=0,
-        max_decode=0,
-    )
+    rates = {
+        "tokens_prefilled_per_sec": 2048 / p.prefill_s(2048),
+        "tokens_transferred_per_sec": link / p.kv_bytes_per_token,
+    }
+    return PlannerConfig.from_dict({**rates, **setup.planner_overrides})
 
 
 def _policy(name: str, fixed: tuple[int, int]) -> PolicyConfig:

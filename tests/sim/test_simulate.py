@@ -96,3 +96,27 @@ def test_a_preset_file_with_a_bad_topology_names_it(tmp_path: Path) -> None:
     )
     with pytest.raises(SimConfigError, match="nodes"):
         load_preset(str(bad))
+
+
+def test_planner_knobs_from_the_command_line_are_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--trace", str(TRACE), "--duration", "5", "--policy", "blitz", "--quiet"]
+    assert (
+        main(
+            [
+                *argv,
+                "--out",
+                str(tmp_path / "a"),
+                "--planner",
+                "prefill_upper=0.5",
+                "--planner",
+                "prefill_lower=0.3",
+            ]
+        )
+        == 0
+    )
+    assert main([*argv, "--out", str(tmp_path / "b"), "--planner", "prefil_upper=0.5"]) == 2
+    assert "prefil_upper" in capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "c"), "--planner", "prefill_upper"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
