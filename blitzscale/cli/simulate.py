@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +174,7 @@ def _check(args: argparse.Namespace) -> list[str]:
 def run_simulate(args: argparse.Namespace) -> int:
     policies = _check(args)
     from blitzscale.client.traces import load_trace, transform
+    from blitzscale.sim.compare import run_policies
     from blitzscale.sim.config import load_model, load_preset
     from blitzscale.sim.runner import SimSetup
 
@@ -200,69 +200,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     (out / "comparison.json").write_text(json.dumps(rows, indent=2) + "\n")
     _print_table(rows)
     return 0
-
-
-def run_policies(
-    setup: Any,
-    trace: list[Any],
-    policies: list[str],
-    out: Path,
-    slo: tuple[float, float],
-    show_progress: bool,
-) -> list[dict[str, Any]]:
-    """Every policy over the same trace; fixed-* are sized from blitz's peak (run first)."""
-    from dataclasses import replace
-
-    from rich.progress import Progress
-
-    from blitzscale.client.record import write_records
-    from blitzscale.client.report import write_report
-    from blitzscale.client.summary import summarize
-    from blitzscale.sim.runner import fixed_counts, simulate
-
-    order = sorted(policies, key=lambda p: p != "blitz")
-    needs_blitz = any(p.startswith("fixed") for p in policies) and "blitz" not in policies
-    if needs_blitz:
-        order.insert(0, "blitz")
-    span = max(t.arrival_s for t in trace)
-    rows, peak = [], (1, 1)
-    with Progress(disable=not show_progress, transient=True) as bar:
-        for policy in order:
-            task = bar.add_task(f"simulating {policy}", total=span)
-            s = replace(setup, fixed=fixed_counts(peak, policy)) if policy.startswith("fixed") else setup
-            res = simulate(s, trace, policy, progress=lambda t, task=task: bar.update(task, completed=t))
-            if policy == "blitz":
-                peak = res.peak
-            if policy not in policies:
-                continue
-            summary = replace(summarize(res.records, slo[0], slo[1]), gpu_seconds=res.gpu_seconds)
-            folder = out / policy
-            folder.mkdir(parents=True, exist_ok=True)
-            write_records(folder / "requests.jsonl", res.records)
-            body = {
-                **summary.to_json(),
-                "sim_wall_s": round(res.sim_wall_s, 2),
-                "scale_events": len(res.events),
-            }
-            (folder / "summary.json").write_text(json.dumps(body, indent=2) + "\n")
-            write_report(folder, res.records, summary, res.samples, res.events)
-            rows.append(
-                {
-                    "policy": policy,
-                    "requests": summary.num_requests,
-                    "ok": summary.num_ok,
-                    "ttft_mean_s": summary.ttft_s.mean,
-                    "ttft_p99_s": summary.ttft_s.p99,
-                    "tbt_p99_s": summary.tbt_s.p99,
-                    "slo_attainment": summary.slo_attainment,
-                    "gpu_seconds": round(res.gpu_seconds, 1),
-                    "scale_ups": sum(1 for e in res.events if e["direction"] == "up"),
-                    "peak_instances": list(res.peak),
-                    "sim_wall_s": round(res.sim_wall_s, 2),
-                    "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                }
-            )
-    return rows
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,6 @@ class SimPreset:
         """`<model>-<device>` from the shipped profiles, sized to this preset's device."""
         p = load_profile(f"{model}-{self.device}")
         if p.device_memory_bytes != int(self.memory_bytes):
-            from dataclasses import replace
-
             p = replace(p, device_memory_bytes=int(self.memory_bytes))
         return p
 
