@@ -120,7 +120,7 @@ def _decode_ms(
     params = SamplingParams(max_tokens=2 * steps + 40, temperature=0, ignore_eos=True)
     prompts = _random_prompts(batch, context, engine.model_config.vocab_size, batch)
     ids = [engine.add_request(p, params) for p in prompts]
-    while any(r.num_output_tokens == 0 for r in engine.requests.values()):
+    while any(engine.request(r).num_output_tokens == 0 for r in engine.request_ids()):  # type: ignore[union-attr]
         engine.step()  # the prompts (several mixed prefill + decode steps when long)
     engine.step()  # first decode of all (warm)
     t = _timed(lambda: [engine.step() for _ in range(steps)], device)
@@ -162,6 +162,8 @@ def _logit_stats(ours: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
         "ref_max_abs": float(ref.abs().max()),
         "top1_agreement": float((ours.argmax(-1) == ref.argmax(-1)).float().mean()),
         "cosine_min": float(torch.nn.functional.cosine_similarity(ours, ref, dim=-1).min()),
+        "cosine_mean": float(torch.nn.functional.cosine_similarity(ours, ref, dim=-1).mean()),
+        "cosine_all": float(torch.nn.functional.cosine_similarity(ours.flatten(), ref.flatten(), dim=0)),
     }
 
 
@@ -334,6 +336,14 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
         result["copy_bandwidth_GBps"] = round(bw / 1e9, 1)
         result["roofline_decode_ms"] = roof
         result["decode_vs_roofline"] = ratio
+    if engine.overlap is not None:  # the same steps, each step's tokens read before the next
+        result["overlapped_steps"] = engine.overlap.steps
+        kept, engine.overlap = engine.overlap, None
+        result["no_overlap_decode_ms_per_step"] = {
+            str(c): {str(b): round(_decode_ms(engine, cfg, b, c, device, steps), 3) for b in cfg.batch_sizes}
+            for c in cfg.context_lens
+        }
+        engine.overlap = kept
     graphs = engine.runner.graphs
     if graphs is not None:  # the same steps without graphs, at the first context length
         engine.runner.graphs = None

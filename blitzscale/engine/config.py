@@ -16,6 +16,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # prefill token budget of one step
     max_num_seqs: int = 128
     max_model_len: int = 8192  # capped by the model's own context (0: the model's own)
+    # Launch each decode step before reading the last one's tokens (engine/overlap.py):
+    # "auto" on GPUs, "on" anywhere (on CPU nothing runs ahead; tests use it), "off".
+    overlap: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0:
@@ -24,5 +27,7 @@ class EngineConfig:
             raise ValueError(
                 "num_kv_blocks and max_model_len must be >= 0 (0: sized for you), kv_cache_bytes > 0"
             )
+        if self.overlap not in ("auto", "on", "off"):
+            raise ValueError(f"overlap must be 'auto', 'on' or 'off', got {self.overlap!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")

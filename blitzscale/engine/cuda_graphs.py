@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from blitzscale.engine.overlap import patch_pending
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.attention import AttentionMetadata
 from blitzscale.model.llama import LlamaModel
@@ -102,9 +103,16 @@ class DecodeGraphs:
             m.check_ready = True
         main.synchronize()
 
-    def run(self, token_ids: list[int], context_lens: list[int], tables: list[list[int]]) -> torch.Tensor:
+    def run(
+        self,
+        token_ids: list[int],
+        context_lens: list[int],
+        tables: list[list[int]],
+        pending: tuple[list[int], list[int], torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Float32 logits [n, vocab] of one decode token per sequence (a view of the graph's
-        output: valid until the next replay)."""
+        output: valid until the next replay). `pending` (positions, rows, device tokens):
+        ids still on the device, gathered into the static input after the host copy."""
         n = len(token_ids)
         b = self.bucket_for(n)
         assert b is not None
@@ -127,5 +135,7 @@ class DecodeGraphs:
                 self.rows[i] = t
         self.static.copy_(self.host, non_blocking=True)
         self.copied.record()
+        if pending is not None:
+            patch_pending(self.d["ids"], *pending)
         self.graphs[b].replay()
         return self.outputs[b][:n]

@@ -19,6 +19,7 @@ from blitzscale.engine.config import EngineConfig
 from blitzscale.engine.live import LiveQueue, finish_relayed
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
+from blitzscale.engine.overlap import Overlap, plain
 from blitzscale.engine.request import Handoff, Request, RequestOutput, RequestStatus, SamplingParams
 from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
@@ -104,6 +105,14 @@ class LLMEngine:
         self._aborted: list[Request] = []  # released; their last output goes out next step
         self._step_outputs: list[RequestOutput] = []  # of the step under way
         self._ids = itertools.count()
+        cfg = self.config
+        on = cfg.overlap == "on" or (cfg.overlap == "auto" and weights.device.type == "cuda")
+        # the step in flight, if any (None: every step's tokens are read at once)
+        self.overlap: Overlap | None = None
+        if on:
+            self.overlap = Overlap(
+                self.scheduler, self.pool, cfg.max_num_batched_tokens, self.max_model_len, self._emit
+            )
 
     @classmethod
     def from_model(
@@ -163,6 +172,7 @@ class LLMEngine:
         """Stop a request the step works on (waiting, running, live, relayed in and
         arrived); False for anything else (held, importing, relaying, unknown: the serving
         loop ends those through their own paths)."""
+        self._settle()  # (its last token may still be on the device)
         req = self.table.get(request_id, *STEPPED)
         if req is None:
             return False
@@ -192,6 +202,8 @@ class LLMEngine:
         are untouched. Returns their final outputs, after the outputs the step produced
         before it raised (requests it finished or held). The engine stays usable."""
         failed, self._step_outputs = self._step_outputs, []  # what the step finished before it raised
+        if self.overlap is not None:
+            self.overlap.drop()
         for req in self.table.requests(*STEPPED):
             untouched = req.status is S.WAITING and req.num_computed_tokens == 0
             if untouched or not self.abort(req.request_id):  # (a relay still arriving: later)
@@ -224,7 +236,9 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         """Anything for `step` to do: requests it works on, or outputs still to send."""
-        return bool(self._aborted) or self.table.count(*STEPPED) > 0
+        if self._aborted or self._step_outputs or (self.overlap is not None and self.overlap.busy):
+            return True
+        return self.table.count(*STEPPED) > 0
 
     @property
     def is_idle(self) -> bool:
@@ -256,6 +270,11 @@ class LLMEngine:
     def _step(self) -> None:
         """One step; every output goes to `_step_outputs` as soon as it exists, so a step that
         raises half-way still reports what it finished (`fail_unfinished`)."""
+        ov = self.overlap
+        if ov is not None and ov.busy:
+            blocked = self._aborted or self.live is not None or self.table.count(S.RELAYED_IN)
+            if blocked or not ov.can_continue():
+                ov.settle()
         aborted, self._aborted = self._aborted, []
         self._step_outputs += [self._finalize(r) for r in aborted]
         if self.live is not None:
@@ -273,12 +292,17 @@ class LLMEngine:
             return  # nothing else can run on a partial model
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            self._settle()
             return
-        logits = self.runner.execute(sched)
+        logits = self.runner.execute(sched, ov.in_flight if ov is not None else None)
         sampling = [s.request for s in sched.scheduled if s.completes_prompt]
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
-        self._sample(sampling, logits)
+        if ov is not None and self.live is None and all(map(plain, sampling)):
+            ov.launch(sampling, logits)
+        else:
+            assert ov is None or not ov.busy, "a step with pending tokens must overlap"
+            self._sample(sampling, logits)
 
     def _complete_prompts(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Requests whose whole prompt was computed outside the scheduler (live or relayed):
@@ -289,20 +313,28 @@ class LLMEngine:
 
     def _sample(self, sampling: list[Request], logits: torch.Tensor) -> None:
         tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
-        out = self._step_outputs
         for req, tok in zip(sampling, tokens, strict=True):
-            if tok == NO_TOKEN:
-                out.append(self._fail(req, "the model produced non-finite logits for it"))
-                continue
-            req.token_ids.append(tok)
-            reason = self.outputs.check_stop(req)
-            if reason is not None:
-                self.scheduler.finish(req, reason)  # (the table releases it)
-                out.append(self._finalize(req))
-            elif req.hold_kv:
-                out.append(self._hold(req))
-            else:
-                out.append(self.outputs.make_output(req))
+            self._emit(req, tok)
+
+    def _settle(self) -> None:
+        if self.overlap is not None:
+            self.overlap.settle()
+
+    def _emit(self, req: Request, tok: int) -> None:
+        """A request's new token: stop checks, then its output (or its failure)."""
+        out = self._step_outputs
+        if tok == NO_TOKEN:
+            out.append(self._fail(req, "the model produced non-finite logits for it"))
+            return
+        req.token_ids.append(tok)
+        reason = self.outputs.check_stop(req)
+        if reason is not None:
+            self.scheduler.finish(req, reason)  # (the table releases it)
+            out.append(self._finalize(req))
+        elif req.hold_kv:
+            out.append(self._hold(req))
+        else:
+            out.append(self.outputs.make_output(req))
 
     # --- live scaling (design §2.3): this engine as a live target, or as its source -----
 

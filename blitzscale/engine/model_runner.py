@@ -12,6 +12,7 @@ import os
 import torch
 
 from blitzscale.engine.cuda_graphs import DecodeGraphs
+from blitzscale.engine.overlap import PENDING, InFlight, patch_pending
 from blitzscale.engine.scheduler import SchedulerOutput
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.attention import AttentionMetadata
@@ -37,28 +38,39 @@ class ModelRunner:
             self.graphs.capture()
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Float32 logits of the requests that sample this step, in scheduled order."""
+    def execute(self, out: SchedulerOutput, in_flight: InFlight | None = None) -> torch.Tensor:
+        """Float32 logits of the requests that sample this step, in scheduled order. A
+        request whose last token is PENDING takes it from `in_flight`'s device tokens."""
         token_ids: list[int] = []
         query_lens, context_lens, tables, last = [], [], [], []
+        dst: list[int] = []  # flat positions of pending tokens ...
+        src: list[int] = []  # ... and their rows in the step in flight
         for s in out.scheduled:
             r = s.request
             start = r.num_computed_tokens
             token_ids += r.token_ids[start : start + s.num_new_tokens]
+            if token_ids[-1] == PENDING:
+                assert in_flight is not None, f"{r.request_id!r} has a pending token but no step is in flight"
+                dst.append(len(token_ids) - 1)
+                src.append(in_flight.rows[r.request_id])
+                token_ids[-1] = 0
             query_lens.append(s.num_new_tokens)
             context_lens.append(start + s.num_new_tokens)
             tables.append(r.block_ids)
             if s.completes_prompt:
                 last.append(len(token_ids) - 1)
+        pending = (dst, src, in_flight.tokens) if in_flight is not None and dst else None
         n = len(query_lens)
         if (
             self.graphs is not None
             and len(token_ids) == n == len(last)
             and self.graphs.bucket_for(n) is not None
         ):
-            return self.graphs.run(token_ids, context_lens, tables)
+            return self.graphs.run(token_ids, context_lens, tables, pending)
         meta, (ids, rows) = AttentionMetadata.build_with(
             query_lens, context_lens, tables, self.kv_cache.block_size, self.device, [token_ids, last]
         )
+        if pending is not None:
+            patch_pending(ids, *pending)
         hidden = self.model.run_layers(self.model.embed(ids), meta, self.kv_cache)
         return self.model.logits(hidden[rows]).float()

@@ -73,9 +73,39 @@ def _sample(
     return out.tolist()
 
 
+def sample_async(
+    logits: torch.Tensor, params: list[SamplingParams]
+) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
+    """`sample` for rows that draw from no generator of their own, without waiting: the
+    ids stay on the device (the next step's input; a row without a valid distribution
+    holds 0 there), a copy is on its way to pinned host memory (NO_TOKEN for such a row),
+    and the event is recorded after that copy (None on CPU, where nothing is in flight)."""
+    none: list[torch.Generator | None] = [None] * len(params)
+    if logits.device.type != "cuda":
+        host = torch.tensor(sample(logits, params, none), dtype=torch.long)
+        return host.clamp_min(0), host, None
+    out = _draw_on_device(logits, params, none)
+    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+    host.copy_(out, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return out.clamp_min(0), host, ready
+
+
 def _sample_on_device(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> list[int]:
+    out = _draw_on_device(logits, params, generators)
+    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+    host.copy_(out, non_blocking=True)
+    wait_for_device(logits.device)  # the one wait of the step, without the GIL
+    return host.tolist()
+
+
+def _draw_on_device(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """The batch's ids on the device, NO_TOKEN for a row with non-finite logits."""
     bad = ~torch.isfinite(logits).all(dim=-1)
     out = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.is_greedy]
@@ -95,7 +125,4 @@ def _sample_on_device(
             ]
             picks[seeded] = torch.tensor(drawn).to(logits.device, non_blocking=True)
         out[idx] = sorted_ids.gather(1, picks[:, None]).squeeze(1)
-    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-    host.copy_(torch.where(bad, NO_TOKEN, out), non_blocking=True)
-    wait_for_device(logits.device)  # the one wait of the step, without the GIL
-    return host.tolist()
+    return torch.where(bad, NO_TOKEN, out)

@@ -17,3 +17,9 @@ def wait_for_device(device: torch.device) -> None:
     """Block until the current stream's work is done, with the GIL released (CUDA only)."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
+
+
+def wait_for_event(event: torch.cuda.Event) -> None:
+    """Block until `event` has happened, with the GIL released; work queued after it keeps
+    running (a stream synchronize would wait for that too)."""
+    event.synchronize()
