@@ -55,6 +55,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--cache-dir", default="", help="where the converted model is kept")
     v.set_defaults(func=_run_live)
 
+    b = bsub.add_parser("standby", help="cost of starting an instance's engine, with and without a standby")
+    b.add_argument("--model", default="random:llama3-8b")
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    b.add_argument("--runs", default="off,on,off", help="standby settings, one fresh worker each")
+    b.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+    b.set_defaults(func=_run_standby)
+
     k = bsub.add_parser("soak", help="open-loop load above capacity with worker kills; answers checked")
     k.add_argument("--minutes", type=float, default=30.0)
     k.add_argument("--rate-x", type=float, default=2.0, help="offered load in multiples of capacity")
@@ -79,6 +86,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--reload-cost-factor", type=float, default=None, help="override [planner] (0: old rule)")
     d.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     d.set_defaults(func=_run_steady)
+
+
+def _run_standby(args: argparse.Namespace) -> int:
+    from blitzscale.bench.standby_bench import StandbyBenchConfig, run_standby_bench
+    from blitzscale.errors import InvalidRequestError
+
+    runs = tuple(r for r in args.runs.split(",") if r)
+    bad = [r for r in runs if r not in ("on", "off")]
+    if bad or not runs:
+        raise InvalidRequestError(f"--runs: expected on/off settings, got {args.runs!r}")
+    _emit(run_standby_bench(StandbyBenchConfig(model=args.model, device=args.device, runs=runs)), args.out)
+    return 0
 
 
 def _run_steady(args: argparse.Namespace) -> int:

@@ -21,17 +21,27 @@ class ClusterConfig:
     disk_bytes_per_s: float = 0.0  # cap scale-up disk reads (0: none), to reproduce a slower disk
     transfer_bytes_per_s: float = 0.0  # cap GPU-to-GPU weight transfers (0: none): slow links
     max_restarts: int = 5  # a dead worker is respawned up to this many times (0: never)
+    # Each worker builds a standby engine of the served model at start (KV cache, decode
+    # graphs) so a new instance serves as soon as its weights land (worker/standby.py):
+    # "auto" on GPUs, "on" anywhere, "off".
+    standby: str = "auto"
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.standby not in ("auto", "on", "off"):
+            raise ValueError(f"standby must be 'auto', 'on' or 'off', got {self.standby!r}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0 (0: never respawn), got {self.max_restarts}")
         for name in ("disk_bytes_per_s", "transfer_bytes_per_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no cap), got {getattr(self, name)}")
+
+    @property
+    def uses_standby(self) -> bool:
+        return self.standby == "on" or (self.standby == "auto" and self.device == "cuda")
 
     @property
     def resolved_dtype(self) -> str:

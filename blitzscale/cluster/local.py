@@ -47,6 +47,7 @@ from blitzscale.messages import (
     TransferMsg,
 )
 from blitzscale.transfer.disk import drop_page_cache
+from blitzscale.worker.standby import StandbySpec
 from blitzscale.worker.worker import WorkerConfig, worker_main
 
 log = logging.getLogger("blitzscale.cluster")
@@ -68,12 +69,20 @@ def free_port(host: str) -> int:
 
 
 class LocalCluster:
-    def __init__(self, cfg: ClusterConfig, data_addr: str = "", tokenizer_source: str = "") -> None:
+    def __init__(
+        self,
+        cfg: ClusterConfig,
+        data_addr: str = "",
+        tokenizer_source: str = "",
+        standby: StandbySpec | None = None,
+    ) -> None:
         """`data_addr`: the router's data socket, for workers that will serve;
-        `tokenizer_source`: a model whose tokenizer serving workers load while they start."""
+        `tokenizer_source`: a model whose tokenizer serving workers load while they start;
+        `standby`: the model every worker (and each replacement) builds a standby engine of."""
         self.cfg = cfg
         self.data_addr = data_addr
         self.tokenizer_source = tokenizer_source
+        self.standby = standby
         self.pool = ParameterPool()
         self.procs: list[mp.Process] = []
         self.dead: set[int] = set()
@@ -138,6 +147,7 @@ class LocalCluster:
             token=self.token,
             incarnation=incarnation,
             peers=peers,
+            standby=self.standby,
         )
         name = f"blitzscale-worker-{rank}" + (f".{incarnation}" if incarnation else "")
         p = mp.get_context("spawn").Process(target=worker_main, args=(wcfg,), name=name, daemon=True)

@@ -101,6 +101,7 @@ class Loads:
         def on_live(reply: ReplyMsg) -> None:  # on this loop, as each reply arrives
             if reply.ok:
                 activated.add(reply.rank)
+                self.scaler.metrics.activated(reply.result)
             else:
                 log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
             self.router.wake()

@@ -88,6 +88,10 @@ class _RouterCollector(Collector):
 
 
 class ClusterMetrics:
+    def activated(self, result: dict[str, object]) -> None:
+        """Count one activation from its reply (worker/standby.py)."""
+        self.activations.labels(engine="standby" if result.get("standby") else "built").inc()
+
     def __init__(self, registry: CollectorRegistry, router: Router) -> None:
         registry.register(_RouterCollector(router))
         self.scale_events = PromCounter(
@@ -101,6 +105,14 @@ class ClusterMetrics:
             "Loads onto a rank that failed (the rank backs off)",
             registry=registry,
         )
+        self.activations = PromCounter(
+            "blitzscale_activations",
+            "Engines started on new instances: a worker's standby engine, or built then",
+            ["engine"],
+            registry=registry,
+        )
+        for engine in ("standby", "built"):
+            self.activations.labels(engine=engine)
         for path in ("network", "host", "disk"):  # visible at zero before the first event
             self.transfer_bytes.labels(path=path)
             self.scale_events.labels(direction="up", path=path)

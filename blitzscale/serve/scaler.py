@@ -114,7 +114,9 @@ class Scaler:
 
     async def activate_many(self, ranks: list[int], role: Role) -> None:
         """Start engines on freshly loaded instances, all at once."""
-        await self.cluster.activate({rank: self.activate_msg(role) for rank in ranks})
+        results = await self.cluster.activate({rank: self.activate_msg(role) for rank in ranks})
+        for res in results.values():
+            self.metrics.activated(res)
         for rank in ranks:
             if role == "decode":  # decode instances are made from prefill ones (design §4)
                 self.state.move(rank, InstanceState.PREFILL, "(activated)")
@@ -239,7 +241,8 @@ class Scaler:
         await self.cluster.deactivate(inst.rank)
         res = await self.cluster.release(self.model, inst.rank)
         self.state.move(inst.id, InstanceState.INACTIVE, "(released)")
-        self.record("down", "release", [inst.rank], 0.0, int(res.get("freed_bytes", 0)), [])
+        nbytes = int(res.get("freed_bytes", 0))
+        self.record("down", "release", [inst.rank], 0.0, nbytes, [], standby=bool(res.get("standby")))
 
     def record(
         self,
@@ -250,9 +253,11 @@ class Scaler:
         nbytes: int,
         sources: list[int],
         report: dict[int, dict[str, Any]] | None = None,
+        standby: bool | None = None,
     ) -> None:
         """`seconds` is the whole operation as the scaler saw it; a transfer's `report` adds,
-        per target, the link's own time and when its first layer was usable."""
+        per target, the link's own time and when its first layer was usable; a release
+        says whether the worker kept the buffer and engine as its standby."""
         self.metrics.scale_events.labels(direction=direction, path=path).inc()
         if direction == "up":
             self.metrics.transfer_bytes.labels(path=path).inc(nbytes)
@@ -272,6 +277,8 @@ class Scaler:
             event["first_layer_s"] = round(min(v["first_layer_s"] for v in report.values()), 4)
             event["senders_done_s"] = round(max(v.get("senders_done_s", 0.0) for v in report.values()), 4)
             event["replied_s"] = round(max(v.get("replied_s", 0.0) for v in report.values()), 4)
+        if standby is not None:
+            event["standby"] = standby
         self.events.append(event)
         log.info(
             "scale %s via %s: ranks %s from %s in %.3f s (%d bytes)",

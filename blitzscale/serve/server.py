@@ -29,6 +29,7 @@ from blitzscale.serve.dataplane import ZmqDataPlane
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.router import Router
 from blitzscale.serve.scaler import Scaler
+from blitzscale.worker.standby import StandbySpec
 
 log = logging.getLogger("blitzscale.serve")
 
@@ -63,9 +64,9 @@ class ServingCluster:
         data = self._ctx.socket(zmq.ROUTER)
         data.setsockopt(zmq.LINGER, 0)
         port = data.bind_to_random_port(f"tcp://{cfg.cluster.host}")
-        self.cluster = LocalCluster(
-            cfg.cluster, data_addr=f"tcp://{cfg.cluster.host}:{port}", tokenizer_source=folder
-        )
+        standby = StandbySpec(cfg.model.name, folder, cfg.engine) if cfg.cluster.uses_standby else None
+        addr = f"tcp://{cfg.cluster.host}:{port}"
+        self.cluster = LocalCluster(cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby)
         await asyncio.to_thread(self.cluster.start)
         src = resolve_model(folder)
         mcfg = load_config(src)

@@ -77,10 +77,13 @@ class ServingLoop:
         e = self.engine
         return e is None or not (not e.is_idle or self._recvs or self._sends or self.live.busy)
 
-    def activate(self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg) -> dict[str, Any]:
+    def activate(
+        self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg, engine: LLMEngine | None = None
+    ) -> dict[str, Any]:
+        """Serve `weights` with a new engine, or with `engine`, built on them beforehand."""
         if self.engine is not None:
             raise BlitzScaleError(f"rank {self.rank} is already serving")
-        self.engine = LLMEngine(weights, tokenizer, msg.engine)
+        self.engine = engine if engine is not None else LLMEngine(weights, tokenizer, msg.engine)
         self.role = msg.role
         self.live.reset()
         if msg.live:

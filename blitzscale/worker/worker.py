@@ -22,6 +22,7 @@ import zmq
 
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.native import dtype_name, parse_dtype
+from blitzscale.engine import LLMEngine
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     ActivateMsg,
@@ -45,6 +46,7 @@ from blitzscale.transfer.checksum import buffer_checksum
 from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker.disk_source import load_local
 from blitzscale.worker.serving import ServingLoop
+from blitzscale.worker.standby import Standby, StandbySpec
 from blitzscale.worker.warmup import warm_up_compute
 from blitzscale.worker.world import Links
 
@@ -66,6 +68,7 @@ class WorkerConfig:
     token: bytes = b""  # the cluster's secret: every frame this worker sends carries it
     incarnation: int = 0  # > 0: a replacement of a worker that died
     peers: tuple[tuple[int, int], ...] = ()  # a replacement's live peers: (rank, incarnation)
+    standby: StandbySpec | None = None  # build a standby engine of this model at start
 
 
 class Worker:
@@ -87,8 +90,19 @@ class Worker:
         self._ended: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._init_device()
         self._init_world()
+        self._init_standby()
         self._init_control()
         self._init_serving()
+        self._retired: tuple[str, LLMEngine] | None = None  # the last deactivated engine
+
+    def _init_standby(self) -> None:
+        """Before the hello: the cluster counts this worker ready once its standby exists."""
+        c = self.cfg
+        source = c.standby.source if c.standby is not None else ""
+        self.standby = Standby(
+            c.standby, self.device, parse_dtype(c.dtype), lambda: self._tokenizer(source).result()
+        )
+        self.standby.arm()
 
     def _init_device(self) -> None:
         self.device = torch.device(self.cfg.device)
@@ -227,8 +241,11 @@ class Worker:
                 continue  # this rank only sent
             if not err:
                 self.models[model] = weights
-            elif self.serving_model == model:
+                continue
+            if self.serving_model == model:
                 self.serving.live.failed = f"loading the weights failed: {err}"
+            else:
+                self.standby.lost(weights)
 
     def _start_link(self, msg: LinkMsg) -> None:
         """Build the link to a respawned peer on a thread of its own: building waits for the
@@ -268,9 +285,11 @@ class Worker:
             return
         if msg.model in self.models or msg.model in self.loading:
             raise ValueError(f"rank {self.rank} already holds {msg.model}")
-        cfg = load_config(resolve_model(msg.source))
-        fresh = ModelWeights.empty(cfg, parse_dtype(msg.dtype), self.device, msg.tp_size, msg.tp_rank)
-        fresh.readiness.reset()
+        fresh = self.standby.take_weights(msg.model, msg.tp_size)
+        if fresh is None:
+            cfg = load_config(resolve_model(msg.source))
+            fresh = ModelWeights.empty(cfg, parse_dtype(msg.dtype), self.device, msg.tp_size, msg.tp_rank)
+            fresh.readiness.reset()
         self.loading[msg.model] = fresh
 
     # --- commands ----------------------------------------------------------------------
@@ -287,7 +306,10 @@ class Worker:
         if isinstance(msg, ActivateMsg):
             return self._activate(msg)
         if isinstance(msg, DeactivateMsg):
+            engine = self.serving.engine
             self.serving.deactivate()
+            if engine is not None:  # its weights' release may make it the standby again
+                self._retired = (self.serving_model, engine)
             self.serving_model = ""
             return {}
         if isinstance(msg, SetRoleMsg):
@@ -299,6 +321,7 @@ class Worker:
         if msg.model in self.models:
             raise ValueError(f"rank {self.rank} already holds {msg.model}")
         t = time.perf_counter()
+        self.standby.drop()  # (the load allocates its own weights; the standby's room is needed)
         weights, stats = load_local(
             msg.source,
             parse_dtype(self.cfg.dtype),
@@ -362,9 +385,11 @@ class Worker:
                 raise ValueError(f"rank {self.rank} is not loading {msg.model}")
         elif weights is None or not weights.readiness.all_ready:
             raise ValueError(f"rank {self.rank} does not hold all of {msg.model}")
-        result = self.serving.activate(weights, self._tokenizer(msg.source).result(), msg)
+        t = time.perf_counter()
+        standby = self.standby.take_engine(weights, msg.engine)
+        result = self.serving.activate(weights, self._tokenizer(msg.source).result(), msg, standby)
         self.serving_model = msg.model
-        return result
+        return {**result, "standby": standby is not None, "engine_s": time.perf_counter() - t}
 
     def _tokenizer(self, source: str) -> Future[Any]:
         if source not in self._tokenizers:
@@ -374,16 +399,21 @@ class Worker:
     def _release(self, msg: ReleaseMsg) -> dict[str, Any]:
         if msg.model == self.serving_model:
             raise ValueError(f"rank {self.rank} is serving {msg.model}; deactivate it first")
-        freed = 0
+        freed, kept = 0, False
         weights = self.models.pop(msg.model, None)
         if weights is not None:
             freed = weights.layout.nbytes
-            del weights
+            retired = self._retired[1] if self._retired and self._retired[0] == msg.model else None
+            kept = self.standby.recycle(msg.model, weights, retired)
+            self._retired = None
+            del weights, retired
         if msg.host_copy:
             self.host_copies.pop(msg.model, None)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        return {"freed_bytes": freed, "device_bytes_in_use": self.device_bytes_in_use()}
+        if not kept:  # (after a disk load dropped it, or a failed live load lost it)
+            self.standby.arm()
+        return {"freed_bytes": freed, "device_bytes_in_use": self.device_bytes_in_use(), "standby": kept}
 
     def _checksum(self, msg: ChecksumMsg) -> dict[str, Any]:
         store = self.host_copies if msg.host_copy else self.models

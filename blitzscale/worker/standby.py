@@ -1,0 +1,124 @@
+"""A worker's standby engine: the cluster's model, ready to serve but for its weights.
+
+Building an engine costs more than a weight transfer over NVLink: on an H200 the KV cache
+and the decode graphs of Llama-3-8B take 0.2-0.4 s (Triton compiles for the model's shapes,
+every batch bucket is captured), against 44 ms for 16 GB of weights. So a GPU worker builds
+one at start, before any instance is needed, on an empty weight buffer whose every segment
+is marked missing (graphs hold the buffer's and the cache's addresses, not their contents).
+A transfer to this worker lands in that buffer and its activation takes the engine as it
+is: the first decode after the last segment lands replays a graph captured long before.
+
+When the instance is released, its weights buffer and its drained engine become the standby
+again (the GPU is the model's; nothing is captured twice). A disk load allocates weights of
+its own, so it drops the standby first (its memory would not leave room). Only the model
+the cluster was started with, and only TP=1, has a standby; anything else loads as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from blitzscale.checkpoint import load_config, resolve_model
+from blitzscale.engine import EngineConfig, LLMEngine
+from blitzscale.model.weights import ModelWeights
+
+log = logging.getLogger("blitzscale.worker")
+
+
+@dataclass(frozen=True)
+class StandbySpec:
+    model: str  # the name the controller loads the model under
+    source: str  # where its config (and tokenizer) come from
+    engine: EngineConfig  # the engine an activation asks for (the server's `[engine]`)
+
+
+class Standby:
+    """Owned by the worker's main thread; empty when there is no spec."""
+
+    def __init__(
+        self,
+        spec: StandbySpec | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        tokenizer: Callable[[], Any],
+    ) -> None:
+        self.spec = spec
+        self.device = device
+        self.dtype = dtype
+        self.tokenizer = tokenizer
+        self.weights: ModelWeights | None = None
+        self.engine: LLMEngine | None = None
+        self.handed_out: ModelWeights | None = None  # the buffer a transfer is filling
+        self.build_s = 0.0
+
+    def arm(self) -> None:
+        """Build it (no-op without a spec, or when it exists)."""
+        if self.spec is None or self.engine is not None or self.handed_out is not None:
+            return
+        t = time.perf_counter()
+        cfg = load_config(resolve_model(self.spec.source))
+        weights = ModelWeights.empty(cfg, self.dtype, self.device)
+        weights.readiness.reset()
+        self.engine = LLMEngine(weights, self.tokenizer(), self.spec.engine)
+        self.weights = weights
+        self.build_s = time.perf_counter() - t
+        log.info("standby engine for %s built in %.2f s", self.spec.model, self.build_s)
+
+    def take_weights(self, model: str, tp_size: int) -> ModelWeights | None:
+        """The empty buffer for a transfer of the standby's model (None: allocate anew)."""
+        if self.spec is None or model != self.spec.model or tp_size != 1 or self.weights is None:
+            return None
+        weights, self.weights = self.weights, None
+        weights.readiness.reset()
+        self.handed_out = weights
+        return weights
+
+    def take_engine(self, weights: ModelWeights, engine: EngineConfig) -> LLMEngine | None:
+        """The standby engine, if `weights` is its buffer and the activation asks for the
+        engine it was built as; it is the activated instance's from now on."""
+        if self.handed_out is not weights or self.engine is None or engine != self.engine.config:
+            return None
+        built, self.engine, self.handed_out = self.engine, None, None
+        return built
+
+    def lost(self, weights: ModelWeights) -> None:
+        """A transfer into the standby buffer failed: build the standby again."""
+        if self.handed_out is weights:
+            self.handed_out = None
+            self.engine = None
+            self.arm()
+
+    def drop(self) -> None:
+        """Free it (a disk load needs the room)."""
+        if self.engine is None and self.weights is None:
+            return
+        self.engine = self.weights = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def recycle(self, model: str, weights: ModelWeights, engine: LLMEngine | None) -> bool:
+        """A released instance's buffer and drained engine become the standby (True), if
+        they are of its model and the standby slot is free."""
+        spec = self.spec
+        if spec is None or model != spec.model:
+            return False
+        if self.handed_out is weights and self.engine is not None:  # loaded, never activated
+            self.handed_out = None
+            weights.readiness.reset()
+            self.weights = weights
+            return True
+        if self.engine is not None or self.handed_out is not None:
+            return False
+        if engine is None or engine.model.weights is not weights or not engine.is_idle:
+            return False
+        if engine.config != spec.engine or weights.layout.tp_size != 1:
+            return False
+        weights.readiness.reset()
+        self.weights, self.engine = weights, engine
+        return True
