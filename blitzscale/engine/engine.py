@@ -110,9 +110,7 @@ class LLMEngine:
         # the step in flight, if any (None: every step's tokens are read at once)
         self.overlap: Overlap | None = None
         if on:
-            self.overlap = Overlap(
-                self.scheduler, self.pool, cfg.max_num_batched_tokens, self.max_model_len, self._emit
-            )
+            self.overlap = Overlap(self.scheduler, self.pool, cfg.max_num_batched_tokens, self.max_model_len)
 
     @classmethod
     def from_model(
@@ -274,7 +272,7 @@ class LLMEngine:
         if ov is not None and ov.busy:
             blocked = self._aborted or self.live is not None or self.table.count(S.RELAYED_IN)
             if blocked or not ov.can_continue():
-                ov.settle()
+                ov.settle(self._emit)
         aborted, self._aborted = self._aborted, []
         self._step_outputs += [self._finalize(r) for r in aborted]
         if self.live is not None:
@@ -299,7 +297,7 @@ class LLMEngine:
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if ov is not None and self.live is None and all(map(plain, sampling)):
-            ov.launch(sampling, logits)
+            ov.launch(sampling, logits, self._emit)
         else:
             assert ov is None or not ov.busy, "a step with pending tokens must overlap"
             self._sample(sampling, logits)
@@ -318,7 +316,7 @@ class LLMEngine:
 
     def _settle(self) -> None:
         if self.overlap is not None:
-            self.overlap.settle()
+            self.overlap.settle(self._emit)
 
     def _emit(self, req: Request, tok: int) -> None:
         """A request's new token: stop checks, then its output (or its failure)."""

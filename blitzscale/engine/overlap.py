@@ -32,6 +32,7 @@ from blitzscale.engine.sync import wait_for_event
 from blitzscale.kvcache.pool import BlockPool
 
 PENDING = -2  # a token id still on the device (never a real id, nor the sampler's NO_TOKEN)
+Emit = Callable[[Request, int], None]
 
 
 @dataclass
@@ -77,8 +78,10 @@ def plain(req: Request) -> bool:
 
 
 class Overlap:
-    """The engine's step in flight. The engine owns it and is its only caller; `emit`
-    hands a read token to the engine's stop checks and outputs."""
+    """The engine's step in flight. The engine owns it and is its only caller; the `emit`
+    it passes hands a read token to the engine's stop checks and outputs (passed per call:
+    held here it would tie the engine into a reference cycle, and its KV cache would
+    outlive it until the garbage collector ran)."""
 
     def __init__(
         self,
@@ -86,13 +89,11 @@ class Overlap:
         pool: BlockPool,
         max_num_batched_tokens: int,
         max_model_len: int,
-        emit: Callable[[Request, int], None],
     ) -> None:
         self.scheduler = scheduler
         self.pool = pool
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
-        self.emit = emit
         self.in_flight: InFlight | None = None
         self.steps = 0  # steps launched before the last one's tokens were read
 
@@ -100,29 +101,29 @@ class Overlap:
     def busy(self) -> bool:
         return self.in_flight is not None
 
-    def launch(self, sampling: list[Request], logits: torch.Tensor) -> None:
+    def launch(self, sampling: list[Request], logits: torch.Tensor, emit: Emit) -> None:
         """Sample without waiting; then read the step launched before this one (the GPU
         runs this one meanwhile) and mark this one's tokens pending."""
         tokens, host, ready = sample_async(logits, [r.params for r in sampling])
         previous, self.in_flight = self.in_flight, InFlight(sampling, tokens, host, ready)
         if previous is not None:
             self.steps += 1
-            self._read(previous)
+            self._read(previous, emit)
         for r in sampling:
             if r.status is RequestStatus.RUNNING:  # (not one that just stopped: its row is dropped)
                 r.token_ids.append(PENDING)
 
-    def settle(self) -> None:
+    def settle(self, emit: Emit) -> None:
         """Read the step in flight, if any: its tokens replace the pending ones."""
         record, self.in_flight = self.in_flight, None
         if record is not None:
-            self._read(record)
+            self._read(record, emit)
 
-    def _read(self, record: InFlight) -> None:
+    def _read(self, record: InFlight, emit: Emit) -> None:
         for req, tok in zip(record.requests, record.read(), strict=True):
             if req.status is RequestStatus.RUNNING and req.token_ids[-1] == PENDING:
                 req.token_ids.pop()
-                self.emit(req, tok)
+                emit(req, tok)
 
     def drop(self) -> None:
         """A step raised: the tokens in flight are not read (their requests fail)."""

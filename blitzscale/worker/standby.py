@@ -16,6 +16,7 @@ the cluster was started with, and only TP=1, has a standby; anything else loads 
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -29,6 +30,13 @@ from blitzscale.engine import EngineConfig, LLMEngine
 from blitzscale.model.weights import ModelWeights
 
 log = logging.getLogger("blitzscale.worker")
+
+
+def free_device_memory(device: torch.device) -> None:
+    """Give what dropped engines and weights held back to the device, cycles included."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 @dataclass(frozen=True)
@@ -99,8 +107,7 @@ class Standby:
         if self.engine is None and self.weights is None:
             return
         self.engine = self.weights = None
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_device_memory(self.device)
 
     def recycle(self, model: str, weights: ModelWeights, engine: LLMEngine | None) -> bool:
         """A released instance's buffer and drained engine become the standby (True), if

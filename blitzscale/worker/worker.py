@@ -46,7 +46,7 @@ from blitzscale.transfer.checksum import buffer_checksum
 from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker.disk_source import load_local
 from blitzscale.worker.serving import ServingLoop
-from blitzscale.worker.standby import Standby, StandbySpec
+from blitzscale.worker.standby import Standby, StandbySpec, free_device_memory
 from blitzscale.worker.warmup import warm_up_compute
 from blitzscale.worker.world import Links
 
@@ -409,8 +409,7 @@ class Worker:
             del weights, retired
         if msg.host_copy:
             self.host_copies.pop(msg.model, None)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_device_memory(self.device)
         if not kept:  # (after a disk load dropped it, or a failed live load lost it)
             self.standby.arm()
         return {"freed_bytes": freed, "device_bytes_in_use": self.device_bytes_in_use(), "standby": kept}
