@@ -83,7 +83,9 @@ def plan_table(plan: BatchPlan) -> Table:
     return t
 
 
-def comparison_table(plan: BatchPlan, outcomes: list[RunOutcome]) -> Table:
+def comparison_table(
+    plan: BatchPlan, outcomes: list[RunOutcome], slo: str = "SLO judged as the first good run of its trace"
+) -> Table:
     """A run is named by its number in `plan_table` and by what sets it apart (its varied
     values): whole ids would not fit a terminal. Headers wrap; values keep their width."""
     rows = [row_of(o) for o in outcomes]
@@ -91,7 +93,7 @@ def comparison_table(plan: BatchPlan, outcomes: list[RunOutcome]) -> Table:
     names = ["#", *[n.rsplit(".", 1)[-1] for n in plan.varied]]
     numbers = ["ok", "TTFT p50", "TTFT p99", "TBT p99", "SLO", "inst-s", *[f"ups {p}" for p in paths]]
     cells = [_cells(i, o, r, plan, paths) for i, (o, r) in enumerate(zip(outcomes, rows, strict=True))]
-    t = Table(title=f"batch {plan.name!r}: latencies in ms, SLO judged as the first good run of its trace")
+    t = Table(title=f"batch {plan.name!r}: latencies in ms, {slo}")
     t.box = box.SIMPLE_HEAD
     for j, col in enumerate([*names, *numbers]):
         width = max((len(row[j]) for row in cells), default=1)

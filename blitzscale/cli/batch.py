@@ -1,6 +1,7 @@
 """`blitzscale batch TEMPLATE.toml`: run the cross product of models, traces, policies and
 list-valued knobs that a template describes (format: blitzscale/batch/template.py), each on a
-live local cluster, then compare them. Exit 0 when every run is done, 1 when some failed."""
+live local cluster (or, with --simulate PRESET, on the cluster simulator), then compare them.
+Exit 0 when every run is done, 1 when some failed."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="an earlier batch folder: its done runs are kept, the others run (--out defaults to DIR)",
     )
     p.add_argument("--out", type=Path, help="batch folder (default: DIR of --resume, else runs/batch/NAME)")
+    p.add_argument(
+        "--simulate",
+        metavar="PRESET",
+        help="run on the cluster simulator with this preset (paper-a, paper-b, h200x2, cpu4, or a .toml)",
+    )
     p.set_defaults(func=run)
 
 
@@ -31,6 +37,11 @@ def run(args: argparse.Namespace) -> int:
     from blitzscale.batch.template import load_template
 
     plan = expand(load_template(args.template))  # every check happens here, before anything runs
+    execute = None
+    if args.simulate:
+        from blitzscale.sim.batch import check_plan, sim_executor
+
+        execute = sim_executor(check_plan(plan, args.simulate))
     out = args.out or args.resume or Path("runs/batch") / plan.name
     console = Console()
     console.print(plan_table(plan))
@@ -41,11 +52,14 @@ def run(args: argparse.Namespace) -> int:
     outcomes = run_batch(
         plan,
         out,
-        live_executor(console),
+        execute or live_executor(console),
         resume=args.resume,
         log=lambda line: console.print(line, markup=False, highlight=False),
     )
-    console.print(comparison_table(plan, outcomes))
+    if args.simulate:
+        console.print(comparison_table(plan, outcomes, f"simulated on {args.simulate}, the model's SLOs"))
+    else:
+        console.print(comparison_table(plan, outcomes))
     failed = [o for o in outcomes if not o.is_done]
     console.print(
         f"{len(outcomes) - len(failed)}/{len(outcomes)} runs done; "

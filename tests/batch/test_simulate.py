@@ -1,0 +1,78 @@
+"""`blitzscale batch TEMPLATE --simulate PRESET`: a template's runs on the cluster simulator
+(blitzscale/sim/batch.py): real simulated runs, the template's knobs applied, knobs the
+simulator would ignore refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blitzscale.batch.runner import run_batch
+from blitzscale.errors import InvalidRequestError
+from blitzscale.sim.batch import check_plan, sim_executor
+from tests.batch.conftest import plan_of, write
+from tests.batch.test_cli import parse
+
+TEMPLATE = """
+[experiment]
+name = "sim"
+models = ["random:llama3-8b"]
+policies = ["blitz", "fixed"]
+traces = [{ path = "demo", format = "azure", duration = 120.0 }]
+[router]
+mode = "pd"
+[planner]
+prefill_lower = [0.3, 0.5]
+[policy]
+fixed_prefill = 2
+fixed_decode = 1
+"""
+
+
+def test_runs_on_the_simulator_with_the_templates_knobs(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, TEMPLATE)
+    outcomes = run_batch(plan, tmp_path / "out", sim_executor(check_plan(plan, "paper-a")))
+    assert [o.is_done for o in outcomes] == [True] * 4
+    for o in outcomes:
+        run_dir = tmp_path / "out" / o.run.run_id
+        assert o.summary is not None and o.summary.num_ok == o.summary.num_requests > 50
+        assert o.summary.gpu_seconds and o.summary.gpu_seconds > 0
+        assert o.summary.slo_attainment is not None
+        assert (run_dir / "requests.jsonl").is_file() and (run_dir / "report.html").is_file()
+        ups = [e for e in o.events if e["direction"] == "up"]
+        if o.run.policy == "fixed":  # the template's 2 + 1 instances, loaded once, never scaled
+            assert sorted(r for e in ups for r in e["ranks"]) == [0, 1, 2], ups
+    blitz = [o for o in outcomes if o.run.policy == "blitz"]
+    # the two prefill bands are two different runs of the same requests
+    assert blitz[0].summary != blitz[1].summary
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ("[cluster]\nnum_workers = 4\n", "cluster.num_workers"),
+        ("[engine]\nnum_kv_blocks = 64\n", "engine.num_kv_blocks"),
+    ],
+)
+def test_knobs_the_simulator_ignores_are_refused(tmp_path: Path, extra: str, named: str) -> None:
+    plan = plan_of(tmp_path, TEMPLATE + extra)
+    with pytest.raises(InvalidRequestError, match=named):
+        check_plan(plan, "paper-a")
+
+
+def test_unknown_preset_or_model_is_named(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match="no preset 'nope'"):
+        check_plan(plan_of(tmp_path, TEMPLATE), "nope")
+    with pytest.raises(InvalidRequestError, match="qwen2.5-72b"):
+        check_plan(plan_of(tmp_path, TEMPLATE.replace("llama3-8b", "qwen2.5-72b")), "paper-a")
+
+
+def test_cli_runs_a_template_on_the_simulator(tmp_path: Path) -> None:
+    template = write(tmp_path / "b.toml", TEMPLATE.replace('"blitz", "fixed"', '"sllm"'))
+    out = tmp_path / "out"
+    args = parse(["batch", str(template), "--simulate", "paper-a", "--out", str(out)])
+    assert args.func(args) == 0
+    runs = json.loads((out / "batch.json").read_text())["runs"]
+    assert len(runs) == 2 and {r["status"] for r in runs} == {"done"}
