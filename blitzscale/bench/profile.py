@@ -16,6 +16,7 @@ from blitzscale.bench.engine_bench import _timed
 from blitzscale.checkpoint import load_weights, resolve_model
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.engine.engine import default_dtype
+from blitzscale.engine.request import RequestStatus
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.sim.profile import Profile
 
@@ -38,15 +39,20 @@ def measure_profile(cfg: ProfileConfig, log: Callable[[str], None] = print) -> P
     weights = load_weights(resolve_model(cfg.model), dtype=dtype, device=device)
     mc = weights.config
     per_token = KVCache.bytes_per_block(mc, 1, dtype, 1)
-    max_ctx = max(max(cfg.decode_context), max(cfg.prefill_tokens)) + cfg.steps + 8
-    tokens = max(max(cfg.decode_batch) * (max(cfg.decode_context) + cfg.steps + 2), max_ctx)
+    budget = max(cfg.prefill_tokens)
+    # Requests that finish their prompts first decode while the others prefill: each may
+    # generate one token per prefill step, plus the timed steps, and must still be running
+    # when those are timed (else the batch measured is smaller than its label).
+    extra = -(-max(cfg.decode_batch) * max(cfg.decode_context) // budget) + cfg.steps + 8
+    max_ctx = max(max(cfg.decode_context) + extra, max(cfg.prefill_tokens) + 8)
+    tokens = max(max(cfg.decode_batch) * (max(cfg.decode_context) + extra), max_ctx)
     engine = LLMEngine(
         weights,
         None,
         EngineConfig(
             block_size=cfg.block_size,
             num_kv_blocks=-(-tokens // cfg.block_size) + max(cfg.decode_batch),
-            max_num_batched_tokens=max(cfg.prefill_tokens),
+            max_num_batched_tokens=budget,
             max_num_seqs=max(cfg.decode_batch),
             max_model_len=max_ctx,
         ),
@@ -70,15 +76,18 @@ def measure_profile(cfg: ProfileConfig, log: Callable[[str], None] = print) -> P
     for b in cfg.decode_batch:
         row = []
         for c in cfg.decode_context:
-            params = SamplingParams(max_tokens=cfg.steps + 2, temperature=0, ignore_eos=True)
-            for p in prompts(b, c):
-                engine.add_request(p, params)
+            params = SamplingParams(max_tokens=extra, temperature=0, ignore_eos=True)
+            ids = [engine.add_request(p, params) for p in prompts(b, c)]
             while any(
                 (r := engine.request(rid)) is not None and r.num_output_tokens == 0
                 for rid in engine.request_ids()
             ):
                 engine.step()
+            engine.step()  # every request decoding
+            assert len(engine.request_ids(RequestStatus.RUNNING)) == b, "the batch shrank before timing"
             t = _timed(lambda: [engine.step() for _ in range(cfg.steps)], device)
+            for rid in ids:
+                engine.abort(rid)
             while engine.has_unfinished():
                 engine.step()
             row.append(round(1000 * t / cfg.steps, 3))
