@@ -62,6 +62,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     b.set_defaults(func=_run_standby)
 
+    f = bsub.add_parser("fidelity", help="one small configuration live on CPU workers and simulated")
+    f.add_argument("--workers", type=int, default=2)
+    f.add_argument("--policy", default="blitz-nolive")
+    f.add_argument("--rate-scale", type=float, default=0.05, help="share of the shipped slice's requests")
+    f.add_argument("--duration", type=float, default=90.0, help="seconds of the slice replayed")
+    f.add_argument("--sim-only", action="store_true", help="skip the live run")
+    f.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+    f.set_defaults(func=_run_fidelity)
+
     k = bsub.add_parser("soak", help="open-loop load above capacity with worker kills; answers checked")
     k.add_argument("--minutes", type=float, default=30.0)
     k.add_argument("--rate-x", type=float, default=2.0, help="offered load in multiples of capacity")
@@ -97,6 +106,23 @@ def _run_standby(args: argparse.Namespace) -> int:
     if bad or not runs:
         raise InvalidRequestError(f"--runs: expected on/off settings, got {args.runs!r}")
     _emit(run_standby_bench(StandbyBenchConfig(model=args.model, device=args.device, runs=runs)), args.out)
+    return 0
+
+
+def _run_fidelity(args: argparse.Namespace) -> int:
+    from blitzscale.bench.fidelity import FidelityConfig, requests, run_fidelity, run_sim
+
+    _check_flags(
+        args.policy.removesuffix("-peak").removesuffix("-half"),
+        ("--workers", args.workers, args.workers >= 2),
+        ("--rate-scale", args.rate_scale, args.rate_scale > 0),
+        ("--duration", args.duration, args.duration > 0),
+    )
+    cfg = FidelityConfig(
+        workers=args.workers, policy=args.policy, rate_scale=args.rate_scale, duration_s=args.duration
+    )
+    result = {"sim": run_sim(cfg, requests(cfg))} if args.sim_only else run_fidelity(cfg)
+    _emit(result, args.out)
     return 0
 
 

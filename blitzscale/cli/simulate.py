@@ -56,6 +56,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--batches", default="1,4,16,64", help="decode batch sizes")
     q.add_argument("--contexts", default="128,512,1024", help="decode contexts (tokens)")
     q.add_argument("--prefill", default="16,128,512,1024,2048", help="prefill lengths (tokens)")
+    q.add_argument("--steps", type=int, default=4, help="decode steps timed per cell")
+    q.add_argument(
+        "--threads", type=int, default=1, help="CPU: torch threads (default 1: what each CPU worker runs with)"
+    )
     q.add_argument(
         "--derive",
         metavar="PROFILE",
@@ -84,7 +88,15 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.derive:
         return _derive(args)
     check_device(args.device)
+    for flag, v in (("--steps", args.steps), ("--threads", args.threads)):
+        if v < 1:
+            raise InvalidRequestError(f"{flag} must be >= 1, got {v}")
     from blitzscale.bench.profile import ProfileConfig, measure_profile
+
+    if args.device == "cpu":
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     cfg = ProfileConfig(
         model=args.model,
@@ -92,6 +104,7 @@ def run_profile(args: argparse.Namespace) -> int:
         prefill_tokens=_ints("--prefill", args.prefill),
         decode_batch=_ints("--batches", args.batches),
         decode_context=_ints("--contexts", args.contexts),
+        steps=args.steps,
     )
     profile = measure_profile(cfg)
     profile.save(Path(args.out))

@@ -28,9 +28,9 @@ from blitzscale.sim.config import SimConfigError, SimModel, SimPreset, load_mode
 from blitzscale.sim.runner import SimSetup, simulate
 
 REFUSED_SECTIONS = ("cluster", "server", "model")  # the preset (or nothing) stands for them
-# engine knobs the simulator does not use: KV room comes from the profile, the context from
-# models.toml, and a simulated step has no host work to overlap
-REFUSED_ENGINE = ("num_kv_blocks", "kv_cache_bytes", "gpu_memory_utilization", "max_model_len", "overlap")
+# engine knobs the simulator does not use: KV room comes from the profile (or num_kv_blocks),
+# the context from models.toml, and a simulated step has no host work to overlap
+REFUSED_ENGINE = ("kv_cache_bytes", "gpu_memory_utilization", "max_model_len", "overlap")
 RANDOM = "random:"
 
 

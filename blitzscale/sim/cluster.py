@@ -207,7 +207,7 @@ class SimCluster:
             max_num_batched_tokens=e.max_num_batched_tokens,
             max_num_seqs=e.max_num_seqs,
             max_model_len=e.max_model_len or 1 << 30,
-            kv_blocks=max(1, p.kv_tokens // e.block_size),
+            kv_blocks=e.num_kv_blocks or max(1, p.kv_tokens // e.block_size),
         )
 
     def _engine_info(self, msg: ActivateMsg) -> dict[str, Any]:

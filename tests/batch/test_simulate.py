@@ -53,7 +53,7 @@ def test_runs_on_the_simulator_with_the_templates_knobs(tmp_path: Path) -> None:
     ("extra", "named"),
     [
         ("[cluster]\nnum_workers = 4\n", "cluster.num_workers"),
-        ("[engine]\nnum_kv_blocks = 64\n", "engine.num_kv_blocks"),
+        ("[engine]\nkv_cache_bytes = 1000000\n", "engine.kv_cache_bytes"),
     ],
 )
 def test_knobs_the_simulator_ignores_are_refused(tmp_path: Path, extra: str, named: str) -> None:
@@ -65,7 +65,7 @@ def test_knobs_the_simulator_ignores_are_refused(tmp_path: Path, extra: str, nam
 def test_unknown_preset_or_model_is_named(tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match="no preset 'nope'"):
         check_plan(plan_of(tmp_path, TEMPLATE), "nope")
-    with pytest.raises(InvalidRequestError, match="qwen2.5-72b"):
+    with pytest.raises(InvalidRequestError, match=r"qwen2\.5-72b"):
         check_plan(plan_of(tmp_path, TEMPLATE.replace("llama3-8b", "qwen2.5-72b")), "paper-a")
 
 

@@ -1,0 +1,145 @@
+"""`blitzscale bench fidelity`: one small configuration run live and simulated, side by side.
+
+Live: CPU workers with SmolLM2 serve a burst of the shipped Azure code slice through HTTP
+(`blitzscale replay`'s client), as `serve` would. Simulated: the same router, planner and
+policy knobs on `SimCluster`, with the CPU profile for step times and a topology built from
+the live cluster's own caps (its weight transfers are capped, so both sides move weights at
+the same rate). The JSON gives both sides' mean and p99 TTFT and scale events, and their
+ratios: how far the simulator is from what it models.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from blitzscale.client import replay
+from blitzscale.client.summary import summarize
+from blitzscale.client.traces import TraceRequest
+from blitzscale.demo.workload import Workload
+from blitzscale.serve.background import BackgroundService
+from blitzscale.serve.config import ServeConfig
+from blitzscale.sim.config import SimPreset, load_model
+from blitzscale.sim.links import Topology
+from blitzscale.sim.profile import load_profile
+from blitzscale.sim.runner import SimSetup, simulate
+
+MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    workers: int = 2
+    policy: str = "blitz-nolive"  # the simulator does not model relays yet
+    rate_scale: float = 0.05
+    time_scale: float = 1.0
+    duration_s: float = 90.0
+    max_input: int = 192
+    max_output: int = 16
+    transfer_bytes_per_s: float = 100e6  # both sides: SmolLM2's 538 MB in 5.4 s
+    disk_bytes_per_s: float = 36e6
+    profile: str = "smollm2-135m-cpu"
+
+
+def serve_config(cfg: FidelityConfig) -> ServeConfig:
+    return ServeConfig().with_overrides(
+        model={"name": MODEL},
+        cluster={
+            "num_workers": cfg.workers,
+            "transfer_bytes_per_s": cfg.transfer_bytes_per_s,
+            "disk_bytes_per_s": cfg.disk_bytes_per_s,
+            "standby": "off",
+        },
+        router={"mode": "colocated", "prefill_budget_tokens": 512},
+        engine={"max_model_len": 1024, "num_kv_blocks": 256, "max_num_batched_tokens": 1024},
+        planner={"tokens_prefilled_per_sec": 600.0, "scale_down_idle_s": 2.0, "shutting_null_keep_s": 2.0},
+        policy={"name": cfg.policy},
+    )
+
+
+def _preset(cfg: FidelityConfig, memory_bytes: float) -> SimPreset:
+    rate = cfg.transfer_bytes_per_s
+    topo = Topology(
+        nodes=1,
+        gpus_per_node=cfg.workers,
+        nvlink_bytes_per_s=rate,
+        nic_bytes_per_s=rate,
+        pcie_bytes_per_s=rate,
+        ssd_bytes_per_s=cfg.disk_bytes_per_s,
+        latency_s=1e-4,
+    )
+    return SimPreset("fidelity", topo, cfg.profile.rsplit("-", 1)[1], memory_bytes)
+
+
+def requests(cfg: FidelityConfig) -> list[TraceRequest]:
+    return Workload(
+        rate_scale=cfg.rate_scale,
+        time_scale=cfg.time_scale,
+        max_input=cfg.max_input,
+        max_output=cfg.max_output,
+        duration_s=cfg.duration_s,
+    ).requests()
+
+
+def _side(records: list, events: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    s = summarize(records)
+    return {
+        "requests": s.num_requests,
+        "ok": s.num_ok,
+        "ttft_mean_s": round(s.ttft_s.mean, 4),
+        "ttft_p99_s": round(s.ttft_s.p99, 4),
+        "tbt_p99_s": round(s.tbt_s.p99, 4),
+        "scale_ups": sum(1 for e in events if e["direction"] == "up"),
+        "scale_downs": sum(1 for e in events if e["direction"] == "down"),
+        "wall_s": round(wall_s, 2),
+    }
+
+
+def run_live(cfg: FidelityConfig, reqs: list[TraceRequest]) -> dict[str, Any]:
+    scfg = serve_config(cfg)
+    with BackgroundService(scfg) as svc:
+        scaler = svc.service.scaler
+        assert scaler is not None
+        before = len(scaler.events)
+        t = time.perf_counter()
+        rc = replay.ReplayConfig(url=svc.url, model=MODEL, show_progress=False, timeout_s=300)
+        records = replay.run(reqs, rc)
+        wall = time.perf_counter() - t
+        events = scaler.events[before:]
+    return _side(records, events, wall)
+
+
+def run_sim(cfg: FidelityConfig, reqs: list[TraceRequest]) -> dict[str, Any]:
+    scfg = serve_config(cfg)
+    profile = load_profile(cfg.profile)
+    model = replace(load_model(MODEL), max_model_len=scfg.engine.max_model_len)
+    setup = SimSetup(
+        preset=_preset(cfg, float(profile.device_memory_bytes)),
+        model=model,
+        mode=scfg.router.mode,
+        planner=scfg.planner,
+        engine=scfg.engine,
+        router=scfg.router,
+    )
+    t = time.perf_counter()
+    res = simulate(setup, reqs, cfg.policy)
+    return _side(res.records, res.events, time.perf_counter() - t)
+
+
+def _ratio(sim: float, live: float) -> float | None:
+    return round(sim / live, 3) if live else None
+
+
+def run_fidelity(cfg: FidelityConfig) -> dict[str, Any]:
+    reqs = requests(cfg)
+    live = run_live(cfg, reqs)
+    sim = run_sim(cfg, reqs)
+    return {
+        "config": asdict(cfg),
+        "live": live,
+        "sim": sim,
+        "sim_over_live": {
+            k: _ratio(sim[k], live[k]) for k in ("ttft_mean_s", "ttft_p99_s", "tbt_p99_s", "scale_ups")
+        },
+    }
