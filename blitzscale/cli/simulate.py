@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--prefill", default="16,128,512,1024,2048", help="prefill lengths (tokens)")
     q.add_argument("--steps", type=int, default=4, help="decode steps timed per cell")
     q.add_argument(
-        "--threads", type=int, default=1, help="CPU: torch threads (default 1: what each CPU worker runs with)"
+        "--threads", type=int, default=1, help="CPU: torch threads (default 1, as each CPU worker runs)"
     )
     q.add_argument(
         "--derive",
