@@ -67,8 +67,8 @@ def test_non_finite_logits_fail_only_that_request(loop: Loop, monkeypatch) -> No
     real = e.runner.execute
     poisoned = {"done": False}
 
-    def execute(sched: Any) -> torch.Tensor:
-        logits = real(sched).clone()
+    def execute(sched: Any, *rest: Any) -> torch.Tensor:
+        logits = real(sched, *rest).clone()
         rows = [s.request.request_id for s in sched.scheduled if s.completes_prompt]
         if not poisoned["done"] and "bad" in rows:  # as a bf16 overflow would
             logits[rows.index("bad")] = float("nan")
@@ -94,11 +94,11 @@ def test_a_step_that_raises_fails_its_requests_and_the_loop_serves_on(loop: Loop
     real = e.runner.execute
     calls = {"n": 0}
 
-    def execute(sched: Any) -> torch.Tensor:
+    def execute(sched: Any, *rest: Any) -> torch.Tensor:
         calls["n"] += 1
         if calls["n"] == 2:  # the second step: both requests are running
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return real(sched)
+        return real(sched, *rest)
 
     monkeypatch.setattr(e.runner, "execute", execute)
     loop.submit("a", "The capital of France is", GREEDY)
