@@ -10,6 +10,10 @@ from blitzscale.checkpoint.resolve import DEFAULT_MODEL
 from blitzscale.serve.config import ServeConfig
 
 DEFAULT_POLICIES = "blitz,sllm"
+# The demo's SLOs for SmolLM2 on CPU workers, in seconds (the simulator's models.toml gives
+# the model the same ones): fixed, so every policy is judged by the same yardstick.
+DEMO_TTFT_SLO_S = 2.0
+DEMO_TBT_SLO_S = 1.0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="cap on scale-up disk reads, MB/s (default %(default)s: the paper's 10:1 ratio of RDMA to SSD "
         "bandwidth applied to CPU workers' ~360 MB/s loopback network)",
     )
+    p.add_argument("--ttft-slo", type=float, default=DEMO_TTFT_SLO_S, help="TTFT SLO, s (%(default)s)")
+    p.add_argument("--tbt-slo", type=float, default=DEMO_TBT_SLO_S, help="mean TBT SLO, s (%(default)s)")
     p.set_defaults(func=run)
 
 
@@ -45,9 +51,10 @@ def demo_config(model: str, policy: str, workers: int, disk_mbps: float = 36.0) 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from blitzscale.control.config import POLICY_NAMES
-    from blitzscale.demo.compare import comparison_table
+    from blitzscale.demo.compare import comparison_table, verdict
     from blitzscale.demo.runner import run_policy
     from blitzscale.demo.workload import Workload
     from blitzscale.errors import InvalidRequestError
@@ -62,11 +69,17 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"--disk-mbps must be >= 0 (0: no cap), got {args.disk_mbps}")
     if not 0 < args.rate_scale <= 1:
         raise InvalidRequestError(f"--rate-scale must be in (0, 1], got {args.rate_scale}")
+    for flag, v in (("--ttft-slo", args.ttft_slo), ("--tbt-slo", args.tbt_slo)):
+        if not v > 0:
+            raise InvalidRequestError(f"{flag} must be > 0 seconds, got {v}")
     console = Console()
+    slo = (args.ttft_slo, args.tbt_slo)
     requests = Workload(rate_scale=args.rate_scale).requests()
     console.print(
         f"[bold]BlitzScale demo[/]: {len(requests)} requests from a burst of the Azure LLM 2023 code trace "
-        f"(CC-BY-4.0), prompts <= 192 tokens, {args.workers} CPU workers, policies {', '.join(policies)}"
+        f"(CC-BY-4.0), prompts <= 192 tokens, {args.workers} CPU workers, "
+        f"policies {escape(', '.join(policies))}; "
+        f"SLOs: TTFT <= {args.ttft_slo:g} s, mean TBT <= {args.tbt_slo:g} s"
     )
     if args.disk_mbps:
         console.print(
@@ -76,8 +89,13 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for policy in policies:
         cfg = demo_config(args.model, policy, args.workers, args.disk_mbps)
-        res = run_policy(cfg, requests, args.out / policy, console, slo_from=results[0] if results else None)
-        console.print(f"[{policy}] report: {res.report}")
+        res = run_policy(cfg, requests, args.out / policy, console, slo=slo)
+        console.print()
+        console.print(f"{policy}: report {res.report}", markup=False, highlight=False)
         results.append(res)
+    console.print()
     console.print(comparison_table(results))
+    line = verdict(results)
+    if line:
+        console.print(line, markup=False, highlight=False)
     return 0

@@ -8,6 +8,7 @@ replay clock (`send_s`); instance samples and scale events must be on that clock
 import base64
 import html
 from collections.abc import Mapping, Sequence
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,14 +96,49 @@ def plot_cdf(values_ms: Sequence[float], path: Path, name: str) -> Path:
     return _save(fig, path)
 
 
+StateSample = tuple[float, Mapping[str, int]]  # (time, instances by state)
+
+
+@dataclass(frozen=True)
+class ReportInfo:
+    """What a report says about its run besides the numbers: whose run it was, what the
+    instance time is counted in, and the configuration it ran with."""
+
+    title: str = "BlitzScale replay report"
+    policy: str = ""
+    instance_time: str = "GPU-seconds"  # "instance-seconds" on CPU workers
+    config_toml: str = ""
+    state_samples: Sequence[StateSample] = ()
+
+
+def plot_states(samples: Sequence[StateSample], path: Path) -> Path:
+    """Instances over time, one step line per state (serving states and loading ones)."""
+    fig, ax = _new_figure()
+    times = [t for t, _ in samples]
+    states = sorted({s for _, counts in samples for s, n in counts.items() if n})
+    for state in states:
+        ax.step(times, [counts.get(state, 0) for _, counts in samples], where="post", label=state)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("instances")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if states:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=4, fontsize="small")
+    ax.set_title("instances over time, by state")
+    return _save(fig, path)
+
+
 def write_report(
     out_dir: Path,
     records: Sequence[RequestRecord],
     summary: Summary,
     instance_samples: Sequence[tuple[float, int]] | None = None,
     scale_events: Sequence[ScaleEvent] | None = None,
+    info: ReportInfo | None = None,
 ) -> Path:
-    """Write ttft_over_time.png, ttft_cdf.png, tbt_cdf.png and report.html into out_dir."""
+    """Write ttft_over_time.png, ttft_cdf.png, tbt_cdf.png (instances_by_state.png when
+    `info` has state samples) and report.html into out_dir."""
+    info = info or ReportInfo()
     out_dir.mkdir(parents=True, exist_ok=True)
     ttfts_ms = [r.ttft_s * 1000 for r in records if r.is_ok and r.ttft_s is not None]
     pngs = [
@@ -110,9 +146,53 @@ def write_report(
         plot_cdf(ttfts_ms, out_dir / "ttft_cdf.png", "TTFT"),
         plot_cdf([g * 1000 for g in tbt_values(records)], out_dir / "tbt_cdf.png", "TBT"),
     ]
+    if info.state_samples:
+        pngs.append(plot_states(info.state_samples, out_dir / "instances_by_state.png"))
     page = out_dir / "report.html"
-    page.write_text(render_html(summary, {p.name: p.read_bytes() for p in pngs}), encoding="utf-8")
+    images = {p.name: p.read_bytes() for p in pngs}
+    page.write_text(render_html(summary, images, list(scale_events or ()), info), encoding="utf-8")
     return page
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def key_rows(summary: Summary, info: ReportInfo) -> list[tuple[str, str]]:
+    """The figures the console shows, with their units."""
+    s, slo = summary, summary.slo
+    pct = "-" if s.slo_attainment is None else f"{100 * s.slo_attainment:.1f}%"
+    return [
+        ("requests (ok / sent)", f"{s.num_ok} / {s.num_requests}"),
+        ("TTFT mean / p50 / p90 / p99 (ms)", " / ".join(_ms(x) for x in astuple(s.ttft_s))),
+        ("TBT mean / p50 / p90 / p99 (ms)", " / ".join(_ms(x) for x in astuple(s.tbt_s))),
+        (
+            "SLO: TTFT / TBT (ms)",
+            f"{_ms(slo.ttft_s)} ({slo.ttft_rule}) / {_ms(slo.tbt_s)} ({slo.tbt_rule})",
+        ),
+        ("SLO attainment", pct),
+        (info.instance_time, "-" if s.gpu_seconds is None else f"{s.gpu_seconds:.1f}"),
+        ("span (s)", f"{s.span_s:.1f}"),
+        ("throughput (requests/s, output tokens/s)", f"{s.requests_per_s:.2f}, {s.output_tokens_per_s:.1f}"),
+    ]
+
+
+def event_rows(events: Sequence[ScaleEvent]) -> list[list[str]]:
+    """One row per scale event: when, direction, path, ranks, sources, duration, MB."""
+    rows = []
+    for e in events:
+        rows.append(
+            [
+                f"{float(e.get('time', 0.0)):.2f}",
+                str(e.get("direction", "")),
+                str(e.get("path", "")),
+                " ".join(map(str, e.get("ranks", []))),
+                " ".join(map(str, e.get("sources", []))) or "-",
+                f"{float(e.get('seconds', 0.0)):.3f}",
+                f"{float(e.get('bytes', 0)) / 1e6:.0f}",
+            ]
+        )
+    return rows
 
 
 def summary_rows(summary: Summary) -> list[tuple[str, str]]:
@@ -132,27 +212,51 @@ def summary_rows(summary: Summary) -> list[tuple[str, str]]:
     return rows
 
 
-def render_html(summary: Summary, images: Mapping[str, bytes]) -> str:
-    """One HTML page with no outside references: the table, then each PNG as a data: URI."""
-    table = "\n".join(
-        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary_rows(summary)
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "\n".join(  # the first cell names the row
+        f"<tr><th>{html.escape(row[0])}</th>"
+        + "".join(f"<td>{html.escape(c)}</td>" for c in row[1:])
+        + "</tr>"
+        for row in rows
     )
+    return f"<table>\n<tr>{th}</tr>\n{body}\n</table>"
+
+
+def render_html(
+    summary: Summary,
+    images: Mapping[str, bytes],
+    events: Sequence[ScaleEvent] = (),
+    info: ReportInfo | None = None,
+) -> str:
+    """One HTML page with no outside references: key figures with units, the scale events,
+    every summary field (seconds), the plots (PNG data: URIs) and the configuration."""
+    info = info or ReportInfo()
+    title = f"{info.title}: {info.policy}" if info.policy else info.title
+    keys = _table(("", "value"), key_rows(summary, info))
+    head = ("time (s)", "direction", "path", "ranks", "from", "duration (s)", "MB")
+    ev = _table(head, event_rows(events)) if events else "<p>none</p>"
+    full = _table(("field (seconds where a time)", "value"), summary_rows(summary))
     figures = "\n".join(
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,'
         f'{base64.b64encode(data).decode("ascii")}"><figcaption>{html.escape(name)}</figcaption></figure>'
         for name, data in images.items()
     )
+    config = f"<h2>Configuration</h2>\n<pre>{html.escape(info.config_toml)}</pre>" if info.config_toml else ""
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>BlitzScale replay report</title>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
 th,td{{border:1px solid #ccc;padding:2px 8px;text-align:left}}img{{max-width:100%}}</style>
 </head><body>
-<h1>BlitzScale replay report</h1>
-<h2>Summary</h2>
-<table>
-{table}
-</table>
+<h1>{html.escape(title)}</h1>
+<h2>Key figures</h2>
+{keys}
+<h2>Scale events</h2>
+{ev}
 <h2>Plots</h2>
 {figures}
+<h2>Every summary field</h2>
+{full}
+{config}
 </body></html>
 """

@@ -14,7 +14,9 @@ def _ms(x: float | None) -> str:
 
 
 def comparison_table(results: list[RunResult]) -> Table:
-    t = Table(title="policies side by side (same requests, same SLOs)")
+    slo = results[0].summary.slo if results else None
+    judged = f"TTFT <= {_ms(slo.ttft_s)} ms, mean TBT <= {_ms(slo.tbt_s)} ms" if slo else ""
+    t = Table(title=f"policies side by side (same requests; SLOs: {judged})")
     t.add_column("")
     for r in results:
         t.add_column(r.policy, justify="right")
@@ -25,7 +27,7 @@ def comparison_table(results: list[RunResult]) -> Table:
         ("TTFT p99 (ms)", [_ms(r.summary.ttft_s.p99) for r in results]),
         ("TBT p99 (ms)", [_ms(r.summary.tbt_s.p99) for r in results]),
         ("SLO attainment", [_pct(r.summary.slo_attainment) for r in results]),
-        ("instance-seconds", [_num(r.summary.gpu_seconds) for r in results]),
+        ("instance-seconds (CPU)", [_num(r.summary.gpu_seconds) for r in results]),
     ]
     for path in ("network", "host", "disk"):
         rows.append(
@@ -52,3 +54,27 @@ def _num(x: float | None) -> str:
 
 def _mean(xs: list[float]) -> str:
     return f"{sum(xs) / len(xs):.2f}" if xs else "-"
+
+
+def verdict(results: list[RunResult]) -> str:
+    """One line: how the first policy did against each other one, on tail TTFT and SLO
+    attainment (the paper's headline figures)."""
+    if len(results) < 2:
+        return ""
+    first = results[0]
+    parts = []
+    for other in results[1:]:
+        a, b = first.summary.ttft_s.p99, other.summary.ttft_s.p99
+        sa, sb = first.summary.slo_attainment, other.summary.slo_attainment
+        if a is None or b is None or sa is None or sb is None:
+            parts.append(f"{first.policy} vs {other.policy}: no comparison (a run had no successful request)")
+            continue
+        change = f"{100 * (a - b) / b:+.0f}%"
+        better = a < b and sa >= sb
+        worse = a > b and sa <= sb
+        word = "better" if better else "worse" if worse else "mixed"
+        parts.append(
+            f"{first.policy} vs {other.policy}: TTFT p99 {_ms(a)} vs {_ms(b)} ms ({change}), "
+            f"SLO attainment {_pct(sa)} vs {_pct(sb)}: {first.policy} is {word}"
+        )
+    return "verdict: " + "; ".join(parts)

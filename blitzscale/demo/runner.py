@@ -6,17 +6,19 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from blitzscale.client import replay
 from blitzscale.client.record import RequestRecord, write_records
-from blitzscale.client.report import write_report
+from blitzscale.client.report import ReportInfo, write_report
 from blitzscale.client.summary import Summary, summarize
 from blitzscale.client.traces import TraceRequest
 from blitzscale.serve.background import BackgroundService
@@ -34,22 +36,34 @@ class RunResult:
     live: tuple[int, int, int] = (0, 0, 0)  # requests, layers and relays of live scaling
 
 
+PLAIN_EVERY_S = 5.0  # progress lines when the console is not a terminal (a pipe, a file)
+
+
 def run_policy(
     cfg: ServeConfig,
     requests: list[TraceRequest],
     out: Path,
     console: Console,
     slo_from: RunResult | None = None,
+    slo: tuple[float, float] | None = None,
 ) -> RunResult:
-    """`slo_from`: judge SLOs by an earlier run's thresholds, so policies are compared alike."""
+    """`slo`: fixed (TTFT, TBT) thresholds in seconds; else `slo_from`: judge SLOs by an
+    earlier run's thresholds, so policies are compared alike; else the 5x-mean rule."""
     policy = cfg.policy.name
-    with console.status(f"[{policy}] starting {cfg.cluster.num_workers} CPU workers with {cfg.model.name}"):
+    starting = f"{policy}: starting {cfg.cluster.num_workers} CPU workers with {cfg.model.name}"
+    if console.is_terminal:
+        with console.status(escape(starting)):
+            svc = BackgroundService(cfg).__enter__()
+    else:
+        console.print(starting, markup=False, highlight=False)
         svc = BackgroundService(cfg).__enter__()
     try:
-        return _replay_live(svc, policy, requests, out, console, slo_from)
+        if slo is None and slo_from is not None:
+            slo = (slo_from.summary.slo.ttft_s, slo_from.summary.slo.tbt_s)  # type: ignore[assignment]
+        return _replay_live(svc, policy, requests, out, console, slo)
     finally:
-        with console.status(f"[{policy}] stopping the cluster"):
-            svc.__exit__()
+        console.print(f"{policy}: stopping the cluster", markup=False, highlight=False)
+        svc.__exit__()
 
 
 def _replay_live(
@@ -58,7 +72,7 @@ def _replay_live(
     requests: list[TraceRequest],
     out: Path,
     console: Console,
-    slo_from: RunResult | None,
+    slo: tuple[float, float] | None,
 ) -> RunResult:
     router, scaler = svc.service.router, svc.service.scaler
     assert router is not None and scaler is not None
@@ -68,37 +82,69 @@ def _replay_live(
     worker = threading.Thread(target=lambda: records.extend(replay.run(requests, config)), daemon=True)
     start = time.monotonic()
     samples: list[tuple[float, int]] = []
-    worker.start()
-    with Live(console=console, refresh_per_second=4, transient=False) as live:
-        while worker.is_alive():
-            now = time.monotonic() - start
-            serving = sum(1 for i in router.instances.values() if i.accepts is not None)
-            samples.append((now, serving))
-            live.update(_view(policy, now, len(requests), router, scaler.events[events_before:], start))
-            worker.join(timeout=0.25)
+    states: list[tuple[float, dict[str, int]]] = []
+
+    def sample() -> float:
         now = time.monotonic() - start
         samples.append((now, sum(1 for i in router.instances.values() if i.accepts is not None)))
-        live.update(_view(policy, now, len(requests), router, scaler.events[events_before:], start))
+        states.append((now, dict(Counter(i.state.value for i in router.instances.values()))))
+        return now
+
+    worker.start()
+    if console.is_terminal:
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while worker.is_alive():
+                now = sample()
+                live.update(_view(policy, now, len(requests), router, scaler.events[events_before:], start))
+                worker.join(timeout=0.25)
+            now = sample()
+            live.update(_view(policy, now, len(requests), router, scaler.events[events_before:], start))
+    else:  # one plain line every few seconds, so a log shows the run as it goes
+        last = -PLAIN_EVERY_S
+        while worker.is_alive():
+            now = sample()
+            if now - last >= PLAIN_EVERY_S:
+                last = now
+                line = _progress_line(policy, now, len(requests), router, scaler.events[events_before:])
+                console.print(line, markup=False, highlight=False)
+            worker.join(timeout=0.25)
+        sample()
     events = [{**e, "time": e["time"] - start} for e in scaler.events[events_before:]]
-    slo = slo_from.summary.slo if slo_from is not None else None
     summary = summarize(
         records,
-        slo_ttft_s=slo.ttft_s if slo else None,
-        slo_tbt_s=slo.tbt_s if slo else None,
+        slo_ttft_s=slo[0] if slo else None,
+        slo_tbt_s=slo[1] if slo else None,
         instance_samples=samples,
     )
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / "requests.jsonl", records)
     (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2))
-    report = write_report(out, records, summary, samples, events)
+    info = ReportInfo(
+        title="BlitzScale demo",
+        policy=policy,
+        instance_time="instance-seconds (CPU workers)",
+        config_toml=svc.cfg.to_toml(),
+        state_samples=states,
+    )
+    report = write_report(out, records, summary, samples, events, info)
     live = (router.live.requests_total, router.live.layers_total, router.live.relays_total)
     return RunResult(policy, summary, records, samples, events, report, live)
+
+
+def _progress_line(policy: str, now: float, total: int, router: Any, events: list[dict[str, Any]]) -> str:
+    serving = sum(1 for i in router.instances.values() if i.accepts is not None)
+    ups = sum(1 for e in events if e["direction"] == "up")
+    return (
+        f"{policy}: t={now:5.1f}s  {total} requests, in flight {len(router.reqs)}, "
+        f"queue {len(router.queue)}, {serving} serving, {ups} scale-ups so far"
+    )
 
 
 def _view(
     policy: str, now: float, total: int, router: Any, events: list[dict[str, Any]], start: float
 ) -> Group:
-    inst = Table(title=f"[{policy}] t={now:5.1f}s  queue={len(router.queue)}  in flight={len(router.reqs)}")
+    head = f"{policy}: t={now:5.1f}s  queue={len(router.queue)}  in flight={len(router.reqs)}"
+    inst = Table(title=escape(head))
     for col in ("instance", "state", "running", "KV blocks used"):
         inst.add_column(col)
     for i in sorted(router.instances.values(), key=lambda x: x.id):

@@ -25,7 +25,7 @@ from blitzscale.client.summary import Summary, summarize
 from blitzscale.demo.runner import RunResult
 from blitzscale.errors import InvalidRequestError
 from blitzscale.sim.config import SimConfigError, SimModel, SimPreset, load_model, load_preset
-from blitzscale.sim.runner import SimSetup, simulate
+from blitzscale.sim.runner import SimSetup, sim_report_info, simulate
 
 REFUSED_SECTIONS = ("cluster", "server", "model")  # the preset (or nothing) stands for them
 # engine knobs the simulator does not use: KV room comes from the profile (or num_kv_blocks),
@@ -90,7 +90,8 @@ def sim_executor(preset: SimPreset) -> Execute:
         summary = summarize(res.records, model.ttft_slo_s, model.tbt_slo_s)
         summary = replace(summary, gpu_seconds=res.gpu_seconds)
         write_records(run_dir / "requests.jsonl", res.records)
-        report = write_report(run_dir, res.records, summary, res.samples, res.events)
+        info = sim_report_info(run.policy, res.states)
+        report = write_report(run_dir, res.records, summary, res.samples, res.events, info)
         return RunResult(run.policy, summary, res.records, res.samples, res.events, report)
 
     return execute

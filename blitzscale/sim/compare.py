@@ -15,7 +15,7 @@ from blitzscale.client.record import write_records
 from blitzscale.client.report import write_report
 from blitzscale.client.summary import summarize
 from blitzscale.client.traces import TraceRequest
-from blitzscale.sim.runner import SimSetup, fixed_counts, simulate
+from blitzscale.sim.runner import SimSetup, fixed_counts, sim_report_info, simulate
 
 
 def run_policies(
@@ -52,7 +52,8 @@ def run_policies(
                 "scale_events": len(res.events),
             }
             (folder / "summary.json").write_text(json.dumps(body, indent=2) + "\n")
-            write_report(folder, res.records, summary, res.samples, res.events)
+            info = sim_report_info(policy, res.states)
+            write_report(folder, res.records, summary, res.samples, res.events, info)
             rows.append(
                 {
                     "policy": policy,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from blitzscale import clock
 from blitzscale.client.record import STATUS_ERROR, STATUS_OK, RequestRecord
+from blitzscale.client.report import ReportInfo
 from blitzscale.client.traces import TraceRequest
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.control.config import PlannerConfig, PolicyConfig
@@ -62,6 +64,7 @@ class SimResult:
     policy: str
     records: list[RequestRecord]
     samples: list[tuple[float, int]]
+    states: list[tuple[float, dict[str, int]]]  # instances by state, sampled with `samples`
     peak: tuple[int, int]  # most prefill-side and decode instances serving at once
     events: list[dict[str, Any]]
     gpu_seconds: float
@@ -120,11 +123,13 @@ async def _run(
     scale_task = asyncio.create_task(scaler.run()) if pcfg.name != "fixed" else None
     records: list[RequestRecord | None] = [None] * len(trace)
     samples: list[tuple[float, int]] = []
+    states: list[tuple[float, dict[str, int]]] = []
     peak = [0, 0]
 
     def sample() -> None:
         roles = [i.accepts for i in router.instances.values() if i.accepts is not None]
         samples.append((clock.now() - t0, len(roles)))
+        states.append((clock.now() - t0, dict(Counter(i.state.value for i in router.instances.values()))))
         peak[0] = max(peak[0], sum(1 for r in roles if r != "decode"))
         peak[1] = max(peak[1], sum(1 for r in roles if r == "decode"))
 
@@ -153,6 +158,7 @@ async def _run(
         policy=policy,
         records=[r for r in records if r is not None],
         samples=samples,
+        states=states,
         peak=(peak[0], peak[1]),
         events=events,
         gpu_seconds=cluster.gpu_seconds(),
@@ -216,3 +222,12 @@ def fixed_counts(peak: tuple[int, int], policy: str) -> tuple[int, int]:
     if policy == "fixed-half":
         return (max(1, math.ceil(peak[0] / 2)), max(1, math.ceil(peak[1] / 2)))
     return (max(1, peak[0]), max(1, peak[1]))
+
+
+def sim_report_info(policy: str, states: list[tuple[float, dict[str, int]]]) -> ReportInfo:
+    return ReportInfo(
+        title="BlitzScale simulation",
+        policy=policy,
+        instance_time="GPU-seconds (simulated)",
+        state_samples=states,
+    )
