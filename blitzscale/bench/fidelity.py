@@ -40,6 +40,7 @@ class FidelityConfig:
     transfer_bytes_per_s: float = 100e6  # both sides: SmolLM2's 538 MB in 5.4 s
     disk_bytes_per_s: float = 36e6
     profile: str = "smollm2-135m-cpu"
+    cores: int = 2  # this machine's: the workers share them (sim/cores.py)
 
 
 def serve_config(cfg: FidelityConfig) -> ServeConfig:
@@ -68,6 +69,7 @@ def _preset(cfg: FidelityConfig, memory_bytes: float) -> SimPreset:
         pcie_bytes_per_s=rate,
         ssd_bytes_per_s=cfg.disk_bytes_per_s,
         latency_s=1e-4,
+        cores_per_node=cfg.cores,
     )
     return SimPreset("fidelity", topo, cfg.profile.rsplit("-", 1)[1], memory_bytes)
 

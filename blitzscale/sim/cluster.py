@@ -20,6 +20,7 @@ from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import ActivateMsg, HelloMsg, KVSentMsg, Message, ReplyMsg, Role
+from blitzscale.sim.cores import HostCores
 from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
 from blitzscale.sim.links import Links, Topology
 from blitzscale.sim.profile import Profile
@@ -63,6 +64,7 @@ class SimCluster:
         self.data = SimDataPlane(self)
         self.recorder = Recorder()
         self.engines: dict[int, SimEngine] = {}
+        self.cores = [HostCores(topo.cores_per_node) for _ in range(topo.nodes)]
         self._locks = [asyncio.Lock() for _ in range(topo.world_size)]
         self._ops = itertools.count(1)
         self.gpu_busy_s = 0.0  # GPU-seconds holding a model (the summary's gpu_seconds)
@@ -229,6 +231,7 @@ class SimCluster:
             recorder=self.recorder,
             kv_move=self._kv_move,
             loaded_at=loaded_at,
+            cores=self.cores[self.topo.node_of(rank)],
         )
         self.engines[rank] = e
         e.start()

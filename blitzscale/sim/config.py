@@ -59,9 +59,8 @@ def load_preset(name_or_path: str) -> SimPreset:
     d = read_toml(path, f"--preset {path}")
     topo, dev = _section(d, "topology", str(path)), _section(d, "device", str(path))
     try:
-        topology = Topology(
-            **{k: (int(v) if k in ("nodes", "gpus_per_node") else float(v)) for k, v in topo.items()}
-        )
+        ints = ("nodes", "gpus_per_node", "cores_per_node")
+        topology = Topology(**{k: (int(v) if k in ints else float(v)) for k, v in topo.items()})
     except (TypeError, ValueError) as e:
         raise SimConfigError(f"{path} [topology]: {e}") from e
     unknown = set(dev) - {"name", "memory_bytes"}

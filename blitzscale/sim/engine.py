@@ -43,6 +43,7 @@ from blitzscale.messages import (
     SendKVMsg,
     StatsMsg,
 )
+from blitzscale.sim.cores import HostCores
 from blitzscale.sim.profile import Profile
 
 STATS_EVERY_S = 0.1  # at most this often a changed instance reports its numbers
@@ -121,6 +122,7 @@ class SimEngine:
     recorder: Recorder
     kv_move: Callable[[int, int, str, int], None]  # (src, dst, request id, tokens)
     loaded_at: float | None = None  # a live target: when its last weight segment lands
+    cores: HostCores = field(default_factory=lambda: HostCores(0))  # its node's, shared
     waiting: deque[SimRequest] = field(default_factory=deque)
     running: list[SimRequest] = field(default_factory=list)
     held: dict[str, SimRequest] = field(default_factory=dict)
@@ -266,9 +268,11 @@ class SimEngine:
                 self.loaded_at = None
             batch = self._admit()
             if batch:
-                await self._prefill(batch)
+                with self.cores.computing(self.rank):
+                    await self._prefill(batch)
             elif self.running:
-                await self._decode()
+                with self.cores.computing(self.rank):
+                    await self._decode()
             else:
                 self._wake.clear()
                 await self._wake.wait()
@@ -297,6 +301,7 @@ class SimEngine:
         decoding = list(self.running) if self.role == "colocated" else []
         if decoding:
             step += p.decode_s(len(decoding), sum(r.context for r in decoding) / len(decoding))
+        step *= self.cores.stretch(self.rank)
         start = clock.now()
         self.prefilling = list(batch)
         if self.loaded_at is not None and start < self.loaded_at:  # weights still arriving
@@ -329,6 +334,7 @@ class SimEngine:
     async def _decode(self) -> None:
         running = list(self.running)
         step = self.profile.decode_s(len(running), sum(r.context for r in running) / len(running))
+        step *= self.cores.stretch(self.rank)
         k = min(r.remaining for r in running)
         start = clock.now()
         self._wake.clear()

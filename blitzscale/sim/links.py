@@ -24,6 +24,9 @@ class Topology:
     pcie_bytes_per_s: float  # one GPU's PCIe link to host memory (and to peers without NVLink)
     ssd_bytes_per_s: float  # one node's SSD read bandwidth
     latency_s: float = 10e-6  # per message on any link
+    # CPU workers share their node's cores: with more engines busy at once than cores, each
+    # step takes proportionally longer (sim/cores.py). 0: each worker has its own device.
+    cores_per_node: int = 0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -31,6 +34,8 @@ class Topology:
         for name in ("nic_bytes_per_s", "pcie_bytes_per_s", "ssd_bytes_per_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.cores_per_node < 0:
+            raise ValueError(f"cores_per_node must be >= 0 (0: no sharing), got {self.cores_per_node}")
         if self.nvlink_bytes_per_s < 0:
             raise ValueError(f"nvlink_bytes_per_s must be >= 0, got {self.nvlink_bytes_per_s}")
 

@@ -70,3 +70,14 @@ def test_striped_multicast_is_never_faster_than_a_targets_inbound_link() -> None
     with links.using(topo.path(0, 1)):  # a KV migration on the same link halves its share
         assert links.rate(topo.path(0, 1)) == 50.0
     assert links.rate(topo.path(0, 4)) == 10.0 and links.rate(topo.path(0, 1), Counter()) == 100.0
+
+
+def test_cpu_workers_sharing_cores_take_longer_per_step() -> None:
+    from blitzscale.sim.cores import HostCores
+
+    cores = HostCores(2)
+    assert cores.stretch(0) == 1.0
+    with cores.computing(0), cores.computing(1):
+        assert cores.stretch(1) == 1.0  # two engines, two cores
+        assert cores.stretch(2) == 1.5  # a third one shares them
+    assert cores.busy == set() and HostCores(0).stretch(5) == 1.0
