@@ -60,8 +60,12 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 
 
 class LLMEngine:
-    def __init__(self, weights: ModelWeights, tokenizer: Any | None, config: EngineConfig) -> None:
+    def __init__(
+        self, weights: ModelWeights, tokenizer: Any | None, config: EngineConfig, tp_group: Any = None
+    ) -> None:
+        """`tp_group`: a tensor-parallel shard's group (LlamaModel's; model/tp.py)."""
         self.config = config
+        self.tp_group = tp_group
         self.tokenizer = tokenizer
         self.model_config = weights.config
         self._init_limits(weights)
@@ -90,7 +94,7 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks, bs)
 
     def _init_components(self, weights: ModelWeights) -> None:
-        self.model = LlamaModel(weights, max_positions=self.max_model_len)
+        self.model = LlamaModel(weights, max_positions=self.max_model_len, tp_group=self.tp_group)
         self.runner = ModelRunner(self.model, self.kv_cache, self.config.max_num_seqs, self.max_model_len)
         self.table = RequestTable(self.pool)  # every request here, with its status
         self.scheduler = Scheduler(
