@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
@@ -22,6 +26,7 @@ from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
 from tests.conftest import save_tiny_hf_folder
 from tests.serve.conftest import FAST_PLANNER, start_http, stop_http
+from tests.serve.test_cli_serve import CLI, _alive, _children, _start_serve
 
 PARAMS = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 TEXTS = ["w5 w9 w17 w33 w2", "w100 w200 w300", "w7 " * 30]
@@ -146,3 +151,38 @@ def test_pd_tp2_migrates_kv_between_tp2_instances(
 def test_wrong_tp_settings_are_refused_naming_the_values(sections: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidRequestError, match=match):
         ServeConfig().with_overrides(**sections)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--tp", "2", "--workers", "4"], "does not divide num_heads=9, num_kv_heads=3"),  # SmolLM2
+        (["--tp", "2", "--workers", "3"], "workers=3 is not a multiple of tp=2"),
+    ],
+)
+def test_serve_refuses_wrong_shapes_before_any_worker_starts(flags: list[str], needle: str) -> None:
+    r = subprocess.run([*CLI, "serve", *flags], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert needle in r.stderr, r.stderr
+    assert "up on" not in r.stderr, r.stderr  # no worker said hello ("worker N up on cpu")
+
+
+def test_ctrl_c_stops_a_tp2_server_and_every_worker(folder: Path, tmp_path: Path) -> None:
+    toml = (
+        f"[model]\nname = '{folder}'\ntp = 2\ncache_dir = '{tmp_path}'\n"
+        "[cluster]\nnum_workers = 4\n[router]\nmode = 'colocated'\n[policy]\nname = 'blitz-nolive'\n"
+    )
+    proc, port = _start_serve(tmp_path, toml)
+    try:
+        body = {"model": str(folder), "prompt": TEXTS[1], "max_tokens": 10, "temperature": 0}
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        workers = _children(proc.pid)
+        assert len(workers) >= 4
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        time.sleep(0.5)
+        assert [w for w in workers if Path(f"/proc/{w}").exists() and _alive(w)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
