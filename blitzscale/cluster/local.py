@@ -326,7 +326,7 @@ class LocalCluster:
                     raise BlitzScaleError(f"respawned worker {rank} exited during start-up")
                 if time.monotonic() > deadline:
                     raise BlitzScaleError(f"respawned worker {rank} did not start in time")
-                if waiting.done():  # a survivor answered before the replacement was up: it failed
+                if links and waiting.done():  # a survivor answered before the replacement was up: it failed
                     break
                 await asyncio.sleep(0.05)
             replies = await waiting
