@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.errors import InvalidRequestError
@@ -85,10 +86,9 @@ def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
     import openai
 
     # A slow prefill rate in the planner: the tiny model is fast, the burst must still look big.
-    with _service(folder, tmp_path, "colocated", tokens_prefilled_per_sec=5.0, interval_s=0.1) as (
-        service,
-        lt,
-    ):
+    # (and no scale-down while the test looks at the new instance)
+    slow = {"tokens_prefilled_per_sec": 5.0, "interval_s": 0.1, "scale_down_idle_s": 600.0}
+    with _service(folder, tmp_path, "colocated", **slow) as (service, lt):
         assert service.scaler is not None and service.router is not None
         assert _serving(service) == [(0, 1)]
         url, server = start_http(service, lt)
@@ -102,20 +102,28 @@ def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
         tok = service.router.tokenizer
         assert c.choices[0].text == tok.decode(reference[TEXTS[0]])
 
-        async def burst() -> tuple[list[list[int]], int]:
-            tasks = [asyncio.create_task(_one(service, f"b{i}", TEXTS[i % 3])) for i in range(24)]
-            peak = 0
-            while not all(t.done() for t in tasks):
-                peak = max(peak, len(_serving(service)))
-                await asyncio.sleep(0.05)
-            return [t.result() for t in tasks], peak
+        router = service.router
+        ran_on: set[int] = set()
 
-        outs, peak = lt.run(burst())
-        assert outs == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed while it scaled"
+        async def burst(n: int) -> list[list[int]]:
+            tasks = [asyncio.create_task(_one(service, f"b{n}.{i}", TEXTS[i % 3])) for i in range(n)]
+            while not all(t.done() for t in tasks):  # where each request runs
+                ran_on.update(r.prefill_rank for r in router.reqs.values() if r.prefill_rank is not None)
+                await asyncio.sleep(0.01)
+            return [t.result() for t in tasks]
+
+        assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
+        # The new instance may come up after the burst (a loaded machine): wait for it.
+        deadline = time.monotonic() + 180
+        while _serving(service) != [(0, 1), (2, 3)]:
+            assert time.monotonic() < deadline, service.scaler.events
+            time.sleep(0.1)
         ups = [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "network"]
-        assert peak == 2 and ups, service.scaler.events
-        assert ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], ups
-        assert lt.run(_one(service, "after", TEXTS[2])) == reference[TEXTS[2]]
+        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], ups
+        assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
+        assert 2 in ran_on  # the multicast instance served too
+        text = generate_latest(service.registry).decode()
+        assert 'blitzscale_transfer_bytes_total{path="network"}' in text
 
 
 def test_pd_tp2_migrates_kv_between_tp2_instances(
