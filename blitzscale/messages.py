@@ -133,6 +133,14 @@ class LinkMsg(Msg):
     incarnation: int
 
 
+class InstanceLinkMsg(Msg):
+    """Every member of a tensor-parallel rank group is alive again (one was respawned):
+    build the group's process groups among these incarnations (rank -> incarnation)."""
+
+    op_id: int
+    incarnations: dict[int, int]
+
+
 # --- data plane: router <-> serving workers (a socket of its own) ---------------------
 
 
@@ -353,6 +361,7 @@ Message = (
     | DeactivateMsg
     | SetRoleMsg
     | LinkMsg
+    | InstanceLinkMsg
     | GenerateMsg
     | AbortMsg
     | RecvKVMsg
@@ -380,16 +389,91 @@ Message = (
     | StatsMsg
 )
 
+# --- a tensor-parallel instance: its leader (shard 0) -> its other shards --------------
+# These go over the instance's own control group (worker/tp.py), never a socket: the
+# leader runs the engine, the other shards run what it says, in the order it says it.
+
+
+class TPSetupMsg(Msg):
+    """Serve `model` as a follower of this instance: a KV cache of the leader's size."""
+
+    model: str
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+
+
+class TPForwardMsg(Msg):
+    """Run layers [start, end) of one step: on the embedding of `token_ids` (int64 bytes),
+    or on `hidden` (bytes of `dtype`, [tokens, hidden size]) when no ids are given.
+    `meta`: the step's AttentionMetadata tensors as int64 bytes, cut by `meta_sizes`."""
+
+    start: int
+    end: int
+    meta: bytes
+    meta_sizes: list[int]
+    num_seqs: int
+    query_lens: list[int]
+    context_lens: list[int]
+    block_size: int
+    token_ids: bytes = b""
+    hidden: bytes = b""
+    dtype: str = ""
+
+
+class TPKVSendMsg(Msg):
+    """Send these blocks' KV (this shard's heads) to the same shard of the instance led by
+    `dst_rank`."""
+
+    request_id: str
+    block_ids: list[int]
+    dst_rank: int
+
+
+class TPKVRecvMsg(Msg):
+    """Post a receive for `num_blocks` blocks of KV from the same shard of the instance led
+    by `src_rank`."""
+
+    request_id: str
+    num_blocks: int
+    src_rank: int
+
+
+class TPKVCommitMsg(Msg):
+    """The leader's receive landed: wait for this shard's, put it in `block_ids`, and say in
+    the group's all-reduce whether it landed (1) or not (0)."""
+
+    request_id: str
+    block_ids: list[int]
+
+
+class TPKVDropMsg(Msg):
+    """The request's import was cancelled: whatever arrives for it is discarded."""
+
+    request_id: str
+
+
+class TPStopMsg(Msg):
+    """The leader stopped serving: drop the KV cache and the model (the weights stay)."""
+
+
+TPCommand = TPSetupMsg | TPForwardMsg | TPKVSendMsg | TPKVRecvMsg | TPKVCommitMsg | TPKVDropMsg | TPStopMsg
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
+_tp_decoder = msgspec.msgpack.Decoder(TPCommand)
 
 
-def encode(msg: Message) -> bytes:
+def encode(msg: Message | TPCommand) -> bytes:
     return _encoder.encode(msg)
 
 
 def decode(data: bytes) -> Message:
     return _decoder.decode(data)
+
+
+def decode_tp(data: bytes) -> TPCommand:
+    return _tp_decoder.decode(data)
 
 
 # --- framing on the listening (ROUTER) sockets ------------------------------------------

@@ -8,7 +8,7 @@ import torch
 
 from blitzscale.checkpoint import native
 from blitzscale.checkpoint.hf import SafetensorsFolder, read_hf_config
-from blitzscale.checkpoint.pack import copy_weights, pack_into
+from blitzscale.checkpoint.pack import copy_weights, hf_state_dict, pack_into
 from blitzscale.checkpoint.presets import PRESETS
 from blitzscale.checkpoint.resolve import ModelSource
 from blitzscale.errors import CheckpointError
@@ -16,6 +16,10 @@ from blitzscale.model.config import ModelConfig
 from blitzscale.model.weights import ModelWeights
 
 RANDOM_STD = 0.02
+# Random weights of a tensor-parallel shard are cut from the whole model's (the same model
+# at every tp) when the whole model fits in this much host memory; larger ones (benchmark
+# stand-ins) draw each shard on its own.
+RANDOM_WHOLE_MAX_BYTES = 4 << 30
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
@@ -77,8 +81,13 @@ def random_weights(
     tp_rank: int = 0,
     seed: int = 0,
 ) -> ModelWeights:
-    """Deterministic random weights: N(0, 0.02) matrices, unit norms (a benchmark stand-in)."""
+    """Deterministic random weights: N(0, 0.02) matrices, unit norms (a benchmark stand-in).
+    A shard of a model up to RANDOM_WHOLE_MAX_BYTES is shard `tp_rank` of the tp=1 model."""
     weights = ModelWeights.empty(cfg, dtype, device, tp_size, tp_rank)
+    if tp_size > 1 and weights.layout.nbytes * tp_size <= RANDOM_WHOLE_MAX_BYTES:
+        whole = random_weights(cfg, dtype, "cpu", 1, 0, seed)
+        pack_into(weights, hf_state_dict(whole).__getitem__)
+        return weights
     gen = torch.Generator(device=weights.device).manual_seed(seed * 1009 + tp_rank)
     weights.buffer.normal_(0.0, RANDOM_STD, generator=gen)
     weights.zero_padding()

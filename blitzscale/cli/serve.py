@@ -16,6 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, default=None, help="cluster TOML file (flags override it)")
     p.add_argument("--model", default=None, help="model name or path (default: smollm2-135m)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (CPU) or GPUs used")
+    p.add_argument(
+        "--tp", type=int, default=None, help="tensor-parallel ranks per instance (workers: a multiple)"
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--policy", choices=POLICIES, default=None)
     p.add_argument("--mode", choices=["pd", "colocated"], default=None)
@@ -34,7 +37,7 @@ def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         return {k: v for k, v in kv.items() if v is not None}
 
     return {
-        "model": pick(name=args.model),
+        "model": pick(name=args.model, tp=args.tp),
         "server": pick(host=args.host, port=args.port, api_key=args.api_key),
         "cluster": pick(num_workers=args.workers, device=args.device),
         "router": pick(mode=args.mode),
@@ -43,7 +46,7 @@ def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blitzscale.errors import InvalidRequestError
+    from blitzscale.errors import CheckpointError, InvalidRequestError
     from blitzscale.serve.config import load_serve_config
     from blitzscale.serve.server import run_server
 
@@ -54,5 +57,11 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_toml())
         return 0
+    from blitzscale.serve.server import check_model_tp
+
+    try:  # before any worker starts
+        check_model_tp(cfg.model.name, cfg.model.tp)
+    except CheckpointError as e:
+        raise InvalidRequestError(f"--tp {cfg.model.tp} with {cfg.model.name}: {e}") from e
     asyncio.run(run_server(cfg))
     return 0

@@ -2,6 +2,12 @@
 
 The controller owns the parameter pool and is the only writer of it: a copy enters the
 pool only when the worker that holds it has said its load completed.
+
+With tensor-parallel instances (`tp` > 1) ranks [k*tp, (k+1)*tp) form instance k and rank r
+holds shard r % tp: a load or transfer to a rank moves that shard (shard k to shard k), and
+the workers build each group's process groups at start. When a member of a group dies, the
+others are stopped too and the whole group comes back as fresh processes; its process
+groups are built again once every member is up (no group is made at scale time).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from blitzscale.messages import (
     DeactivateMsg,
     HelloMsg,
     HostCacheMsg,
+    InstanceLinkMsg,
     LinkMsg,
     LoadMsg,
     Message,
@@ -75,11 +82,15 @@ class LocalCluster:
         data_addr: str = "",
         tokenizer_source: str = "",
         standby: StandbySpec | None = None,
+        tp: int = 1,
     ) -> None:
         """`data_addr`: the router's data socket, for workers that will serve;
         `tokenizer_source`: a model whose tokenizer serving workers load while they start;
-        `standby`: the model every worker (and each replacement) builds a standby engine of."""
+        `standby`: the model every worker (and each replacement) builds a standby engine of;
+        `tp`: ranks per instance."""
+        check_tp_workers(cfg.num_workers, tp)
         self.cfg = cfg
+        self.tp = tp
         self.data_addr = data_addr
         self.tokenizer_source = tokenizer_source
         self.standby = standby
@@ -115,6 +126,11 @@ class LocalCluster:
             n = min(n, torch.cuda.device_count())
             if n < 1:
                 raise BlitzScaleError("device cuda: no GPU is visible")
+            n -= n % self.tp
+            if n < 1:
+                raise BlitzScaleError(
+                    f"tp={self.tp} needs {self.tp} GPUs, {torch.cuda.device_count()} visible"
+                )
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -148,6 +164,7 @@ class LocalCluster:
             incarnation=incarnation,
             peers=peers,
             standby=self.standby,
+            tp=self.tp,
         )
         name = f"blitzscale-worker-{rank}" + (f".{incarnation}" if incarnation else "")
         p = mp.get_context("spawn").Process(target=worker_main, args=(wcfg,), name=name, daemon=True)
@@ -235,9 +252,20 @@ class LocalCluster:
         self._mail.send(rank, msg)
 
     def forget_rank(self, rank: int) -> None:
-        """`rank`'s process is gone: it takes no more commands and holds no copy."""
+        """`rank`'s process is gone: it takes no more commands and holds no copy. The rest
+        of its instance group goes too (found dead next, and respawned like any death): a
+        shard alone can neither serve nor rejoin a group whose other members live on."""
         self.dead.add(rank)
         self.pool.forget_rank(rank)
+        for mate in self.group_of(rank):
+            if mate != rank and mate not in self.dead and self.procs[mate].is_alive():
+                log.warning("stopping worker %d: rank %d of its instance group died", mate, rank)
+                self.procs[mate].kill()
+
+    def group_of(self, rank: int) -> range:
+        """The ranks of `rank`'s instance (tp-aligned)."""
+        first = rank - rank % self.tp
+        return range(first, first + self.tp)
 
     def find_dead(self) -> list[int]:
         """Ranks whose process has exited since they were last seen alive; each is forgotten
@@ -281,6 +309,7 @@ class LocalCluster:
                 raise
             self.dead.discard(rank)
             self.restarts[rank] += 1
+            await self._relink_group(rank)
         seconds = time.monotonic() - t
         log.warning("worker %d respawned (incarnation %d) in %.1f s", rank, incarnation, seconds)
         return {"rank": rank, "incarnation": incarnation, "seconds": seconds}
@@ -306,7 +335,7 @@ class LocalCluster:
                     raise BlitzScaleError(f"respawned worker {rank} exited during start-up")
                 if time.monotonic() > deadline:
                     raise BlitzScaleError(f"respawned worker {rank} did not start in time")
-                if waiting.done():  # a survivor answered before the replacement was up: it failed
+                if links and waiting.done():  # a survivor answered before the replacement was up: it failed
                     break
                 await asyncio.sleep(0.05)
             replies = await waiting
@@ -315,6 +344,20 @@ class LocalCluster:
         if not all(m.ok for m in replies.values()):
             raise ClusterOpError(f"links to respawned rank {rank}", replies)
         return incarnation
+
+    async def _relink_group(self, rank: int) -> None:
+        """Once every member of `rank`'s instance group is back, they build its process
+        groups among their new incarnations. A member still on its way back does it later."""
+        members = list(self.group_of(rank))
+        if self.tp == 1 or any(m in self.dead or not self.procs[m].is_alive() for m in members):
+            return
+        incarnations = {m: self.incarnations[m] for m in members}
+        msgs = {m: InstanceLinkMsg(op_id=self.next_op(), incarnations=incarnations) for m in members}
+        replies = await self._call(msgs, f"instance group {members}", self.cfg.startup_timeout_s)
+        if not all(m.ok for m in replies.values()):  # the next member's respawn tries again
+            log.error("%s", ClusterOpError(f"instance group {members}", replies))
+        else:
+            log.info("instance group %s rebuilt (incarnations %s)", members, incarnations)
 
     def kill(self, rank: int) -> None:
         """End a worker's process now (it is then found dead and respawned like any death)."""
@@ -418,6 +461,8 @@ class LocalCluster:
             op_id=self.next_op(),
             model=model,
             source=source,
+            tp_size=self.tp,
+            tp_rank=rank % self.tp,
             parallel_readers=readers,
             direct_io=direct_io,
             max_bytes_per_s=max_bytes_per_s,
@@ -450,9 +495,22 @@ class LocalCluster:
         Targets that complete enter the pool; the others do not, whatever happened.
         `live`: messages (ActivateMsg with live=True) sent to targets right behind the
         transfer, so they serve while weights arrive; `on_live` gets their replies as they
-        come, long before the transfer ends."""
-        shard = ShardPlan(sources, targets, 0)
+        come, long before the transfer ends. With tp > 1 `sources` and `targets` are whole
+        instances' ranks: shard k moves from the sources' ranks k to the targets' ranks k."""
         rate = max_bytes_per_s or (0.0 if from_host else self.cfg.transfer_bytes_per_s)
+        if self.tp > 1:
+            if from_host or live:
+                what = "host copies" if from_host else "live scaling"
+                raise BlitzScaleError(f"{what} of tp={self.tp} instances are not supported yet")
+            insts = [[*self.group_of(r)] for r in sources if r % self.tp == 0]
+            tgts = [[*self.group_of(r)] for r in targets if r % self.tp == 0]
+            flat = [[r for i in insts for r in i], [r for i in tgts for r in i]]
+            if sorted(flat[0]) != sorted(sources) or sorted(flat[1]) != sorted(targets):
+                raise BlitzScaleError(f"tp={self.tp}: {sources} -> {targets} are not whole instances")
+            return await self.transfer_instances(
+                model, source, insts, tgts, max_bytes_per_s=rate, piece_bytes=piece_bytes
+            )
+        shard = ShardPlan(sources, targets, 0)
         return await self._transfer([shard], model, source, 1, from_host, rate, piece_bytes, live, on_live)
 
     async def transfer_instances(
@@ -558,6 +616,8 @@ class LocalCluster:
 
     async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
         """Make `rank`'s device copy the cluster's one host copy of `model`."""
+        if self.tp > 1:
+            raise BlitzScaleError(f"host copies of tp={self.tp} instances are not supported yet")
         msg = HostCacheMsg(op_id=self.next_op(), model=model)
         async with self._holding([rank]):
             self.pool.add_host_copy(model, rank)  # refuses a second host copy
@@ -621,3 +681,11 @@ class LocalCluster:
         async with self._holding([rank]):
             replies = await self._call_ok({rank: msg}, f"checksum {model} on rank {rank}")
         return replies[rank].result["checksum"]
+
+
+def check_tp_workers(num_workers: int, tp: int) -> None:
+    """Instances are `tp` consecutive ranks: the workers must come in whole instances."""
+    if tp < 1:
+        raise BlitzScaleError(f"tp must be at least 1, got {tp}")
+    if num_workers % tp:
+        raise BlitzScaleError(f"workers={num_workers} is not a multiple of tp={tp}")

@@ -291,8 +291,9 @@ def _loads(
     sources = source_instances(snapshot, cfg, new_prefill)
     if sources and cfg.multicast:
         chosen = _flat(i.ranks for i in sources[: cfg.max_sources])
-        partner = live_partner(snapshot, new_prefill | taken) if cfg.live else None
-        return [LoadAction(_flat(slots), "network", chosen, multicast=True, live=cfg.live, partner=partner)]
+        live = cfg.live and snapshot.tp == 1  # live scaling of tp > 1 instances: not yet
+        partner = live_partner(snapshot, new_prefill | taken) if live else None
+        return [LoadAction(_flat(slots), "network", chosen, multicast=True, live=live, partner=partner)]
     if sources:
         return [LoadAction(s, "network", sources[k % len(sources)].ranks) for k, s in enumerate(slots)]
     # Scale from zero: no GPU holds the model, so nothing can serve alongside a live target.

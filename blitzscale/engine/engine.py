@@ -61,8 +61,12 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 
 
 class LLMEngine:
-    def __init__(self, weights: ModelWeights, tokenizer: Any | None, config: EngineConfig) -> None:
+    def __init__(
+        self, weights: ModelWeights, tokenizer: Any | None, config: EngineConfig, tp_group: Any = None
+    ) -> None:
+        """`tp_group`: a tensor-parallel shard's group (LlamaModel's; model/tp.py)."""
         self.config = config
+        self.tp_group = tp_group
         self.tokenizer = tokenizer
         self.model_config = weights.config
         self._init_limits(weights)
@@ -91,7 +95,7 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks, bs)
 
     def _init_components(self, weights: ModelWeights) -> None:
-        self.model = LlamaModel(weights, max_positions=self.max_model_len)
+        self.model = LlamaModel(weights, max_positions=self.max_model_len, tp_group=self.tp_group)
         self.runner = ModelRunner(self.model, self.kv_cache, self.config.max_num_seqs, self.max_model_len)
         self.table = RequestTable(self.pool)  # every request here, with its status
         self.scheduler = Scheduler(
@@ -107,6 +111,7 @@ class LLMEngine:
         self._ids = itertools.count()
         cfg = self.config
         on = cfg.overlap == "on" or (cfg.overlap == "auto" and weights.device.type == "cuda")
+        on = on and self.tp_group is None  # (a TP leader sends each step's ids to its shards)
         # the step in flight, if any (None: every step's tokens are read at once)
         self.overlap: Overlap | None = None
         if on:

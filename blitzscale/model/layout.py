@@ -95,14 +95,21 @@ class WeightLayout:
         }
 
 
+def check_tp(cfg: ModelConfig, tp_size: int) -> None:
+    """Raise CheckpointError, naming the values, unless `tp_size` shards the model evenly."""
+    if tp_size < 1:
+        raise CheckpointError(f"tp must be at least 1, got {tp_size}")
+    if cfg.num_heads % tp_size or cfg.num_kv_heads % tp_size or cfg.intermediate_size % tp_size:
+        raise CheckpointError(
+            f"tp={tp_size} does not divide num_heads={cfg.num_heads}, num_kv_heads={cfg.num_kv_heads} "
+            f"and intermediate_size={cfg.intermediate_size}"
+        )
+
+
 def layer_tensor_shapes(cfg: ModelConfig, tp_size: int = 1) -> list[tuple[str, tuple[int, ...]]]:
     """Shapes of one layer's tensors on one TP rank (gate and up fused, q/k/v fused)."""
     h = cfg.hidden_size
-    if cfg.num_kv_heads % tp_size or cfg.intermediate_size % tp_size:
-        raise CheckpointError(
-            f"tp={tp_size} does not divide num_kv_heads={cfg.num_kv_heads} "
-            f"and intermediate_size={cfg.intermediate_size}"
-        )
+    check_tp(cfg, tp_size)
     q, kv, inter = cfg.q_size // tp_size, cfg.kv_size // tp_size, cfg.intermediate_size // tp_size
     shapes: list[tuple[str, tuple[int, ...]]] = [
         ("input_norm", (h,)),

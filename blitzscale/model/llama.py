@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from blitzscale.model.attention import AttentionMetadata, select_backend
 from blitzscale.model.ops import rms_norm, select_ops
 from blitzscale.model.rope import RotaryEmbedding
+from blitzscale.model.tp import TensorParallel
 from blitzscale.model.weights import LayerWeights, ModelWeights
 
 if TYPE_CHECKING:
@@ -34,18 +35,26 @@ class LlamaModel:
         self,
         weights: ModelWeights,
         max_positions: int | None = None,
-        tp_group: dist.ProcessGroup | None = None,
+        tp_group: dist.ProcessGroup | TensorParallel | None = None,
         backend: str = "auto",
         ops: str | None = None,
     ) -> None:
         """`backend`: "auto" (by device and dtype), "reference" (SDPA) or "triton"; `ops`
-        ("auto", "torch", "triton") follows it unless given."""
+        ("auto", "torch", "triton") follows it unless given. `tp_group`: a shard's group (a
+        `TensorParallel` also hears every layer range before it runs: model/tp.py)."""
         self.weights = weights
-        self.tp_group = tp_group
+        self.tp = tp_group if isinstance(tp_group, TensorParallel) else None
+        self.tp_group = tp_group.group if isinstance(tp_group, TensorParallel) else tp_group
         self.config = cfg = weights.config
         tp = weights.layout.tp_size
         if tp > 1 and tp_group is None:
             raise ValueError(f"a tensor-parallel shard (tp={tp}) needs its process group")
+        if self.tp is not None and (self.tp.size, self.tp.rank) != (tp, weights.layout.tp_rank):
+            raise ValueError(
+                f"shard {weights.layout.tp_rank} of tp={tp} cannot run as rank {self.tp.rank} "
+                f"of a group of {self.tp.size}"
+            )
+        self._embedded: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, hidden) for `tp`
         self.num_heads = cfg.num_heads // tp
         self.num_kv_heads = cfg.num_kv_heads // tp
         self.q_size = self.num_heads * cfg.head_dim
@@ -64,7 +73,10 @@ class LlamaModel:
         return self.config.num_layers
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(token_ids, self.weights.embed)
+        hidden = F.embedding(token_ids, self.weights.embed)
+        if self.tp is not None:  # the other shards embed the ids themselves (cheaper to send)
+            self._embedded = (token_ids, hidden)
+        return hidden
 
     def run_layers(
         self,
@@ -75,6 +87,10 @@ class LlamaModel:
         end: int | None = None,
     ) -> torch.Tensor:
         end = self.num_layers if end is None else end
+        if self.tp is not None:
+            embedded, self._embedded = self._embedded, None
+            ids = embedded[0] if embedded is not None and embedded[1] is hidden else None
+            self.tp.on_layers(ids, hidden, meta, start, end)
         self.attn.prepare(meta)
         rot = self.ops.rotary_tables(self.rope, meta.positions)
         residual, delta = hidden, None

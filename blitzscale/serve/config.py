@@ -1,6 +1,6 @@
 """`blitzscale serve` configuration: one TOML file, one typed section per concern.
 
-    [model]    name = "smollm2-135m"
+    [model]    name = "smollm2-135m", tp (ranks per instance)
     [server]   host, port, api_key
     [cluster]  workers, device, ports, timeouts       (blitzscale.cluster.config.ClusterConfig)
     [router]   mode = "pd" | "colocated", budgets     (blitzscale.serve.router.RouterConfig)
@@ -30,6 +30,11 @@ from blitzscale.tomlfile import read_toml
 class ModelSection:
     name: str = "smollm2-135m"
     cache_dir: str = ""  # where converted models are kept ("" = ~/.cache/blitzscale/models)
+    tp: int = 1  # tensor-parallel ranks per instance (consecutive ranks; workers a multiple)
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"tp must be at least 1, got {self.tp}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,22 @@ class ServeConfig:
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
+    def __post_init__(self) -> None:
+        """What tensor parallelism needs of the other sections (before any worker starts)."""
+        tp = self.model.tp
+        if tp == 1:
+            return
+        if self.cluster.num_workers % tp:
+            raise InvalidRequestError(
+                f"workers={self.cluster.num_workers} is not a multiple of tp={tp} "
+                "(an instance is tp consecutive workers)"
+            )
+        if self.policy.name in HOST_COPY_POLICIES:
+            raise InvalidRequestError(
+                f"policy {self.policy.name} loads from host copies, which tp={tp} instances "
+                "do not support yet; use blitz, blitz-nolive, network, network-multicast or fixed"
+            )
+
     def with_overrides(self, **sections: dict[str, Any]) -> ServeConfig:
         """A copy with some keys of some sections replaced (flags over the file)."""
         changes = {}
@@ -92,6 +113,7 @@ def _toml_value(v: Any) -> str:
 
 
 _SECTIONS = {f.name for f in dataclasses.fields(ServeConfig)}
+HOST_COPY_POLICIES = ("sllm", "allcache")
 
 
 def _section(cls: type[Any], name: str, values: dict[str, Any], base: Any = None) -> Any:

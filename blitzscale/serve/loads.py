@@ -39,14 +39,15 @@ class Loads:
     async def run(self, a: LoadAction) -> None:
         role = "prefill" if self.scaler.pd_mode else "colocated"
         from_host = a.path == "host" and self.cluster.pool.host_holder(self.model) is not None
+        ids = self.scaler.instance_ids(a.target_ranks)
         if a.path != "network" and not from_host:
             # Disk loads are independent: each target reads on its own and serves as soon
             # as its own load ends, whatever the others do.
             done = await asyncio.gather(  # (the page cache is dropped once, by the first)
-                *(self._load_disk(t, role, cold=i == 0) for i, t in enumerate(a.target_ranks)),
+                *(self._load_disk(self._ranks(t), role, cold=i == 0) for i, t in enumerate(ids)),
                 return_exceptions=True,
             )
-            for t, err in zip(a.target_ranks, done, strict=True):  # every target ran to its end
+            for t, err in zip(ids, done, strict=True):  # every target ran to its end
                 if isinstance(err, BaseException):
                     log.error("starting rank %d after its disk load failed: %s", t, err)
             return
@@ -57,20 +58,42 @@ class Loads:
                 await self._load_host(a.target_ranks)
         except BlitzScaleError as e:
             self._load_failed(a.target_ranks, e)
+            await self._drop_partial(a.target_ranks)
             return
         self._load_succeeded(a.target_ranks)
-        await self.scaler.activate_many(list(a.target_ranks), role)
+        await self.scaler.activate_many(list(ids), role)
+
+    async def _drop_partial(self, targets: tuple[int, ...]) -> None:
+        """Shards of a tp > 1 instance that loaded while another did not are released: the
+        instance is INACTIVE, and its ranks must hold nothing for the next load."""
+        holders = set(self.cluster.pool.gpu_holders(self.model))
+        for i in self.scaler.instance_ids(targets):
+            ranks = self._ranks(i)
+            if len(ranks) > 1 and not holders.issuperset(ranks):
+                for r in holders.intersection(ranks):
+                    try:
+                        await self.cluster.release(self.model, r)
+                    except BlitzScaleError as e:
+                        log.error("releasing the shard on rank %d failed: %s", r, e)
+
+    def _ranks(self, instance_id: int) -> tuple[int, ...]:
+        return tuple(range(instance_id, instance_id + self.scaler.tp))
 
     def _load_failed(self, targets: tuple[int, ...], e: BlitzScaleError) -> None:
         """Targets that did not get the model go back to INACTIVE and wait (backing off)
-        before a load may pick them again; repeated failures take a rank out of service."""
+        before a load may pick them again; repeated failures take a rank out of service.
+        An instance with any shard missing did not get it."""
         log.error("load onto %s failed: %s", list(targets), e)
         now = clock.now()
-        for t in targets:
-            if t in self.cluster.pool.gpu_holders(self.model):
+        holders = set(self.cluster.pool.gpu_holders(self.model))
+        for i in self.scaler.instance_ids(targets):
+            if holders.issuperset(self._ranks(i)):
                 continue
-            self.scaler.state.move(t, InstanceState.INACTIVE, "(load failed)")
+            self.scaler.state.move(i, InstanceState.INACTIVE, "(load failed)")
             self.scaler.metrics.load_failures.inc()
+        for t in targets:
+            if t in holders:
+                continue
             if self.backoff.failed(t, now):
                 log.error(
                     "rank %d is out of service after %d failed loads in a row (last: %s); "
@@ -134,7 +157,9 @@ class Loads:
             await self.scaler.activate_many(missed, role)
 
     async def network(self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool) -> None:
-        groups = [targets] if multicast else [(t,) for t in targets]
+        """Sources and targets are whole instances' ranks (shard k to shard k)."""
+        ids = self.scaler.instance_ids(targets)
+        groups = [targets] if multicast else [self._ranks(i) for i in ids]
         for group in groups:
             t0 = clock.now()
             report = await self.cluster.transfer(self.model, self.source, list(sources), list(group))
@@ -148,19 +173,31 @@ class Loads:
         nbytes = sum(v["bytes"] for v in report.values())
         self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, [holder], report)
 
-    async def _load_disk(self, target: int, role: Role, cold: bool) -> None:
+    async def from_disk(self, ranks: tuple[int, ...], cold: bool = False) -> tuple[float, int]:
+        """Load one instance from disk, every shard at once: (seconds, bytes). Raises if
+        any shard failed (the shards that loaded stay in the pool)."""
+        cap = self.cluster.cfg.disk_bytes_per_s
         t0 = clock.now()
+        done = await asyncio.gather(
+            *(
+                self.cluster.load(self.model, r, self.disk_source, max_bytes_per_s=cap, cold=cold and k == 0)
+                for k, r in enumerate(ranks)
+            ),
+            return_exceptions=True,
+        )
+        for err in done:
+            if isinstance(err, BaseException):
+                raise err
+        return clock.now() - t0, sum(int(r.get("bytes", 0)) for r in done)  # type: ignore[union-attr]
+
+    async def _load_disk(self, target: tuple[int, ...], role: Role, cold: bool) -> None:
+        """`cold`: from the disk itself, as a scale-up from an SSD would."""
         try:
-            res = await self.cluster.load(
-                self.model,
-                target,
-                self.disk_source,
-                max_bytes_per_s=self.cluster.cfg.disk_bytes_per_s,
-                cold=cold,  # from the disk itself, as a scale-up from an SSD would
-            )
+            seconds, nbytes = await self.from_disk(target, cold)
         except BlitzScaleError as e:
-            self._load_failed((target,), e)
+            self._load_failed(target, e)
+            await self._drop_partial(target)
             return
-        self.scaler.record("up", "disk", [target], clock.now() - t0, int(res.get("bytes", 0)), [])
-        self._load_succeeded((target,))
-        await self.scaler.activate_many([target], role)
+        self.scaler.record("up", "disk", list(target), seconds, nbytes, [])
+        self._load_succeeded(target)
+        await self.scaler.activate_many([target[0]], role)

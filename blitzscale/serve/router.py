@@ -98,7 +98,9 @@ class Router:
         model_name: str,
         vocab_size: int,
         max_model_len: int,
+        tp: int = 1,
     ) -> None:
+        """`tp`: ranks per instance; the router talks to each instance's first rank."""
         self.cfg = cfg
         self.cluster = cluster
         self.data = data
@@ -106,7 +108,7 @@ class Router:
         self.model_name = model_name
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.state = ControlState()  # instances, live pairs, relays: one owner
+        self.state = ControlState(tp)  # instances, live pairs, relays: one owner
         self.queue = RequestQueue(cfg.max_queue_tokens, cfg.max_queue_wait_s)
         self.num_refused: Counter[str] = Counter()  # requests refused, by reason
         self.reqs: dict[str, RouterRequest] = {}
@@ -418,21 +420,22 @@ class Router:
             log.error("worker %d died; its requests run again or fail, its copies leave the pool", rank)
             self.respawner.died(rank)
         self.dead_ranks |= dead
-        self.live.drop_dead_relays(dead)
-        self.migrations.drop_dead(dead)
+        gone = {self.state.owner(rank) for rank in dead}  # a TP instance dies with any shard
+        self.live.drop_dead_relays(gone)
+        self.migrations.drop_dead(gone)
         for r in list(self.reqs.values()):
             involved = {r.prefill_rank, r.decode_rank, r.relay_from} - {None}
-            ranks = involved & dead
+            ranks = involved & gone
             if ranks:  # run again if nothing was produced yet (no client can tell), else fail
-                for rank in involved - dead:  # survivors drop their part (blocks, receives)
+                for rank in involved - gone:  # survivors drop their part (blocks, receives)
                     self._send_nowait(rank, AbortMsg(request_id=r.wire_id))  # type: ignore[arg-type]
                 self._lost(r, f"instance on rank {sorted(ranks)} died", ranks)
-        for rank in dead:
+        for rank in gone:
             inst = self.instances.get(rank)
             if inst is not None and inst.state is not InstanceState.INACTIVE:
                 self.state.move(rank, InstanceState.INACTIVE, "(worker died)")
                 self.connected.discard(rank)
-        self.live.drop_dead_pairs(dead)
+        self.live.drop_dead_pairs(gone)
 
     def _rank_back(self, rank: int) -> None:
         """A respawned worker is up with its links rebuilt: the planner may use it again."""

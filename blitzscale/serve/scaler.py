@@ -3,6 +3,8 @@
 The decisions are the pure functions of `blitzscale.control`; this module only executes
 them against the live cluster and keeps instance states truthful. An action whose ranks
 are still busy with an earlier action is skipped this round (the planner will ask again).
+An instance is `tp` consecutive ranks, known by its first (`ControlState.owner`): loads and
+releases go to all its ranks, activation and roles to its first, which leads the others.
 """
 
 from __future__ import annotations
@@ -81,11 +83,16 @@ class Scaler:
 
     # --- bring-up -----------------------------------------------------------------------
 
+    @property
+    def tp(self) -> int:
+        return self.state.tp
+
     async def bootstrap(self, num_prefill: int, num_decode: int, keep_host_copy: bool) -> None:
-        """First instances: rank 0 from disk, the rest over the network from it."""
+        """First instances: instance 0 from disk, the rest over the network from it."""
+        first = tuple(range(self.tp))
         self.state.move(0, InstanceState.LOADING, "(disk)")
-        res = await self.cluster.load(self.model, 0, self.disk_source)
-        self.record("up", "disk", [0], res.get("seconds", 0.0), int(res.get("bytes", 0)), [])
+        seconds, nbytes = await self.loads.from_disk(first)
+        self.record("up", "disk", list(first), seconds, nbytes, [])
         if keep_host_copy:  # the cluster's one host copy, for scaling from zero
             await self.cluster.cache_on_host(self.model, 0)
         roles = (
@@ -94,11 +101,12 @@ class Scaler:
             else ["colocated"] * num_prefill
         )
         await self.activate_many([0], roles[0])
-        others = list(range(1, len(roles)))
+        others = [k * self.tp for k in range(1, len(roles))]
         for rank in others:
             self.state.move(rank, InstanceState.LOADING, "(network)")
         if others:
-            await self.loads.network((0,), tuple(others), multicast=True)
+            targets = tuple(r for i in others for r in range(i, i + self.tp))
+            await self.loads.network(first, targets, multicast=True)
             for rank, role in zip(others, roles[1:], strict=True):
                 await self.activate_many([rank], role)
 
@@ -145,6 +153,7 @@ class Scaler:
             ),
             gpu_holders=tuple(self.cluster.pool.gpu_holders(self.model)),
             host_holder=self.cluster.pool.host_holder(self.model),
+            tp=self.tp,
             pd_mode=self.pd_mode,
             host_of_rank=self._hosts(),
         )
@@ -192,11 +201,12 @@ class Scaler:
             targets = tuple(t for t in a.target_ranks if t not in self.busy and self.state.is_free(t))
             if targets != a.target_ranks:
                 return
-            live = a.live and a.path == "network"
+            live = a.live and a.path == "network" and self.tp == 1
             state = InstanceState.NEW_PREFILL if live else InstanceState.LOADING
-            for t in targets:
+            ids = self.instance_ids(targets)
+            for t in ids:
                 self.state.move(t, state, f"({a.path})")
-            self._spawn(targets, self.loads.run_live(a) if live else self.loads.run(a))
+            self._spawn(ids, self.loads.run_live(a) if live else self.loads.run(a))
             return
         inst = self.state.get(a.instance_id)
         if inst is None or inst.id in self.busy:
@@ -213,6 +223,10 @@ class Scaler:
             self.state.move(inst.id, InstanceState.MUTATING_TO_DECODE, "(mutating)")
         elif isinstance(a, ReleaseAction):
             self._spawn(inst.id, self._release(inst))
+
+    def instance_ids(self, ranks: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+        """The instances these ranks belong to, in order."""
+        return tuple(dict.fromkeys(self.state.owner(r) for r in ranks))
 
     def _spawn(self, ids: int | tuple[int, ...], coro: Any) -> None:
         keys = (ids,) if isinstance(ids, int) else ids
@@ -239,10 +253,11 @@ class Scaler:
         if inst.state is not InstanceState.SHUTTING_NULL or not inst.is_idle:
             return
         await self.cluster.deactivate(inst.rank)
-        res = await self.cluster.release(self.model, inst.rank)
+        res = await asyncio.gather(*(self.cluster.release(self.model, r) for r in inst.ranks))
         self.state.move(inst.id, InstanceState.INACTIVE, "(released)")
-        nbytes = int(res.get("freed_bytes", 0))
-        self.record("down", "release", [inst.rank], 0.0, nbytes, [], standby=bool(res.get("standby")))
+        freed = sum(int(x.get("freed_bytes", 0)) for x in res)
+        kept = all(x.get("standby") for x in res)
+        self.record("down", "release", list(inst.ranks), 0.0, freed, [], standby=kept)
 
     def record(
         self,
@@ -261,7 +276,7 @@ class Scaler:
         self.metrics.scale_events.labels(direction=direction, path=path).inc()
         if direction == "up":
             self.metrics.transfer_bytes.labels(path=path).inc(nbytes)
-            for rank in ranks:  # what loading it again would cost (no-thrash rule)
+            for rank in self.instance_ids(ranks):  # what loading it again would cost (no-thrash)
                 self.state.loaded(rank, seconds)
         event = {
             "time": clock.now(),

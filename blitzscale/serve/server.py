@@ -24,6 +24,7 @@ from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.convert import convert
 from blitzscale.checkpoint.native import is_native_folder
 from blitzscale.cluster.local import LocalCluster
+from blitzscale.model.layout import check_tp
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.dataplane import ZmqDataPlane
 from blitzscale.serve.metrics import ClusterMetrics
@@ -34,18 +35,26 @@ from blitzscale.worker.standby import StandbySpec
 log = logging.getLogger("blitzscale.serve")
 
 
-def prepare_model(name: str, cache_dir: str = "") -> str:
-    """Our-format folder of the model (converted once and kept), so every load is one read."""
+def prepare_model(name: str, cache_dir: str = "", tp: int = 1) -> str:
+    """Our-format folder of the model (converted once and kept, one file per shard), so
+    every load is one read."""
     src = resolve_model(name)
     if src.kind == "native":
         return str(src.path)
     root = Path(cache_dir or os.environ.get("BLITZSCALE_CACHE", "~/.cache/blitzscale")).expanduser()
-    folder = root / "models" / name.replace(":", "_").replace("/", "_")
+    folder = root / "models" / (name.replace(":", "_").replace("/", "_") + (f"_tp{tp}" if tp > 1 else ""))
     if not is_native_folder(folder):
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        convert(name, tmp)
+        convert(name, tmp, tp_size=tp)
         tmp.rename(folder)
     return str(folder)
+
+
+def check_model_tp(name: str, tp: int) -> None:
+    """Refuse, naming the values, a tp the model's shapes do not divide (before any worker
+    starts, and before converting anything)."""
+    if tp > 1:
+        check_tp(load_config(resolve_model(name)), tp)
 
 
 class ServingCluster:
@@ -60,20 +69,39 @@ class ServingCluster:
 
     async def start(self) -> None:
         cfg = self.cfg
-        folder = await asyncio.to_thread(prepare_model, cfg.model.name, cfg.model.cache_dir)
+        tp = cfg.model.tp
+        await asyncio.to_thread(check_model_tp, cfg.model.name, tp)
+        if tp > 1 and cfg.policy.live:
+            log.warning(
+                "policy %s: live scaling of tp=%d instances is not supported yet; new instances "
+                "load fully before they serve (as blitz-nolive)",
+                cfg.policy.name,
+                tp,
+            )
+        folder = await asyncio.to_thread(prepare_model, cfg.model.name, cfg.model.cache_dir, tp)
         data = self._ctx.socket(zmq.ROUTER)
         data.setsockopt(zmq.LINGER, 0)
         port = data.bind_to_random_port(f"tcp://{cfg.cluster.host}")
-        standby = StandbySpec(cfg.model.name, folder, cfg.engine) if cfg.cluster.uses_standby else None
+        use_standby = cfg.cluster.uses_standby and tp == 1  # (TP instances: not yet)
+        standby = StandbySpec(cfg.model.name, folder, cfg.engine) if use_standby else None
         addr = f"tcp://{cfg.cluster.host}:{port}"
-        self.cluster = LocalCluster(cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby)
+        self.cluster = LocalCluster(
+            cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby, tp=tp
+        )
         await asyncio.to_thread(self.cluster.start)
         src = resolve_model(folder)
         mcfg = load_config(src)
         max_len = min(cfg.engine.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
         plane = ZmqDataPlane(data, self.cluster.token)
         self.router = Router(
-            cfg.router, self.cluster, plane, load_tokenizer(src), cfg.model.name, mcfg.vocab_size, max_len
+            cfg.router,
+            self.cluster,
+            plane,
+            load_tokenizer(src),
+            cfg.model.name,
+            mcfg.vocab_size,
+            max_len,
+            tp=tp,
         )
         await self.router.start()
         self.metrics = ClusterMetrics(self.registry, self.router)
@@ -85,11 +113,12 @@ class ServingCluster:
         n_dec = (
             (cfg.policy.fixed_decode if fixed else cfg.planner.min_decode) if cfg.router.mode == "pd" else 0
         )
-        if n_pre + n_dec > self.cluster.world_size:
+        if (n_pre + n_dec) * tp > self.cluster.world_size:
             raise ValueError(
-                f"{n_pre + n_dec} first instances need as many workers, have {self.cluster.world_size}"
+                f"{n_pre + n_dec} first instances of tp={tp} need {(n_pre + n_dec) * tp} workers, "
+                f"have {self.cluster.world_size}"
             )
-        keep_host = cfg.policy.name != "fixed"
+        keep_host = cfg.policy.name != "fixed" and tp == 1  # (no host copies of shards yet)
         await self.scaler.bootstrap(n_pre, n_dec, keep_host_copy=keep_host)
         if not fixed:
             self._scale_task = asyncio.create_task(self.scaler.run())

@@ -32,7 +32,9 @@ class Relay:
 
 
 class ControlState:
-    def __init__(self) -> None:
+    def __init__(self, tp: int = 1) -> None:
+        """`tp`: ranks per instance; an instance is ranks [id, id + tp), id a multiple of tp."""
+        self.tp = tp
         self._instances: dict[int, Instance] = {}
         self._pairs: dict[int, int | None] = {}  # live target -> its source (None: no source)
         self._relays: dict[str, Relay] = {}  # by wire request id
@@ -54,8 +56,12 @@ class ControlState:
         """The instances that hold or get weights, for a snapshot."""
         return tuple(i.view() for i in self._instances.values() if i.state is not InstanceState.INACTIVE)
 
+    def owner(self, rank: int) -> int:
+        """The id of the instance `rank` belongs to (its first rank)."""
+        return rank - rank % self.tp
+
     def is_free(self, rank: int) -> bool:
-        inst = self._instances.get(rank)
+        inst = self._instances.get(self.owner(rank))
         return inst is None or inst.state is InstanceState.INACTIVE
 
     # --- states -------------------------------------------------------------------------
@@ -64,7 +70,10 @@ class ControlState:
         """The instance on `rank`, made (INACTIVE) on first use."""
         inst = self._instances.get(rank)
         if inst is None:
-            inst = self._instances[rank] = Instance(id=rank, ranks=(rank,))
+            if rank % self.tp:
+                raise ValueError(f"rank {rank} is not an instance's first rank (tp={self.tp})")
+            ranks = tuple(range(rank, rank + self.tp))
+            inst = self._instances[rank] = Instance(id=rank, ranks=ranks)
         return inst
 
     def move(self, rank: int, new: InstanceState, why: str = "") -> Instance:

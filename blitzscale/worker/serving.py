@@ -3,6 +3,10 @@
 Runs on the worker's main thread between control messages: each `tick` advances pending
 KV migrations, runs one engine step and ships the outputs. KV moves over its own process
 group, so it never interleaves with weight transfers on the same communicator.
+
+The leader (shard 0) of a tensor-parallel instance serves here like any instance; its
+engine's model has the other shards run each step with it, and each KV migration moves
+every shard's heads, shard k to shard k (worker/tp.py).
 """
 
 from __future__ import annotations
@@ -41,10 +45,17 @@ from blitzscale.messages import (
     SendKVMsg,
     SendRelayMsg,
     StatsMsg,
+    TPKVCommitMsg,
+    TPKVDropMsg,
+    TPKVRecvMsg,
+    TPKVSendMsg,
+    TPSetupMsg,
+    TPStopMsg,
 )
 from blitzscale.model.weights import ModelWeights
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_one
 from blitzscale.worker.relays import LiveSide
+from blitzscale.worker.tp import TPLeader, make_leader
 from blitzscale.worker.world import Links
 
 STATS_INTERVAL_S = 0.05
@@ -62,6 +73,7 @@ class ServingLoop:
         self.links = links
         self.send = send
         self.engine: LLMEngine | None = None
+        self.tp: TPLeader | None = None  # this engine leads a tensor-parallel instance
         self.role = ""
         self._recvs: dict[str, Move] = {}
         self._sends: dict[str, Move] = {}
@@ -83,18 +95,37 @@ class ServingLoop:
         """Serve `weights` with a new engine, or with `engine`, built on them beforehand."""
         if self.engine is not None:
             raise BlitzScaleError(f"rank {self.rank} is already serving")
-        self.engine = engine if engine is not None else LLMEngine(weights, tokenizer, msg.engine)
+        tp = make_leader(self.links, weights)
+        if tp is not None and msg.live:
+            raise BlitzScaleError(f"live scaling of tp={tp.size} instances is not supported yet")
+        if engine is None or tp is not None:  # (a standby engine is TP=1)
+            engine = LLMEngine(weights, tokenizer, msg.engine, tp_group=tp)
+        total = engine.counts()["total_blocks"]
+        if tp is not None:  # the other shards build their KV caches the same size
+            tp.send(
+                TPSetupMsg(
+                    model=msg.model,
+                    num_blocks=total,
+                    block_size=msg.engine.block_size,
+                    max_model_len=engine.max_model_len,
+                )
+            )
+            if not tp.all_ok():
+                raise BlitzScaleError(f"ranks {list(tp.instance.members)}: a shard of {msg.model} is missing")
+        self.engine, self.tp = engine, tp
         self.role = msg.role
         self.live.reset()
         if msg.live:
             self.engine.start_live()
-        total = self.engine.counts()["total_blocks"]
         return {"num_kv_blocks": total, "max_model_len": self.engine.max_model_len}
 
     def deactivate(self) -> None:
         if not self.is_idle:
             raise BlitzScaleError(f"rank {self.rank} still has requests; drain it first")
-        self.engine = None
+        if self.tp is not None:
+            self.tp.send(TPStopMsg())
+            self.tp.flush()
+        self.engine, self.tp = None, None
         self.role = ""
 
     # --- data-plane messages ------------------------------------------------------------
@@ -106,6 +137,8 @@ class ServingLoop:
             self.send(LostMsg(rank=self.rank, request_id=rid, error=f"rank {self.rank} is not serving"))
             return
         try:
+            if self.tp is not None and isinstance(msg, RelayMsg | RelayInMsg | SendRelayMsg):
+                raise BlitzScaleError(f"live scaling of tp={self.tp.size} instances is not supported yet")
             if isinstance(msg, GenerateMsg):
                 e.add_request(
                     msg.prompt_token_ids, to_params(msg.params), msg.request_id, hold_kv=msg.hold_kv
@@ -153,6 +186,8 @@ class ServingLoop:
         elif request_id in self._recvs:
             self._recvs[request_id].aborted = True
             e.cancel_import(request_id)
+            if self.tp is not None:
+                self.tp.send(TPKVDropMsg(request_id=request_id))
         elif not e.abort(request_id) and request_id not in self._sends:  # a held one: free it
             e.release_held(request_id)
 
@@ -174,6 +209,10 @@ class ServingLoop:
             raise
         done = self._waiters.submit(wait_one, work, buf.device)
         self._recvs[msg.request_id] = Move(done, buf)
+        if self.tp is not None:  # every shard receives its heads from the same shard there
+            self.tp.send(
+                TPKVRecvMsg(request_id=msg.request_id, num_blocks=buf.shape[2], src_rank=msg.src_rank)
+            )
         self.send(KVReadyMsg(rank=self.rank, request_id=msg.request_id))
 
     def _start_send(self, msg: SendKVMsg) -> None:
@@ -181,6 +220,11 @@ class ServingLoop:
         assert e is not None
         buf = e.kv_out(msg.request_id)  # (InvalidRequestError if it holds none here)
         work = self.links.isend(buf, msg.dst_rank, "kv")
+        held = e.request(msg.request_id, RequestStatus.HELD)
+        if self.tp is not None and held is not None:
+            self.tp.send(
+                TPKVSendMsg(request_id=msg.request_id, block_ids=list(held.block_ids), dst_rank=msg.dst_rank)
+            )
         done = self._waiters.submit(wait_one, work, buf.device)
         self._sends[msg.request_id] = Move(done, buf)
 
@@ -265,11 +309,17 @@ class ServingLoop:
         for rid, m, err in finished(self._recvs, self._orphans):
             if m.aborted:
                 continue  # its blocks went back when it was aborted
-            if err is None:
+            if err is None and self._shards_landed(e, rid):
                 e.kv_in(rid, m.buf)
                 e.commit_import(rid)  # its outputs tell the router it decodes here
+            elif err is None:
+                e.cancel_import(rid)
+                why = "receive: another shard's KV did not arrive"
+                self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=why))
             else:
                 e.cancel_import(rid)
+                if self.tp is not None:
+                    self.tp.send(TPKVDropMsg(request_id=rid))
                 self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=f"receive: {err}"))
         for rid, _m, err in finished(self._sends, self._orphans):
             e.release_held(rid)
@@ -277,6 +327,15 @@ class ServingLoop:
                 self.send(KVSentMsg(rank=self.rank, request_id=rid))
             else:
                 self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=f"send: {err}"))
+
+    def _shards_landed(self, e: LLMEngine, rid: str) -> bool:
+        """A TP instance: the other shards put their part of the KV in place (or say it
+        never came) before the request can run."""
+        req = e.request(rid, RequestStatus.IMPORTING)
+        if self.tp is None or req is None:
+            return True
+        self.tp.send(TPKVCommitMsg(request_id=rid, block_ids=list(req.block_ids)))
+        return self.tp.all_ok()
 
 
 def _to_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:

@@ -30,6 +30,7 @@ from blitzscale.messages import (
     DeactivateMsg,
     HelloMsg,
     HostCacheMsg,
+    InstanceLinkMsg,
     LinkMsg,
     LoadMsg,
     Message,
@@ -47,8 +48,9 @@ from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker.disk_source import load_local
 from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.standby import Standby, StandbySpec, free_device_memory
+from blitzscale.worker.tp import TPFollower, TPInbox
 from blitzscale.worker.warmup import warm_up_compute
-from blitzscale.worker.world import Links
+from blitzscale.worker.world import InstanceGroup, Links
 
 log = logging.getLogger("blitzscale.worker")
 
@@ -69,6 +71,7 @@ class WorkerConfig:
     incarnation: int = 0  # > 0: a replacement of a worker that died
     peers: tuple[tuple[int, int], ...] = ()  # a replacement's live peers: (rank, incarnation)
     standby: StandbySpec | None = None  # build a standby engine of this model at start
+    tp: int = 1  # ranks per instance: [k*tp, (k+1)*tp) share an instance group (worker/world.py)
 
 
 class Worker:
@@ -94,6 +97,7 @@ class Worker:
         self._init_control()
         self._init_serving()
         self._retired: tuple[str, LLMEngine] | None = None  # the last deactivated engine
+        self._init_follower()
 
     def _init_standby(self) -> None:
         """Before the hello: the cluster counts this worker ready once its standby exists."""
@@ -112,7 +116,9 @@ class Worker:
 
     def _init_world(self) -> None:
         c = self.cfg
-        self.links = Links(c.rank, c.incarnation, c.dist_addr, c.dist_port, self.device, c.init_timeout_s)
+        self.links = Links(
+            c.rank, c.incarnation, c.dist_addr, c.dist_port, self.device, c.init_timeout_s, c.tp
+        )
         if c.incarnation == 0:
             self.warmup_s = self.links.connect_world(c.world_size)
         else:  # each live peer builds its side when the controller sends it a LinkMsg
@@ -147,6 +153,34 @@ class Worker:
             )
         self.serving = ServingLoop(self.rank, self.links, self._send_data)
 
+    def _init_follower(self) -> None:
+        """Shard k > 0 of an instance group follows its leader's commands (worker/tp.py)."""
+        self.follower: TPFollower | None = None
+        self.inbox: TPInbox | None = None
+        self._follows: InstanceGroup | None = None  # the group `inbox` reads
+        self._follow(self.links.instance)
+
+    def _follow(self, group: InstanceGroup | None) -> None:
+        """(Re)start following on `group` (the links' current instance group)."""
+        if self.inbox is not None:
+            self.inbox.close()
+        self._follows = group
+        self.follower = self.inbox = None
+        if group is not None and group.rank > 0:
+            self.follower = TPFollower(self.links, group)
+            self.inbox = TPInbox(self.ctx, group)
+
+    def _handle_tp(self) -> None:
+        assert self.inbox is not None and self.follower is not None
+        cmd = self.inbox.take()
+        if cmd is None:  # a member died: the group is rebuilt once all are back
+            log.warning("rank %d: its instance group broke (%s)", self.rank, self.inbox.lost)
+            self.follower.stop()
+            self.inbox.close()
+            self.follower = self.inbox = None
+            return
+        self.follower.handle(cmd, self.models)
+
     def _send_data(self, msg: Message) -> None:
         if self.data is not None:
             self.data.send_multipart(worker_frames(self.cfg.token, msg))
@@ -161,11 +195,24 @@ class Worker:
             poller.register(self.data, zmq.POLLIN)
         busy = False
         parent = os.getppid()
+        inbox: zmq.Socket | None = None
         while True:
             if os.getppid() != parent:  # the controller is gone: never linger as an orphan
                 return
+            if self.links.instance is not self._follows:  # rebuilt (InstanceLinkMsg)
+                self._follow(self.links.instance)
+            current = self.inbox.socket if self.inbox is not None else None
+            if current is not inbox:
+                if inbox is not None:
+                    poller.unregister(inbox)
+                if current is not None:
+                    poller.register(current, zmq.POLLIN)
+                inbox = current
             events = dict(poller.poll(0 if busy else 2))
             self._settle()
+            if inbox is not None and inbox in events:  # a leader's command: before control ones
+                while self.inbox is not None and self.inbox.socket.poll(0):
+                    self._handle_tp()
             if self.sock in events:
                 msg = self._decode(self.sock.recv())
                 if msg is None:
@@ -196,6 +243,9 @@ class Worker:
                 return
             if isinstance(msg, LinkMsg):
                 self._start_link(msg)  # likewise: the new peer may still be starting
+                return
+            if isinstance(msg, InstanceLinkMsg):
+                self._start_instance_link(msg)
                 return
             self._reply(op_id, True, self.handle(msg))
         except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
@@ -264,6 +314,20 @@ class Worker:
             self._reply_from_thread(reply)
 
         threading.Thread(target=run, name=f"link-{msg.peer}", daemon=True).start()
+
+    def _start_instance_link(self, msg: InstanceLinkMsg) -> None:
+        """Rebuild this rank's instance group among its members' current incarnations (one
+        was respawned), on a thread: every member builds it at once."""
+
+        def run() -> None:
+            try:
+                result, ok, err = {"seconds": self.links.connect_instance(msg.incarnations)}, True, ""
+            except Exception as e:  # answered, never a dead thread
+                result, ok, err = {}, False, f"{type(e).__name__}: {e}"
+            reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
+            self._reply_from_thread(reply)
+
+        threading.Thread(target=run, name="instance-link", daemon=True).start()
 
     def _reply_from_thread(self, reply: ReplyMsg) -> None:
         """Answer on a socket of this thread's own (sockets are not thread-safe): through the
@@ -399,6 +463,8 @@ class Worker:
     def _release(self, msg: ReleaseMsg) -> dict[str, Any]:
         if msg.model == self.serving_model:
             raise ValueError(f"rank {self.rank} is serving {msg.model}; deactivate it first")
+        if self.follower is not None and self.follower.model_name == msg.model:
+            self.follower.stop()  # its leader was deactivated (its stop may still be on the way)
         freed, kept = 0, False
         weights = self.models.pop(msg.model, None)
         if weights is not None:
@@ -456,3 +522,8 @@ def worker_main(cfg: WorkerConfig) -> None:
         worker.serve_forever()
     finally:
         worker.links.close()
+    if worker.inbox is not None:
+        # Its reader thread waits in the instance group's broadcast, and tearing the group
+        # down under it aborts the process: leave at once (everything is answered).
+        logging.shutdown()
+        os._exit(0)

@@ -12,6 +12,14 @@ predecessor while sending to its successor.
 
 Creating a communicator costs ~100 ms on NCCL; paying it at scale time would eat the whole
 budget, so every link exchanges one message as soon as it is built.
+
+With tensor-parallel instances (`tp` > 1) the ranks [k*tp, (k+1)*tp) also share an instance
+group, built at cluster start with the links (never at scale time): `compute` for the
+model's all-reduces (NCCL on GPU, gloo on CPU) and `control`, always gloo, on which the
+instance's leader tells its other shards what to run (worker/tp.py). The control group
+waits without a deadline (an idle instance says nothing for hours) and fails at once when a
+member dies (a closed connection). A group that lost a member is rebuilt, among the new
+incarnations, once every member is alive again (`connect_instance`, on InstanceLinkMsg).
 """
 
 from __future__ import annotations
@@ -32,10 +40,30 @@ import torch.distributed as dist
 from blitzscale.errors import BlitzScaleError
 
 PLANES = ("weights", "kv")
+CONTROL_TIMEOUT = timedelta(days=3650)  # an instance group's control plane: no deadline
 
 
 class NoLinkError(BlitzScaleError):
     """There is no live link to that rank (it died and has not been replaced yet)."""
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    """The process groups of one tensor-parallel rank group, as one of its members sees them."""
+
+    members: tuple[int, ...]  # global ranks; members[k] holds shard k
+    rank: int  # this worker's index in `members` (its shard)
+    compute: dist.ProcessGroup  # the model's all-reduces
+    control: dist.ProcessGroup  # the leader's commands (gloo)
+    key: str  # names every member's incarnation: a rebuilt group has a new one
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    @property
+    def leader(self) -> int:
+        return self.members[0]
 
 
 @dataclass(frozen=True)
@@ -46,7 +74,14 @@ class _Pair:
 
 class Links:
     def __init__(
-        self, rank: int, incarnation: int, addr: str, port: int, device: torch.device, timeout_s: float
+        self,
+        rank: int,
+        incarnation: int,
+        addr: str,
+        port: int,
+        device: torch.device,
+        timeout_s: float,
+        tp: int = 1,
     ) -> None:
         # The store is served by the controller, bound to `addr` only (cluster/local.py);
         # gloo's own listeners go on the interface that carries `addr` (by default gloo binds
@@ -62,6 +97,8 @@ class Links:
         self._addr, self._port = addr, port
         self._pairs: dict[int, _Pair] = {}
         self._lock = threading.Lock()  # links are rebuilt on a helper thread
+        self.tp = tp
+        self.instance: InstanceGroup | None = None  # this rank's tensor-parallel group (tp > 1)
 
     # --- building ------------------------------------------------------------------------
 
@@ -73,6 +110,37 @@ class Links:
         for a, b in itertools.combinations(range(world_size), 2):
             if self.rank in (a, b):
                 self.connect(b if self.rank == a else a, 0)
+        if self.tp > 1:  # after every pair: each rank is in one group, so no order is needed
+            self.connect_instance({r: 0 for r in self.instance_members()})
+        return time.perf_counter() - t
+
+    def instance_members(self) -> tuple[int, ...]:
+        first = self.rank - self.rank % self.tp
+        return tuple(range(first, first + self.tp))
+
+    def connect_instance(self, incarnations: dict[int, int]) -> float:
+        """Build (or rebuild) this rank's instance group among these incarnations of its
+        members; returns when an all-reduce went round on both of its process groups."""
+        t = time.perf_counter()
+        members = self.instance_members()
+        if sorted(incarnations) != list(members):
+            raise ValueError(
+                f"rank {self.rank}'s instance group is {list(members)}, got {sorted(incarnations)}"
+            )
+        key = "instance/" + "-".join(f"{r}.{incarnations[r]}" for r in members)
+        me = members.index(self.rank)
+        store = dist.TCPStore(self._addr, self._port, is_master=False, timeout=self.timeout)
+        compute = self._group(dist.PrefixStore(f"{key}/compute", store), me, len(members))
+        control = dist.ProcessGroupGloo(
+            dist.PrefixStore(f"{key}/control", store), me, len(members), CONTROL_TIMEOUT
+        )
+        for g, device in ((compute, self.device), (control, torch.device("cpu"))):
+            token = torch.ones(1, device=device)
+            g.allreduce([token]).wait(self.timeout)
+            if int(token.item()) != len(members):
+                raise BlitzScaleError(f"instance group {key}: the first all-reduce gave {token.item()}")
+        with self._lock:
+            self.instance = InstanceGroup(members, me, compute, control, key)
         return time.perf_counter() - t
 
     def connect_peers(self, peers: dict[int, int]) -> float:
@@ -105,20 +173,21 @@ class Links:
         with self._lock:
             self._pairs[peer] = pair
 
-    def _group(self, store: dist.Store, me: int) -> dist.ProcessGroup:
+    def _group(self, store: dist.Store, me: int, size: int = 2) -> dist.ProcessGroup:
         if self.device.type == "cuda":
-            return dist.ProcessGroupNCCL(store, me, 2, _nccl_options(self.timeout))
-        return dist.ProcessGroupGloo(store, me, 2, self.timeout)
+            return dist.ProcessGroupNCCL(store, me, size, _nccl_options(self.timeout))
+        return dist.ProcessGroupGloo(store, me, size, self.timeout)
 
     def close(self) -> None:
         """At exit: NCCL wants its communicators shut down before the process ends."""
         with self._lock:
             pairs, self._pairs = list(self._pairs.values()), {}
-        for pair in pairs:
-            for g in pair.groups.values():
-                shutdown = getattr(g, "shutdown", None)
-                if shutdown is not None and self.device.type == "cuda":
-                    shutdown()
+            instance, self.instance = self.instance, None
+        groups = [g for pair in pairs for g in pair.groups.values()]
+        for g in groups + ([instance.compute] if instance is not None else []):
+            shutdown = getattr(g, "shutdown", None)
+            if shutdown is not None and self.device.type == "cuda":
+                shutdown()
 
     def drop(self, peer: int) -> None:
         """Forget the link to a dead peer (on NCCL its communicators are aborted: work toward

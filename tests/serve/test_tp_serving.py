@@ -1,0 +1,196 @@
+"""Tensor-parallel instances in the serving cluster (CPU, gloo): `--workers 4 --tp 2`.
+
+Colocated: the first TP2 instance (ranks 0, 1) loads from disk and serves the openai client;
+a burst scales up a second one (ranks 2, 3) by chain multicast from it, shard k to shard k.
+PD: KV migrates from the prefill TP2 instance to the decode one, each shard's heads to the
+same shard. Tokens equal a TP=1 engine's on the same weights throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import generate_latest
+
+from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
+from blitzscale.errors import InvalidRequestError
+from blitzscale.serve.background import LoopThread
+from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.server import ServingCluster
+from tests.conftest import save_tiny_hf_folder
+from tests.serve.conftest import FAST_PLANNER, start_http, stop_http
+from tests.serve.test_cli_serve import CLI, _alive, _children, _start_serve
+
+PARAMS = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+TEXTS = ["w5 w9 w17 w33 w2", "w100 w200 w300", "w7 " * 30]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_hf_folder(tmp_path_factory.mktemp("tp") / "tiny", "tiny-llama3", seed=3)
+
+
+@pytest.fixture(scope="module")
+def reference(folder: Path) -> dict[str, list[int]]:
+    """A TP=1 engine on the same folder: tokens per prompt text."""
+    engine = LLMEngine.from_model(str(folder), config=EngineConfig(block_size=16, num_kv_blocks=64))
+    tok = engine.tokenizer
+    return {t: engine.generate([tok.encode(t)], PARAMS)[0].token_ids for t in TEXTS}
+
+
+@contextlib.contextmanager
+def _service(
+    folder: Path, tmp: Path, mode: str, **planner: Any
+) -> Iterator[tuple[ServingCluster, LoopThread]]:
+    cfg = ServeConfig().with_overrides(
+        model={"name": str(folder), "tp": 2, "cache_dir": str(tmp)},
+        cluster={"num_workers": 4, "transfer_timeout_s": 60},
+        router={"mode": mode},
+        planner={**FAST_PLANNER, **planner},
+        policy={"name": "blitz"},
+    )
+    lt = LoopThread()
+    service = ServingCluster(cfg)
+    try:
+        lt.run(service.start())
+        yield service, lt
+    finally:
+        lt.run(service.stop())
+        lt.close()
+
+
+async def _one(service: ServingCluster, rid: str, text: str) -> list[int]:
+    assert service.router is not None
+    out: list[int] = []
+    async for o in service.router.generate(rid, service.router.encode(text), PARAMS):
+        out += o.new_token_ids
+    return out
+
+
+def _serving(service: ServingCluster) -> list[tuple[int, ...]]:
+    assert service.router is not None
+    return sorted(i.ranks for i in service.router.instances.values() if i.accepts is not None)
+
+
+def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
+    folder: Path, reference: dict[str, list[int]], tmp_path: Path
+) -> None:
+    import openai
+
+    # A slow prefill rate in the planner: the tiny model is fast, the burst must still look big.
+    # (and no scale-down while the test looks at the new instance)
+    slow = {"tokens_prefilled_per_sec": 5.0, "interval_s": 0.1, "scale_down_idle_s": 600.0}
+    with _service(folder, tmp_path, "colocated", **slow) as (service, lt):
+        assert service.scaler is not None and service.router is not None
+        assert _serving(service) == [(0, 1)]
+        url, server = start_http(service, lt)
+        try:
+            with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120) as client:
+                c = client.completions.create(
+                    model=str(folder), prompt=TEXTS[0], max_tokens=10, temperature=0
+                )
+        finally:
+            stop_http(server, lt)
+        tok = service.router.tokenizer
+        assert c.choices[0].text == tok.decode(reference[TEXTS[0]])
+
+        router = service.router
+        ran_on: set[int] = set()
+
+        async def burst(n: int) -> list[list[int]]:
+            tasks = [asyncio.create_task(_one(service, f"b{n}.{i}", TEXTS[i % 3])) for i in range(n)]
+            while not all(t.done() for t in tasks):  # where each request runs
+                ran_on.update(r.prefill_rank for r in router.reqs.values() if r.prefill_rank is not None)
+                await asyncio.sleep(0.01)
+            return [t.result() for t in tasks]
+
+        assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
+        # The new instance may come up after the burst (a loaded machine): wait for it.
+        deadline = time.monotonic() + 180
+        while _serving(service) != [(0, 1), (2, 3)]:
+            assert time.monotonic() < deadline, service.scaler.events
+            time.sleep(0.1)
+        ups = [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "network"]
+        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], ups
+        assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
+        assert 2 in ran_on  # the multicast instance served too
+        text = generate_latest(service.registry).decode()
+        assert 'blitzscale_transfer_bytes_total{path="network"}' in text
+
+
+def test_pd_tp2_migrates_kv_between_tp2_instances(
+    folder: Path, reference: dict[str, list[int]], tmp_path: Path
+) -> None:
+    with _service(folder, tmp_path, "pd", max_prefill=1, max_decode=1) as (service, lt):
+        assert service.router is not None
+        insts = service.router.instances
+        assert insts[0].accepts == "prefill" and insts[2].accepts == "decode", _serving(service)
+
+        router = service.router
+        decoded_on: set[int] = set()
+
+        async def all_of() -> list[list[int]]:
+            tasks = [asyncio.create_task(_one(service, f"p{i}", TEXTS[i % 3])) for i in range(6)]
+            while not all(t.done() for t in tasks):  # where each request decodes
+                decoded_on.update(r.decode_rank for r in router.reqs.values() if r.decode_rank is not None)
+                await asyncio.sleep(0.01)
+            return [t.result() for t in tasks]
+
+        assert lt.run(all_of()) == [reference[TEXTS[i % 3]] for i in range(6)]
+        assert decoded_on == {2}  # every request's KV went from instance 0 to instance 2
+
+
+@pytest.mark.parametrize(
+    ("sections", "match"),
+    [
+        ({"model": {"tp": 2}, "cluster": {"num_workers": 3}}, "workers=3 is not a multiple of tp=2"),
+        ({"model": {"tp": 2}, "cluster": {"num_workers": 4}, "policy": {"name": "sllm"}}, "host copies"),
+        ({"model": {"tp": 0}}, "tp must be at least 1, got 0"),
+    ],
+)
+def test_wrong_tp_settings_are_refused_naming_the_values(sections: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidRequestError, match=match):
+        ServeConfig().with_overrides(**sections)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--tp", "2", "--workers", "4"], "does not divide num_heads=9, num_kv_heads=3"),  # SmolLM2
+        (["--tp", "2", "--workers", "3"], "workers=3 is not a multiple of tp=2"),
+    ],
+)
+def test_serve_refuses_wrong_shapes_before_any_worker_starts(flags: list[str], needle: str) -> None:
+    r = subprocess.run([*CLI, "serve", *flags], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert needle in r.stderr, r.stderr
+    assert "up on" not in r.stderr, r.stderr  # no worker said hello ("worker N up on cpu")
+
+
+def test_ctrl_c_stops_a_tp2_server_and_every_worker(folder: Path, tmp_path: Path) -> None:
+    toml = (
+        f"[model]\nname = '{folder}'\ntp = 2\ncache_dir = '{tmp_path}'\n"
+        "[cluster]\nnum_workers = 4\n[router]\nmode = 'colocated'\n[policy]\nname = 'blitz-nolive'\n"
+    )
+    proc, port = _start_serve(tmp_path, toml)
+    try:
+        body = {"model": str(folder), "prompt": TEXTS[1], "max_tokens": 10, "temperature": 0}
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        workers = _children(proc.pid)
+        assert len(workers) >= 4
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        time.sleep(0.5)
+        assert [w for w in workers if Path(f"/proc/{w}").exists() and _alive(w)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
