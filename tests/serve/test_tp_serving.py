@@ -53,7 +53,9 @@ def _service(
     cfg = ServeConfig().with_overrides(
         model={"name": str(folder), "tp": 2, "cache_dir": str(tmp)},
         cluster={"num_workers": 4, "transfer_timeout_s": 60},
-        router={"mode": mode},
+        # a small prompt budget per instance keeps a burst's backlog in the router's queue,
+        # where the planner sees it, however fast the machine prefills the tiny model
+        router={"mode": mode, "prefill_budget_tokens": 16},
         planner={**FAST_PLANNER, **planner},
         policy={"name": "blitz"},
     )
