@@ -50,7 +50,7 @@ def validate_request(
     params.validate()
     n = len(prompt_token_ids)
     if n == 0:
-        raise InvalidRequestError("prompt is empty")
+        raise InvalidRequestError("prompt is empty", "prompt")
     bad = next(((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab), None)
     if bad is not None:
         raise InvalidRequestError(
@@ -63,7 +63,9 @@ def validate_request(
         )
     bad_bias = next((t for t, _ in params.logit_bias if t >= vocab), None)
     if bad_bias is not None:
-        raise InvalidRequestError(f"logit_bias token {bad_bias} is outside the vocabulary [0, {vocab})")
+        raise InvalidRequestError(
+            f"logit_bias token {bad_bias} is outside the vocabulary [0, {vocab})", "logit_bias"
+        )
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:

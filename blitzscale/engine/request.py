@@ -35,14 +35,14 @@ class SamplingParams:
         _check_int("max_tokens", self.max_tokens, 1, INT32_LIMIT)
         _check_float("temperature", self.temperature, 0.0, "be >= 0")
         if not 0 < self.top_p <= 1:  # also false for NaN
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         _check_int("top_k", self.top_k, -1, INT32_LIMIT, "be -1, 0 (off) or positive")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, INT64_LIMIT)
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, 0, INT32_LIMIT)
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidRequestError("stop strings must not be empty")
+            raise InvalidRequestError("stop strings must not be empty", "stop")
         self._validate_processors()
 
     def _validate_processors(self) -> None:
@@ -50,7 +50,7 @@ class SamplingParams:
         _check_int("min_tokens", self.min_tokens, 0, INT32_LIMIT)
         if self.min_tokens > self.max_tokens:
             raise InvalidRequestError(
-                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})", "min_tokens"
             )
         for token, bias in self.logit_bias:
             _check_int("logit_bias token id", token, 0, INT32_LIMIT)
@@ -58,7 +58,9 @@ class SamplingParams:
         rp = self.repetition_penalty
         _check_float("repetition_penalty", rp, 0.0, "be > 0")
         if rp == 0:
-            raise InvalidRequestError("repetition_penalty must be > 0 and finite, got 0")
+            raise InvalidRequestError(
+                "repetition_penalty must be > 0 and finite, got 0", "repetition_penalty"
+            )
         _check_float("frequency_penalty", self.frequency_penalty, -math.inf, "be a number")
         _check_float("presence_penalty", self.presence_penalty, -math.inf, "be a number")
         if self.logprobs is not None:
@@ -92,20 +94,25 @@ INT32_LIMIT = 2**31  # counts and token ids
 INT64_LIMIT = 2**63  # seeds (they travel as msgpack int64)
 
 
+def _param(name: str) -> str:
+    """The request field a check's name is about ("logit_bias[5]" -> "logit_bias")."""
+    return name.split("[")[0].split(" ")[0]
+
+
 def _check_int(name: str, value: object, lo: int, hi: int, must: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name} must be an integer, got {value!r}")
+        raise InvalidRequestError(f"{name} must be an integer, got {value!r}", _param(name))
     if value < lo:
-        raise InvalidRequestError(f"{name} must {must or f'be at least {lo}'}, got {value}")
+        raise InvalidRequestError(f"{name} must {must or f'be at least {lo}'}, got {value}", _param(name))
     if value >= hi:
-        raise InvalidRequestError(f"{name} must be below {hi}, got {value}")
+        raise InvalidRequestError(f"{name} must be below {hi}, got {value}", _param(name))
 
 
 def _check_float(name: str, value: object, lo: float, must: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequestError(f"{name} must be a number, got {value!r}")
+        raise InvalidRequestError(f"{name} must be a number, got {value!r}", _param(name))
     if not (math.isfinite(value) and value >= lo):
-        raise InvalidRequestError(f"{name} must {must} and finite, got {value}")
+        raise InvalidRequestError(f"{name} must {must} and finite, got {value}", _param(name))
 
 
 class RequestStatus(enum.Enum):

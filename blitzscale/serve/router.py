@@ -148,6 +148,15 @@ class Router:
             raise InvalidRequestError("this model has no tokenizer: send token ids")
         return list(self.tokenizer(text).input_ids)
 
+    def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer")
+        vocab = self.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token {bad} is outside the vocabulary [0, {vocab})", "tokens")
+        return str(self.tokenizer.decode(token_ids))
+
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise InvalidRequestError("this model has no chat template")
