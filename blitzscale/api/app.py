@@ -2,7 +2,7 @@
 
 Layers, outermost first: request counting (sees every answer, 401s included), the API key
 check (when a key is set), the body size limit (413), FastAPI's routing with our error
-handlers, then the OpenAI, TGI and operations routes. The app keeps no state of its own
+handlers, then the OpenAI, TGI, tokenizer and operations routes. The app keeps no state of its own
 beyond its metrics: requests live in the backend, and each in-flight request's outputs are
 owned by its `Generation`.
 """
@@ -24,6 +24,7 @@ from blitzscale.api.middleware import (
 )
 from blitzscale.api.openai_routes import openai_router
 from blitzscale.api.tgi_routes import tgi_router
+from blitzscale.api.tokenizer_routes import tokenizer_router
 
 # Probes and scrapers hold no key: these stay open when an API key is set.
 OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -48,7 +49,12 @@ def create_app(
         registry = metrics.registry
     app = FastAPI(title="BlitzScale", summary="OpenAI- and TGI-compatible LLM serving")
     install_error_handlers(app)
-    routers = [openai_router(backend, metrics), tgi_router(backend, metrics), ops_router(backend, registry)]
+    routers = [
+        openai_router(backend, metrics),
+        tgi_router(backend, metrics),
+        tokenizer_router(backend),
+        ops_router(backend, registry),
+    ]
     for router in routers:
         app.include_router(router)
     # metric labels: our route paths and FastAPI's own (/docs...); any other path is "unmatched"

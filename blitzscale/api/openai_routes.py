@@ -93,13 +93,7 @@ def openai_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
 
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> ModelCard:
-        if model_id != backend.model_name:
-            raise ApiError(
-                404,
-                f"the model {model_id!r} does not exist here; this server serves {backend.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
+        check_model(model_id or "?", backend.model_name)
         return card()
 
     return router
@@ -175,15 +169,20 @@ def check_context(num_prompt_tokens: int, max_tokens: int, max_model_len: int, n
         )
 
 
-def check_request(body: SamplingFields, model_name: str) -> None:
-    """What the backend cannot judge: the model name, and features this server does not have."""
-    if body.model and body.model != model_name:
+def check_model(model: str | None, model_name: str) -> None:
+    """A 404 for a model name other than the one served (none given: the one served)."""
+    if model and model != model_name:
         raise ApiError(
             404,
-            f"the model {body.model!r} does not exist here; this server serves {model_name!r}",
+            f"the model {model!r} does not exist here; this server serves {model_name!r}",
             param="model",
             code="model_not_found",
         )
+
+
+def check_request(body: SamplingFields, model_name: str) -> None:
+    """What the backend cannot judge: the model name, and features this server does not have."""
+    check_model(body.model, model_name)
     if (field := body.unsupported_field()) is not None:
         raise ApiError(400, f"{field} is not supported by this server", param=field)
     if (problem := body.logit_bias_error()) is not None:

@@ -262,6 +262,39 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+# --- tokenizer (vLLM's /tokenize and /detokenize) --------------------------------------
+
+
+class TokenizeRequest(BaseModel):
+    """A text (`prompt`) or chat `messages` (rendered with the chat template)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True  # with messages (the template always adds it here)
+    add_special_tokens: bool = True
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
 # --- TGI -------------------------------------------------------------------------------
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100  # TGI's documented default

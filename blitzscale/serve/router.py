@@ -106,6 +106,7 @@ class Router:
         self.data = data
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.model_root: str | None = None  # the checkpoint's Hugging Face id, where known
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.state = ControlState(tp)  # instances, live pairs, relays: one owner

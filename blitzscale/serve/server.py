@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.convert import convert
 from blitzscale.checkpoint.native import is_native_folder
+from blitzscale.checkpoint.resolve import hf_id
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.config import ServeConfig
@@ -103,6 +104,7 @@ class ServingCluster:
             max_len,
             tp=tp,
         )
+        self.router.model_root = hf_id(cfg.model.name)
         await self.router.start()
         self.metrics = ClusterMetrics(self.registry, self.router)
         self.scaler = Scaler(
