@@ -54,6 +54,8 @@ class Generation:
         self._metrics = metrics
         self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._logprobs: list[TokenLogprob] = []  # of every output read so far
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_output_tokens = 0  # generated so far (the access log reads it)
         self._is_reading = True  # the pump still waits on the backend (cancel it to stop)
         self._task = asyncio.create_task(self._pump(prompt_token_ids), name=f"generation {request_id}")
 
@@ -63,6 +65,7 @@ class Generation:
         if isinstance(item, Exception):
             raise item
         self._logprobs += item.logprobs
+        self.num_output_tokens = len(item.token_ids)
         return item
 
     async def final(self) -> RequestOutput:

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from blitzscale.api import generation
+from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError
 from blitzscale.api.metrics import ApiMetrics
@@ -128,6 +129,7 @@ async def serve(
         await asyncio.gather(*(g.close() for g in gens))
         raise failed
     firsts = [s[1] for s in started if not isinstance(s, BaseException)]
+    note_generations(request.scope, gens)
 
     async def close() -> None:
         await asyncio.gather(*(g.close() for g in gens))

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from blitzscale.api import generation
+from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError, error_body, stream_error
 from blitzscale.api.generation import Generation
@@ -50,9 +51,11 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         prompt_ids = await off_loop(backend.encode, body.inputs)
         params = tgi_sampling_params(body.parameters)
         request_id = f"gen-{uuid.uuid4().hex}"
-        return await generation.start(
+        gen, first = await generation.start(
             request.receive, backend, metrics, request_id, prompt_ids, params, arrival
         )
+        note_generations(request.scope, [gen])
+        return gen, first
 
     @router.post("/generate")
     async def generate(body: TgiRequest, request: Request) -> Response:
