@@ -315,8 +315,25 @@ class TgiParameters(BaseModel):
     stop: list[str] | str | None = None
     do_sample: bool = False
     details: bool = False
+    decoder_input_details: bool = False  # details.prefill: the prompt's tokens
     return_full_text: bool = False
     ignore_eos: bool = False
+    repetition_penalty: float | None = Field(None, gt=0)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # TGI's knobs this server does not have: refused when set, never ignored
+    watermark: bool = False
+    truncate: int | None = None
+    typical_p: float | None = None
+    best_of: int | None = None
+    top_n_tokens: int | None = None
+    grammar: dict[str, Any] | None = None
+    adapter_id: str | None = None
+
+    def unsupported_field(self) -> str | None:
+        asked = {"watermark": self.watermark, "best_of": self.best_of not in (None, 1)}
+        for name in ("truncate", "typical_p", "top_n_tokens", "grammar", "adapter_id"):
+            asked[name] = getattr(self, name) is not None
+        return next((name for name, is_set in asked.items() if is_set), None)
 
     @property
     def is_sampling(self) -> bool:
@@ -356,12 +373,42 @@ class TgiTimings(BaseModel):
     output_length: int
 
 
+class TgiPrefillToken(BaseModel):
+    id: int
+    text: str
+    logprob: float | None = None  # prompt logprobs are not computed here
+
+
 class TgiDetails(BaseModel):
     finish_reason: TgiFinishReason
     generated_tokens: int
     input_length: int
     seed: int | None = None
+    prefill: list[TgiPrefillToken] = []  # with decoder_input_details
+    tokens: list[TgiToken] = []  # every generated token, with its logprob
     timings: TgiTimings
+
+
+class TgiInfo(BaseModel):
+    """TGI's `/info`, with the fields its clients read."""
+
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str | None = None
+    model_device_type: str | None = None
+    model_pipeline_tag: str | None = "text-generation"
+    max_concurrent_requests: int | None = None
+    max_best_of: int = 1
+    max_stop_sequences: int | None = None
+    max_input_tokens: int
+    max_total_tokens: int
+    max_input_length: int  # (TGI's older name of max_input_tokens)
+    validation_workers: int = 1
+    max_client_batch_size: int = 1
+    router: str = "blitzscale"
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None
 
 
 class TgiResponse(BaseModel):
