@@ -6,8 +6,9 @@ headers once the first output arrived, before later tokens exist, so as a rule i
 send `x-queue-time`, `x-first-token-time` and `x-request-id` (every header when the request
 had already finished by then); the final event's `details.timings` carries the complete set.
 TGI's own errors are `{"error": str}`; ours keep the OpenAI shape on every route.
-`/info` answers TGI's fields; `details` carries `tokens` (each with its logprob: a request
-with details reads every step, like any request with logprobs) and, with
+`/info` answers TGI's fields; `/generate`'s `details` carries `tokens` (each with its
+logprob: such a request reads every step, like any request with logprobs; a stream's final
+details have no tokens, as in TGI, so a stream is not slowed by asking) and, with
 `decoder_input_details`, `prefill` (the prompt's ids and texts; prompt logprobs are null).
 """
 
@@ -52,7 +53,7 @@ VERSION = importlib.metadata.version("blitzscale")
 def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
     router = APIRouter()
 
-    async def start(body: TgiRequest, request: Request) -> tuple[Generation, RequestOutput]:
+    async def start(body: TgiRequest, request: Request, stream: bool) -> tuple[Generation, RequestOutput]:
         arrival = time.perf_counter()
         if not body.inputs:
             raise ApiError(400, "inputs is empty", param="inputs")
@@ -62,8 +63,8 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
             )
         prompt_ids = await off_loop(backend.encode, body.inputs)
         params = tgi_sampling_params(body.parameters)
-        if body.parameters.details:  # details.tokens carry each token's logprob
-            params = dataclasses.replace(params, logprobs=0)
+        if body.parameters.details and not stream:  # details.tokens carry each token's logprob
+            params = dataclasses.replace(params, logprobs=0)  # (a stream's details have none)
         request_id = f"gen-{uuid.uuid4().hex}"
         gen, first = await generation.start(
             request.receive, backend, metrics, request_id, prompt_ids, params, arrival
@@ -85,7 +86,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
 
     @router.post("/generate")
     async def generate(body: TgiRequest, request: Request) -> Response:
-        gen, first = await start(body, request)
+        gen, first = await start(body, request, stream=False)
         final = await generation.finish(request.receive, gen, first)
         if final.finish_reason == "abort":
             raise ApiError(503, ABORTED_MESSAGE)
@@ -103,7 +104,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
 
     @router.post("/generate_stream")
     async def generate_stream(body: TgiRequest, request: Request) -> Response:
-        gen, first = await start(body, request)
+        gen, first = await start(body, request, stream=True)
         prefix = body.inputs if body.parameters.return_full_text else ""
         headers = gen.timing.tgi_headers(gen.request_id)
         return EventStreamResponse(tgi_events(gen, first, prefix), gen.close, headers)
