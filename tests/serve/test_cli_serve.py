@@ -69,6 +69,7 @@ def test_bad_bench_live_flag_is_named(flags: list[str], needle: str) -> None:
             "mode 'pd' starts 2 instances ([planner] min_prefill + min_decode) but there are 1",
         ),
         (["--workers", "1", "--mode", "pd"], "use --workers 2 or more (or --mode colocated)"),
+        (["--tp", "2", "--workers", "2"], "starts 2 instances of tp=2 (4 workers)"),
         (["--port", "99999"], "[server] port (--port) must be in [1, 65535], got 99999"),
         (["--port", "-1"], "must be in [1, 65535], got -1"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
