@@ -6,7 +6,12 @@ class BlitzScaleError(Exception):
 
 
 class InvalidRequestError(BlitzScaleError, ValueError):
-    """A request (prompt, sampling parameters) that can never be served."""
+    """A request (prompt, sampling parameters) that can never be served; `param` names the
+    request field at fault where there is one (the HTTP edge reports it)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelNotFoundError(BlitzScaleError, LookupError):

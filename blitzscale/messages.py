@@ -155,6 +155,12 @@ class SamplingMsg(Msg):
     stop: list[str] = []
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: list[tuple[int, float]] = []
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logprobs: int | None = None
 
 
 def sampling_msg(params: Any) -> SamplingMsg:
@@ -242,6 +248,13 @@ class SendRelayMsg(Msg):
     dst_rank: int
 
 
+class TokenLogprobMsg(msgspec.Struct, frozen=True, array_like=True):
+    """`blitzscale.engine.request.TokenLogprob` on the wire."""
+
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
 class OutputMsg(Msg):
     request_id: str
     new_token_ids: list[int]
@@ -253,6 +266,7 @@ class OutputMsg(Msg):
     rng_state: bytes = b""  # with finish_reason "migrate": the request's generator state
     live_layers: int = 0  # layers of its prefill run on an instance still loading weights
     error: str = ""  # with finish_reason "error": why it failed (it is not run again)
+    logprobs: list[TokenLogprobMsg] = []  # one per new token, when the request asked for them
 
 
 class OutputsMsg(Msg):

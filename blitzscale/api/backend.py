@@ -20,10 +20,14 @@ class ServingBackend(Protocol):
 
     model_name: str
     max_model_len: int
+    # Optional: `model_root`, the checkpoint's Hugging Face id (`/v1/models`' `root`), and
+    # `tokenizer_info() -> dict`, what `/tokenizer_info` and TGI's `/info` report of it.
 
     def encode(self, text: str) -> list[int]: ...
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
 
     def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams

@@ -129,7 +129,7 @@ async def _validation_error(_request: Request, exc: Exception) -> Response:
 
 
 async def _invalid_request(_request: Request, exc: Exception) -> Response:
-    return error_response(400, str(exc))
+    return error_response(400, str(exc), getattr(exc, "param", None))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -10,6 +10,7 @@ its request is still queued or generating frees the backend's KV blocks at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -21,7 +22,7 @@ from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ClientDisconnected
 from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.timing import Timing
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.engine.request import RequestOutput, SamplingParams, TokenLogprob
 from blitzscale.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class Generation:
         self._backend = backend
         self._metrics = metrics
         self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self._logprobs: list[TokenLogprob] = []  # of every output read so far
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_output_tokens = 0  # generated so far (the access log reads it)
         self._is_reading = True  # the pump still waits on the backend (cancel it to stop)
         self._task = asyncio.create_task(self._pump(prompt_token_ids), name=f"generation {request_id}")
 
@@ -60,13 +64,19 @@ class Generation:
         item = await self._queue.get()
         if isinstance(item, Exception):
             raise item
+        self._logprobs += item.logprobs
+        self.num_output_tokens = len(item.token_ids)
         return item
 
     async def final(self) -> RequestOutput:
         """Read up to the finished output (its `text` and `token_ids` are the whole output)."""
         while not (out := await self.next()).finished:
             pass
-        return out
+        return self.whole(out)
+
+    def whole(self, final: RequestOutput) -> RequestOutput:
+        """The finished output with the logprobs of every token (outputs carry their own)."""
+        return dataclasses.replace(final, logprobs=tuple(self._logprobs))
 
     async def close(self) -> None:
         """Stop the request if it still runs (the pump aborts it on the backend); idempotent.
@@ -140,7 +150,7 @@ async def start(
 async def finish(receive: Receive, gen: Generation, first: RequestOutput) -> RequestOutput:
     """The finished output of a started request (non-streaming routes); always closes `gen`."""
     try:
-        return first if first.finished else await until_disconnected(receive, gen.final())
+        return gen.whole(first) if first.finished else await until_disconnected(receive, gen.final())
     finally:
         await gen.close()
 

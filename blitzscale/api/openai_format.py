@@ -1,19 +1,22 @@
 """RequestOutputs -> OpenAI response bodies and stream chunks, for completions and chat.
 
-A `*Format` knows one request's id, creation time and model name, and builds each body
-from outputs; `openai_events` is the stream both endpoints send.
+A `*Format` knows one request's id, creation time, model name and whether logprobs were
+asked for, and builds each body from outputs: one per choice (`n` > 1 runs one backend
+request per choice, see openai_routes.py); `openai_events` is the stream both endpoints send.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pydantic import BaseModel
 
 from blitzscale.api.errors import stream_error
 from blitzscale.api.generation import Generation
+from blitzscale.api.logprobs import Decode, chat_logprobs, completion_logprobs
 from blitzscale.api.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -25,106 +28,188 @@ from blitzscale.api.protocol import (
     Usage,
 )
 from blitzscale.api.sse import DONE_EVENT, sse_event
-from blitzscale.engine.request import RequestOutput
+from blitzscale.engine.request import RequestOutput, TokenLogprob
 
 
-def usage_of(out: RequestOutput) -> Usage:
-    return Usage.of(out.num_prompt_tokens, len(out.token_ids))
+def usage_of(outs: Sequence[RequestOutput]) -> Usage:
+    """The prompt counts once; every choice's tokens count."""
+    return Usage.of(outs[0].num_prompt_tokens, sum(len(o.token_ids) for o in outs))
 
 
 class OpenAIFormat(Protocol):
     @property
     def request_id(self) -> str: ...
 
-    def opening(self) -> list[BaseModel]: ...
+    def opening(self, n: int) -> list[BaseModel]: ...
 
-    def chunk(self, text: str, finish_reason: str | None) -> BaseModel: ...
+    def chunk(self, index: int, out: RequestOutput) -> BaseModel | None: ...
 
     def usage_chunk(self, usage: Usage) -> BaseModel: ...
 
-    def response(self, final: RequestOutput) -> BaseModel: ...
+    def response(self, finals: Sequence[RequestOutput]) -> BaseModel: ...
 
 
-@dataclass(frozen=True)
+def _wants_chunk(out: RequestOutput) -> bool:
+    return bool(out.text_delta or out.finished or out.logprobs)
+
+
+@dataclass
 class CompletionFormat:
     request_id: str
     created: int
     model: str
+    decode: Decode | None = None  # set when logprobs were asked for
+    _offsets: dict[int, int] = field(default_factory=dict)  # streamed characters per choice
 
-    def opening(self) -> list[BaseModel]:
+    def opening(self, n: int) -> list[BaseModel]:
         return []
 
-    def chunk(self, text: str, finish_reason: str | None) -> BaseModel:
-        return self._body([CompletionChoice(text=text, finish_reason=finish_reason)], None)
+    def chunk(self, index: int, out: RequestOutput) -> BaseModel | None:
+        if not _wants_chunk(out):
+            return None
+        offset = self._offsets.get(index, 0)
+        self._offsets[index] = offset + len(out.text_delta)
+        lps = self._logprobs(out.new_token_ids, out.logprobs, offset)
+        reason = out.finish_reason if out.finished else None
+        return self._body(
+            [CompletionChoice(index=index, text=out.text_delta, logprobs=lps, finish_reason=reason)]
+        )
 
     def usage_chunk(self, usage: Usage) -> BaseModel:
         return self._body([], usage)
 
-    def response(self, final: RequestOutput) -> BaseModel:
-        choice = CompletionChoice(text=final.text, finish_reason=final.finish_reason)
-        return self._body([choice], usage_of(final))
+    def response(self, finals: Sequence[RequestOutput]) -> BaseModel:
+        choices = [
+            CompletionChoice(
+                index=i,
+                text=f.text,
+                logprobs=self._logprobs(f.token_ids, f.logprobs, 0),
+                finish_reason=f.finish_reason,
+            )
+            for i, f in enumerate(finals)
+        ]
+        return self._body(choices, usage_of(finals))
 
-    def _body(self, choices: list[CompletionChoice], usage: Usage | None) -> CompletionResponse:
+    def _logprobs(self, ids: Sequence[int], lps: Sequence[TokenLogprob], offset: int) -> BaseModel | None:
+        if self.decode is None:
+            return None
+        return completion_logprobs(self.decode, ids, lps, offset)
+
+    def _body(self, choices: list[CompletionChoice], usage: Usage | None = None) -> CompletionResponse:
         return CompletionResponse(
             id=self.request_id, created=self.created, model=self.model, choices=choices, usage=usage
         )
 
 
-@dataclass(frozen=True)
+@dataclass
 class ChatFormat:
     request_id: str
     created: int
     model: str
+    decode: Decode | None = None  # set when logprobs were asked for
 
-    def opening(self) -> list[BaseModel]:
-        """OpenAI's first chunk names the role and carries no text."""
-        return [self._chunk([ChatChunkChoice(delta={"role": "assistant", "content": ""})], None)]
+    def opening(self, n: int) -> list[BaseModel]:
+        """OpenAI's first chunk of each choice names the role and carries no text."""
+        delta = {"role": "assistant", "content": ""}
+        return [self._chunk([ChatChunkChoice(index=i, delta=delta)]) for i in range(n)]
 
-    def chunk(self, text: str, finish_reason: str | None) -> BaseModel:
-        delta = {"content": text} if text else {}
-        return self._chunk([ChatChunkChoice(delta=delta, finish_reason=finish_reason)], None)
+    def chunk(self, index: int, out: RequestOutput) -> BaseModel | None:
+        if not _wants_chunk(out):
+            return None
+        delta = {"content": out.text_delta} if out.text_delta else {}
+        lps = chat_logprobs(self.decode, out.new_token_ids, out.logprobs) if self.decode else None
+        reason = out.finish_reason if out.finished else None
+        return self._chunk([ChatChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=reason)])
 
     def usage_chunk(self, usage: Usage) -> BaseModel:
         return self._chunk([], usage)
 
-    def response(self, final: RequestOutput) -> BaseModel:
-        choice = ChatChoice(message=AssistantMessage(content=final.text), finish_reason=final.finish_reason)
+    def response(self, finals: Sequence[RequestOutput]) -> BaseModel:
+        choices = [
+            ChatChoice(
+                index=i,
+                message=AssistantMessage(content=f.text),
+                logprobs=chat_logprobs(self.decode, f.token_ids, f.logprobs) if self.decode else None,
+                finish_reason=f.finish_reason,
+            )
+            for i, f in enumerate(finals)
+        ]
         return ChatCompletionResponse(
             id=self.request_id,
             created=self.created,
             model=self.model,
-            choices=[choice],
-            usage=usage_of(final),
+            choices=choices,
+            usage=usage_of(finals),
         )
 
-    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None) -> ChatCompletionChunk:
+    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
             id=self.request_id, created=self.created, model=self.model, choices=choices, usage=usage
         )
 
 
+async def _merged(
+    gens: Sequence[Generation], firsts: Sequence[RequestOutput]
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Every choice's outputs as they come, tagged with the choice's index; raises the
+    first failure of any choice."""
+    if len(gens) == 1:  # the usual case: no tasks
+        out = firsts[0]
+        yield 0, out
+        while not out.finished:
+            out = await gens[0].next()
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | Exception]] = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        out = firsts[i]
+        queue.put_nowait((i, out))
+        try:
+            while not out.finished:
+                out = await gens[i].next()
+                queue.put_nowait((i, out))
+        except Exception as e:
+            queue.put_nowait((i, e))
+
+    tasks = [asyncio.create_task(pump(i)) for i in range(len(gens))]
+    try:
+        left = len(gens)
+        while left:
+            i, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            left -= item.finished
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def openai_events(
-    gen: Generation, first: RequestOutput, fmt: OpenAIFormat, include_usage: bool
+    gens: Sequence[Generation], firsts: Sequence[RequestOutput], fmt: OpenAIFormat, include_usage: bool
 ) -> AsyncIterator[str]:
-    """One chunk per output that has text (or finishes), the usage chunk if asked, `[DONE]`.
+    """One chunk per output that has text, logprobs or finishes (tagged with its choice),
+    the usage chunk if asked, `[DONE]`.
 
     An error after the stream started cannot change the status any more: it is sent as an
     `{"error": ...}` event (what OpenAI's client raises on), followed by `[DONE]`.
     """
-    for opening in fmt.opening():
+    for opening in fmt.opening(len(gens)):
         yield sse_event(opening)
-    out = first
+    finals: dict[int, RequestOutput] = {}
     try:
-        while True:
-            if out.text_delta or out.finished:
-                yield sse_event(fmt.chunk(out.text_delta, out.finish_reason if out.finished else None))
+        async for i, out in _merged(gens, firsts):
+            chunk = fmt.chunk(i, out)
+            if chunk is not None:
+                yield sse_event(chunk)
             if out.finished:
-                break
-            out = await gen.next()
+                finals[i] = out
     except Exception as e:
-        yield sse_event(stream_error(e, gen.request_id))
+        yield sse_event(stream_error(e, gens[0].request_id))
         yield DONE_EVENT
         return
     if include_usage:
-        yield sse_event(fmt.usage_chunk(usage_of(out)))
+        yield sse_event(fmt.usage_chunk(usage_of([finals[i] for i in sorted(finals)])))
     yield DONE_EVENT

@@ -3,10 +3,18 @@
 Each route turns its body into prompt token ids and `SamplingParams`, then serves it the
 same way: wait for the first output (a rejection is still a clean 4xx), then either stream
 chunks or wait for the end.
+
+`n` > 1 runs n backend requests, one per choice, under the ids `<id>-0` ... `<id>-<n-1>`;
+with a seed, choice i is seeded `seed + i` (so each choice is reproducible on its own, and
+`n=2, seed=s` gives the choices of `seed=s` and `seed=s+1`). Without a seed they are
+independent draws; greedy choices are all the same, as in vLLM. Usage counts the prompt
+once and every choice's tokens.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -15,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from blitzscale.api import generation
+from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError
 from blitzscale.api.metrics import ApiMetrics
@@ -47,8 +56,10 @@ def openai_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         check_request(body, backend.model_name)
         prompt_ids = await completion_prompt_ids(body.prompt, backend)
         max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+        check_context(len(prompt_ids), max_tokens, backend.max_model_len, "max_tokens")
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        fmt = CompletionFormat(request_id, int(time.time()), backend.model_name)
+        decode = backend.decode if body.logprobs is not None else None
+        fmt = CompletionFormat(request_id, int(time.time()), backend.model_name, decode)
         params = sampling_params(body, max_tokens)
         return await serve(request, backend, metrics, prompt_ids, params, fmt, body, arrival)
 
@@ -58,19 +69,33 @@ def openai_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         check_request(body, backend.model_name)
         messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
         prompt_ids = await off_loop(backend.encode_chat, messages)
-        max_tokens = next(
-            (v for v in (body.max_completion_tokens, body.max_tokens) if v is not None),
-            chat_default_max_tokens(len(prompt_ids), backend.max_model_len),
+        given = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), None)
+        if given is not None:
+            name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+            check_context(len(prompt_ids), given, backend.max_model_len, name)
+        max_tokens = (
+            given if given is not None else chat_default_max_tokens(len(prompt_ids), backend.max_model_len)
         )
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        fmt = ChatFormat(request_id, int(time.time()), backend.model_name)
+        decode = backend.decode if body.logprobs else None
+        fmt = ChatFormat(request_id, int(time.time()), backend.model_name, decode)
         params = sampling_params(body, max_tokens)
         return await serve(request, backend, metrics, prompt_ids, params, fmt, body, arrival)
 
+    def card() -> ModelCard:
+        root = getattr(backend, "model_root", None) or backend.model_name
+        return ModelCard(
+            id=backend.model_name, created=started, max_model_len=backend.max_model_len, root=root
+        )
+
     @router.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=backend.model_name, created=started, max_model_len=backend.max_model_len)
-        return ModelList(data=[card])
+        return ModelList(data=[card()])
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> ModelCard:
+        check_model(model_id or "?", backend.model_name)
+        return card()
 
     return router
 
@@ -85,32 +110,87 @@ async def serve(
     body: SamplingFields,
     arrival: float,
 ) -> Response:
+    """Run the request's `n` choices; stream their chunks, or answer once all are done."""
     request_id = fmt.request_id
-    gen, first = await generation.start(
-        request.receive, backend, metrics, request_id, prompt_ids, params, arrival
+    n = body.num_choices
+    ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+    started = await asyncio.gather(
+        *(
+            generation.start(
+                request.receive, backend, metrics, rid, prompt_ids, choice_params(params, i), arrival
+            )
+            for i, rid in enumerate(ids)
+        ),
+        return_exceptions=True,
     )
+    gens = [s[0] for s in started if not isinstance(s, BaseException)]
+    failed = next((s for s in started if isinstance(s, BaseException)), None)
+    if failed is not None:  # one choice refused: none runs
+        await asyncio.gather(*(g.close() for g in gens))
+        raise failed
+    firsts = [s[1] for s in started if not isinstance(s, BaseException)]
+    note_generations(request.scope, gens)
+
+    async def close() -> None:
+        await asyncio.gather(*(g.close() for g in gens))
+
     headers = {"x-request-id": request_id}
     if body.stream:
-        events = openai_events(gen, first, fmt, body.include_usage)
-        return EventStreamResponse(events, gen.close, headers)
-    final = await generation.finish(request.receive, gen, first)
-    content = fmt.response(final).model_dump_json()
+        events = openai_events(gens, firsts, fmt, body.include_usage)
+        return EventStreamResponse(events, close, headers)
+    try:
+        finals = await asyncio.gather(
+            *(generation.finish(request.receive, g, f) for g, f in zip(gens, firsts, strict=False))
+        )
+    finally:
+        await close()
+    content = fmt.response(finals).model_dump_json()
     return Response(content, media_type="application/json", headers=headers)
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index`'s parameters: seeded `seed + index` when a seed is given."""
+    if index == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + index)
+
+
+def check_context(num_prompt_tokens: int, max_tokens: int, max_model_len: int, name: str) -> None:
+    """A 400 for a request whose prompt plus `max_tokens` exceeds the context (as vLLM):
+    never clamped, since the client would get less than it asked for without knowing."""
+    if (
+        max_tokens >= 1
+        and num_prompt_tokens < max_model_len
+        and num_prompt_tokens + max_tokens > max_model_len
+    ):
+        raise ApiError(
+            400,
+            f"{name} is {max_tokens} but this model's context is {max_model_len} tokens and the prompt "
+            f"has {num_prompt_tokens}: at most {max_model_len - num_prompt_tokens} tokens can be generated",
+            param=name,
+        )
+
+
+def check_model(model: str | None, model_name: str) -> None:
+    """A 404 for a model name other than the one served (none given: the one served)."""
+    if model and model != model_name:
+        raise ApiError(
+            404,
+            f"the model {model!r} does not exist here; this server serves {model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def check_request(body: SamplingFields, model_name: str) -> None:
     """What the backend cannot judge: the model name, and features this server does not have."""
-    if body.model and body.model != model_name:
-        raise ApiError(
-            404,
-            f"the model {body.model!r} does not exist here; this server serves {model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
-    if body.n not in (None, 1):
-        raise ApiError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
+    check_model(body.model, model_name)
     if (field := body.unsupported_field()) is not None:
         raise ApiError(400, f"{field} is not supported by this server", param=field)
+    if (problem := body.logit_bias_error()) is not None:
+        raise ApiError(400, problem, param="logit_bias")
+    if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
 
 
 Prompt = str | list[int] | list[str] | list[list[int]]
@@ -160,4 +240,10 @@ def sampling_params(body: SamplingFields, max_tokens: int) -> SamplingParams:
         stop=body.stop_strings,
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens or 0,
+        logit_bias=tuple(sorted((body.logit_bias or {}).items())),
+        repetition_penalty=given(body.repetition_penalty, 1.0),
+        frequency_penalty=given(body.frequency_penalty, 0.0),
+        presence_penalty=given(body.presence_penalty, 0.0),
+        logprobs=body.top_logprobs_asked,
     )

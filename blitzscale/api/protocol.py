@@ -1,10 +1,13 @@
 """Bodies of the OpenAI (`/v1/...`) and TGI (`/generate...`) HTTP APIs, validated by pydantic.
 
-Only the fields we act on are declared; others a client sends (`user`, `logit_bias`, TGI's
-`watermark`...) are ignored, as OpenAI-compatible servers commonly do. Most optional fields
-accept an explicit `null` as "not given", because several clients send one. Range checks
-(max_tokens >= 1, 0 < top_p <= 1, ...) are left to the backend, which names the bad value
-in an `InvalidRequestError`, so the rules live in one place (`SamplingParams.validate`).
+Fields we act on are declared. Any other field a client sends is refused with a 400 that
+names it (`unsupported_field`), never silently ignored, unless it cannot change the answer
+(`HARMLESS_FIELDS`: `user`, `metadata`...) or is `null`. Most optional fields accept an
+explicit `null` as "not given", because several clients send one. OpenAI's own ranges
+(temperature in [0, 2], penalties in [-2, 2], logit_bias in [-100, 100], top_logprobs in
+[0, 20], n in [1, 128]) are checked here; what the engine itself can run (max_tokens >= 1,
+0 < top_p <= 1, ...) is left to the backend, which names the bad value in an
+`InvalidRequestError`, so those rules live in one place (`SamplingParams.validate`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,22 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from blitzscale.engine.request import MAX_LOGPROBS
+
+# Fields that change nothing a client gets back: accepted and ignored.
+HARMLESS_FIELDS = frozenset(
+    {
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "parallel_tool_calls",
+        "prompt_cache_key",
+        "safety_identifier",
+    }
+)
+MAX_N = 128  # OpenAI's limit on choices per request
 
 # --- OpenAI requests -------------------------------------------------------------------
 
@@ -21,22 +40,44 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """What completions and chat completions share, including vLLM's `top_k` and `ignore_eos`."""
+    """What completions and chat completions share, including vLLM's `top_k`, `min_tokens`,
+    `repetition_penalty`, `ignore_eos` and `stop_token_ids`."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # extras are refused by `unsupported_field`
 
     model: str | None = None
     max_tokens: int | None = None
-    temperature: float | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    n: int | None = None
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    logit_bias: dict[int, float] | None = None  # token id (a string in JSON) -> bias
+    min_tokens: int | None = Field(None, ge=0)
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
+
+    def logit_bias_error(self) -> str | None:
+        """OpenAI's range for a bias, [-100, 100] (the token ids are checked by the backend)."""
+        for token, bias in (self.logit_bias or {}).items():
+            if not -100 <= bias <= 100:
+                return f"logit_bias[{token}] must be in [-100, 100], got {bias}"
+        return None
+
+    def extra_field(self) -> str | None:
+        """The first undeclared field that could change the answer (not harmless, not null)."""
+        extra = self.model_extra or {}
+        return next((k for k, v in extra.items() if k not in HARMLESS_FIELDS and v is not None), None)
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -51,6 +92,11 @@ class SamplingFields(BaseModel):
     def unsupported_field(self) -> str | None:
         """The first field asking for something this server does not do: refused with a 400
         rather than ignored, since ignoring it would change what the client gets."""
+        return self.extra_field()
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        """Most likely tokens to report per position (None: no logprobs)."""
         return None
 
 
@@ -58,14 +104,18 @@ class CompletionRequest(SamplingFields):
     # a text; token ids; or a batch of one of either (batches of more are refused at the route)
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = None
     suffix: str | None = None
 
     def unsupported_field(self) -> str | None:
-        asked = {"echo": self.echo, "logprobs": self.logprobs is not None, "suffix": bool(self.suffix)}
+        asked = {"echo": self.echo, "suffix": bool(self.suffix)}
         asked["best_of"] = self.best_of not in (None, 1)
-        return next((name for name, is_set in asked.items() if is_set), None)
+        return next((name for name, is_set in asked.items() if is_set), None) or self.extra_field()
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
 
 class ContentPart(BaseModel):
@@ -87,13 +137,19 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins if both
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
 
     def unsupported_field(self) -> str | None:
-        asked = {"logprobs": bool(self.logprobs), "tools": bool(self.tools)}
+        asked = {"tools": bool(self.tools), "tool_choice": self.tool_choice not in (None, "none", "auto")}
         asked["response_format"] = (self.response_format or {}).get("type", "text") != "text"
-        return next((name for name, is_set in asked.items() if is_set), None)
+        return next((name for name, is_set in asked.items() if is_set), None) or self.extra_field()
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # --- OpenAI responses ------------------------------------------------------------------
@@ -113,10 +169,33 @@ class Usage(BaseModel):
         )
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] = []
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -139,7 +218,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -155,7 +234,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: dict[str, str]  # {"role": ..., "content": ...}, either, or empty on the last chunk
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -173,12 +252,47 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "blitzscale"
+    root: str | None = None  # the checkpoint's Hugging Face id where known (its tokenizer's name)
+    parent: str | None = None
     max_model_len: int
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# --- tokenizer (vLLM's /tokenize and /detokenize) --------------------------------------
+
+
+class TokenizeRequest(BaseModel):
+    """A text (`prompt`) or chat `messages` (rendered with the chat template)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True  # with messages (the template always adds it here)
+    add_special_tokens: bool = True
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 # --- TGI -------------------------------------------------------------------------------
@@ -201,8 +315,25 @@ class TgiParameters(BaseModel):
     stop: list[str] | str | None = None
     do_sample: bool = False
     details: bool = False
+    decoder_input_details: bool = False  # details.prefill: the prompt's tokens
     return_full_text: bool = False
     ignore_eos: bool = False
+    repetition_penalty: float | None = Field(None, gt=0)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # TGI's knobs this server does not have: refused when set, never ignored
+    watermark: bool = False
+    truncate: int | None = None
+    typical_p: float | None = None
+    best_of: int | None = None
+    top_n_tokens: int | None = None
+    grammar: dict[str, Any] | None = None
+    adapter_id: str | None = None
+
+    def unsupported_field(self) -> str | None:
+        asked = {"watermark": self.watermark, "best_of": self.best_of not in (None, 1)}
+        for name in ("truncate", "typical_p", "top_n_tokens", "grammar", "adapter_id"):
+            asked[name] = getattr(self, name) is not None
+        return next((name for name, is_set in asked.items() if is_set), None)
 
     @property
     def is_sampling(self) -> bool:
@@ -242,12 +373,42 @@ class TgiTimings(BaseModel):
     output_length: int
 
 
+class TgiPrefillToken(BaseModel):
+    id: int
+    text: str
+    logprob: float | None = None  # prompt logprobs are not computed here
+
+
 class TgiDetails(BaseModel):
     finish_reason: TgiFinishReason
     generated_tokens: int
     input_length: int
     seed: int | None = None
+    prefill: list[TgiPrefillToken] = []  # with decoder_input_details
+    tokens: list[TgiToken] = []  # every generated token, with its logprob
     timings: TgiTimings
+
+
+class TgiInfo(BaseModel):
+    """TGI's `/info`, with the fields its clients read."""
+
+    model_id: str
+    model_sha: str | None = None
+    model_dtype: str | None = None
+    model_device_type: str | None = None
+    model_pipeline_tag: str | None = "text-generation"
+    max_concurrent_requests: int | None = None
+    max_best_of: int = 1
+    max_stop_sequences: int | None = None
+    max_input_tokens: int
+    max_total_tokens: int
+    max_input_length: int  # (TGI's older name of max_input_tokens)
+    validation_workers: int = 1
+    max_client_batch_size: int = 1
+    router: str = "blitzscale"
+    version: str
+    sha: str | None = None
+    docker_label: str | None = None
 
 
 class TgiResponse(BaseModel):

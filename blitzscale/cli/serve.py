@@ -27,6 +27,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None, help="require this bearer token")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="log lines as text or as one JSON object each (access lines carry their fields)",
+    )
+    p.add_argument("--no-access-log", action="store_true", help="no log line per HTTP request")
+    p.add_argument(
         "--print-config", action="store_true", help="print the full configuration as TOML, then exit"
     )
     p.set_defaults(func=run)
@@ -46,11 +53,16 @@ def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from blitzscale.api.access_log import ACCESS_LOGGER, JsonFormatter
     from blitzscale.errors import CheckpointError, InvalidRequestError
+    from blitzscale.serve.checks import check_serve_config
     from blitzscale.serve.config import load_serve_config
     from blitzscale.serve.server import run_server
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     if args.workers is not None and args.workers < 1:
         raise InvalidRequestError(f"--workers must be at least 1, got {args.workers}")
     cfg = load_serve_config(args.config).with_overrides(**overrides(args))
@@ -59,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from blitzscale.serve.server import check_model_tp
 
+    check_serve_config(cfg)  # before anything starts (run_server checks again, for other callers)
     try:  # before any worker starts
         check_model_tp(cfg.model.name, cfg.model.tp)
     except CheckpointError as e:
         raise InvalidRequestError(f"--tp {cfg.model.tp} with {cfg.model.name}: {e}") from e
-    asyncio.run(run_server(cfg))
+    access = None if args.no_access_log else logging.getLogger(ACCESS_LOGGER)
+    asyncio.run(run_server(cfg, access))
     return 0

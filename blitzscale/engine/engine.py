@@ -17,10 +17,18 @@ import torch
 
 from blitzscale.engine.config import EngineConfig
 from blitzscale.engine.live import LiveQueue, finish_relayed
+from blitzscale.engine.logits import History, logprobs_of
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
 from blitzscale.engine.overlap import Overlap, plain
-from blitzscale.engine.request import Handoff, Request, RequestOutput, RequestStatus, SamplingParams
+from blitzscale.engine.request import (
+    Handoff,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    SamplingParams,
+    TokenLogprob,
+)
 from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
 from blitzscale.engine.table import STEPPED, RequestTable
@@ -42,7 +50,7 @@ def validate_request(
     params.validate()
     n = len(prompt_token_ids)
     if n == 0:
-        raise InvalidRequestError("prompt is empty")
+        raise InvalidRequestError("prompt is empty", "prompt")
     bad = next(((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab), None)
     if bad is not None:
         raise InvalidRequestError(
@@ -52,6 +60,11 @@ def validate_request(
         raise InvalidRequestError(
             f"prompt has {n} tokens but the context is {max_model_len} tokens "
             "(prompt plus at least one generated token must fit)"
+        )
+    bad_bias = next((t for t, _ in params.logit_bias if t >= vocab), None)
+    if bad_bias is not None:
+        raise InvalidRequestError(
+            f"logit_bias token {bad_bias} is outside the vocabulary [0, {vocab})", "logit_bias"
         )
 
 
@@ -315,21 +328,26 @@ class LLMEngine:
         self._sample(reqs, logits)
 
     def _sample(self, sampling: list[Request], logits: torch.Tensor) -> None:
-        tokens = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
-        for req, tok in zip(sampling, tokens, strict=True):
-            self._emit(req, tok)
+        params = [r.params for r in sampling]
+        history = History(sampling, frozenset(self.outputs.eos_token_ids))
+        tokens = sample(logits, params, [r.generator for r in sampling], history)
+        logprobs = logprobs_of(logits, tokens, params)
+        for req, tok, lp in zip(sampling, tokens, logprobs, strict=True):
+            self._emit(req, tok, lp)
 
     def _settle(self) -> None:
         if self.overlap is not None:
             self.overlap.settle(self._emit)
 
-    def _emit(self, req: Request, tok: int) -> None:
+    def _emit(self, req: Request, tok: int, logprob: TokenLogprob | None = None) -> None:
         """A request's new token: stop checks, then its output (or its failure)."""
         out = self._step_outputs
         if tok == NO_TOKEN:
             out.append(self._fail(req, "the model produced non-finite logits for it"))
             return
         req.token_ids.append(tok)
+        if logprob is not None:
+            req.logprobs.append(logprob)
         reason = self.outputs.check_stop(req)
         if reason is not None:
             self.scheduler.finish(req, reason)  # (the table releases it)

@@ -19,6 +19,8 @@ class OutputProcessor:
         last = req.token_ids[-1]
         before = len(req.text)
         self._update_text(req)
+        if req.num_output_tokens < p.min_tokens:  # (EOS and stop ids were held back too)
+            return "length" if req.num_tokens >= self.max_model_len else None
         if (not p.ignore_eos and last in self.eos_token_ids) or last in p.stop_token_ids:
             return "stop"
         if p.stop and self._find_stop(req, before):
@@ -43,6 +45,7 @@ class OutputProcessor:
         delta = req.text[req.num_emitted_chars : visible]
         req.num_emitted_tokens = req.num_output_tokens
         req.num_emitted_chars = visible
+        logprobs, req.logprobs = tuple(req.logprobs), []
         return RequestOutput(
             request_id=req.request_id,
             new_token_ids=new_ids,
@@ -53,6 +56,7 @@ class OutputProcessor:
             finish_reason=req.finish_reason,
             num_prompt_tokens=req.num_prompt_tokens,
             live_layers=req.live_layers,
+            logprobs=logprobs,
         )
 
     def _update_text(self, req: Request) -> None:

@@ -13,7 +13,8 @@ the same way.
 Only plain decoding overlaps (the engine checks before it launches a step with pending
 tokens): nothing waiting to be admitted, no live or relayed work, no aborted output to
 send, no request that holds its KV for migration or draws from its own seeded generator,
-none at its length limit, and KV blocks for every running request without preemption.
+none with logits processors or logprobs (they read their own tokens every step), none at
+its length limit, and KV blocks for every running request without preemption.
 Anything else reads the step in flight first and goes on as without overlap, so a request
 never reaches a queue, an output or another instance with a pending token.
 """
@@ -73,8 +74,11 @@ def patch_pending(ids: torch.Tensor, dst: list[int], src: list[int], tokens: tor
 
 def plain(req: Request) -> bool:
     """A request whose next token can be read a step late: it neither holds its KV for
-    migration after its first token nor draws from its own seeded generator."""
-    return not req.hold_kv and (req.params.is_greedy or req.generator is None)
+    migration after its first token, nor draws from its own seeded generator, nor reads
+    its own token history or logprobs every step (penalties, logit_bias, min_tokens)."""
+    if req.hold_kv or req.params.reads_every_step:
+        return False
+    return req.params.is_greedy or req.generator is None
 
 
 class Overlap:

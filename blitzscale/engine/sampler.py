@@ -1,4 +1,5 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeds.
+"""Batched sampling: logits processors (engine/logits.py), then greedy, temperature, top-k,
+top-p, per-request seeds.
 
 On CUDA the whole batch is sampled on the GPU and read back in one copy (the step's only
 wait for the device): parameters go up by an asynchronous copy, unseeded rows draw by the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from blitzscale.engine.logits import History, process
 from blitzscale.engine.request import SamplingParams
 from blitzscale.engine.sync import wait_for_device
 
@@ -18,17 +20,38 @@ NO_TOKEN = -1  # a row with no valid distribution (non-finite logits): its reque
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    history: History | None = None,
 ) -> list[int]:
     """One token per row of `logits` ([N, vocab], float32); NO_TOKEN for a row whose logits
-    are not all finite, so that one request fails and the rest of the batch goes on."""
+    are not all finite, so that one request fails and the rest of the batch goes on.
+    `history` (the rows' tokens) is needed by rows with logits processors; `logits` itself
+    is left as it is."""
     if logits.device.type == "cuda":
-        return _sample_on_device(logits, params, generators)
+        return _sample_on_device(logits, params, generators, history)
     wait_for_device(logits.device)  # before any .tolist(): wait without the GIL
-    bad = ~torch.isfinite(logits).all(dim=-1)
-    logits = logits.masked_fill(bad[:, None], 0.0)  # sampled harmlessly, then discarded
+    logits, bad = _prepared(logits, params, history)
     out = _sample(logits, params, generators)
     return [NO_TOKEN if b else t for t, b in zip(out, bad.tolist(), strict=True)]
+
+
+def _prepared(
+    logits: torch.Tensor, params: list[SamplingParams], history: History | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits after the processors, and which rows have no valid distribution (a
+    non-finite raw logit; or, after the processors, a NaN, a +inf or nothing left but -inf).
+    Bad rows hold zeros: they are sampled harmlessly, then discarded."""
+    bad = ~torch.isfinite(logits).all(dim=-1)
+    if all(p.is_greedy and not p.processes_logits for p in params):
+        return logits, bad  # argmax needs no valid distribution (bad rows are dropped)
+    logits = logits.masked_fill(bad[:, None], 0.0)
+    if any(p.processes_logits for p in params):
+        logits = process(logits, params, history)
+        bad |= logits.isnan().any(dim=-1) | logits.isposinf().any(dim=-1) | logits.isneginf().all(dim=-1)
+        logits = logits.masked_fill(bad[:, None], 0.0)
+    return logits, bad
 
 
 def _filtered(
@@ -76,11 +99,14 @@ def _sample(
 def sample_async(
     logits: torch.Tensor, params: list[SamplingParams]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
-    """`sample` for rows that draw from no generator of their own, without waiting: the
+    """`sample` for rows that draw from no generator of their own and read no history of
+    their own (`SamplingParams.reads_every_step` is false), without waiting: the
     ids stay on the device (the next step's input; a row without a valid distribution
     holds 0 there), a copy is on its way to pinned host memory (NO_TOKEN for such a row),
     and the event is recorded after that copy (None on CPU, where nothing is in flight)."""
     none: list[torch.Generator | None] = [None] * len(params)
+    if any(p.reads_every_step for p in params):
+        raise ValueError("a row that reads its own history every step cannot be sampled a step late")
     if logits.device.type != "cuda":
         host = torch.tensor(sample(logits, params, none), dtype=torch.long)
         return host.clamp_min(0), host, None
@@ -93,9 +119,12 @@ def sample_async(
 
 
 def _sample_on_device(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    history: History | None,
 ) -> list[int]:
-    out = _draw_on_device(logits, params, generators)
+    out = _draw_on_device(logits, params, generators, history)
     host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
     host.copy_(out, non_blocking=True)
     wait_for_device(logits.device)  # the one wait of the step, without the GIL
@@ -103,14 +132,16 @@ def _sample_on_device(
 
 
 def _draw_on_device(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    history: History | None = None,
 ) -> torch.Tensor:
     """The batch's ids on the device, NO_TOKEN for a row with non-finite logits."""
-    bad = ~torch.isfinite(logits).all(dim=-1)
+    logits, bad = _prepared(logits, params, history)
     out = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if rows:
-        logits = logits.masked_fill(bad[:, None], 0.0)  # sampled harmlessly, then discarded
         idx = torch.tensor(rows).pin_memory().to(logits.device, non_blocking=True)
         probs, sorted_ids = _filtered(logits, params, rows, idx)
         race = probs / torch.empty_like(probs).exponential_().clamp_min_(1e-30)

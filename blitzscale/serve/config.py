@@ -14,6 +14,8 @@ Unknown sections or keys are errors that name them; command-line flags override 
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +125,8 @@ def _section(cls: type[Any], name: str, values: dict[str, Any], base: Any = None
         raise InvalidRequestError(
             f"unknown key {unknown[0]!r} in [{name}]; known keys: {', '.join(sorted(known))}"
         )
+    if not hasattr(cls, "from_dict"):  # (from_dict checks its own types)
+        values = _typed(cls, name, values)
     try:
         if base is not None and hasattr(cls, "from_dict"):  # it converts values (1 -> 1.0)
             return cls.from_dict({**dataclasses.asdict(base), **values})
@@ -133,6 +137,65 @@ def _section(cls: type[Any], name: str, values: dict[str, Any], base: Any = None
         return cls(**values)
     except (TypeError, ValueError) as e:
         raise InvalidRequestError(f"[{name}]: {e}") from e
+
+
+def _typed(cls: type[Any], name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with each checked against its field's type (an int where a float belongs
+    becomes a float, as TOML writes `1`); a wrong type is named with the key and the value,
+    before any range check could trip over it."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in values.items():
+        want = hints[key]
+        if float in _alternatives(want) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not _fits(value, want):
+            raise InvalidRequestError(
+                f"[{name}] {key} must be {_describe(want)}, got {value!r} ({type(value).__name__})"
+            )
+        out[key] = value
+    return out
+
+
+def _alternatives(want: Any) -> tuple[Any, ...]:
+    if typing.get_origin(want) in (typing.Union, types.UnionType):
+        return typing.get_args(want)
+    return (want,)
+
+
+def _fits(value: Any, want: Any) -> bool:
+    for alt in _alternatives(want):
+        origin = typing.get_origin(alt)
+        if alt is type(None) and value is None:
+            return True
+        if origin is typing.Literal and value in typing.get_args(alt):
+            return True
+        if alt is bool and isinstance(value, bool):
+            return True
+        if alt in (int, float, str) and isinstance(value, alt) and not isinstance(value, bool):
+            return True
+        if origin in (tuple, list) and isinstance(value, tuple | list):
+            return True
+        if origin is None and alt not in (bool, int, float, str, type(None)):
+            return True  # a type this check does not know: the dataclass judges it
+    return False
+
+
+def _describe(want: Any) -> str:
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "true or false",
+        type(None): "unset",
+    }
+    parts = []
+    for alt in _alternatives(want):
+        if typing.get_origin(alt) is typing.Literal:
+            parts.append(" or ".join(repr(a) for a in typing.get_args(alt)))
+        else:
+            parts.append(names.get(alt, getattr(alt, "__name__", str(alt))))
+    return " or ".join(parts)
 
 
 def load_serve_config(path: Path | None) -> ServeConfig:

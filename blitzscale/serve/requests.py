@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from blitzscale import clock
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.engine.request import RequestOutput, SamplingParams, TokenLogprob
 from blitzscale.messages import OutputMsg, SamplingMsg, sampling_msg
 
 
@@ -60,4 +60,5 @@ class RouterRequest:
             finished=finished,
             finish_reason=o.finish_reason if finished else None,
             num_prompt_tokens=len(self.prompt),
+            logprobs=tuple(TokenLogprob(lp.logprob, tuple(lp.top)) for lp in o.logprobs),
         )

@@ -106,6 +106,7 @@ class Router:
         self.data = data
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.model_root: str | None = None  # the checkpoint's Hugging Face id, where known
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.state = ControlState(tp)  # instances, live pairs, relays: one owner
@@ -147,6 +148,15 @@ class Router:
         if self.tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer: send token ids")
         return list(self.tokenizer(text).input_ids)
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer")
+        vocab = self.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token {bad} is outside the vocabulary [0, {vocab})", "tokens")
+        return str(self.tokenizer.decode(token_ids))
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):

@@ -23,8 +23,10 @@ from prometheus_client import CollectorRegistry
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.convert import convert
 from blitzscale.checkpoint.native import is_native_folder
+from blitzscale.checkpoint.resolve import hf_id
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.model.layout import check_tp
+from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.dataplane import ZmqDataPlane
 from blitzscale.serve.metrics import ClusterMetrics
@@ -103,16 +105,14 @@ class ServingCluster:
             max_len,
             tp=tp,
         )
+        self.router.model_root = hf_id(cfg.model.name)
         await self.router.start()
         self.metrics = ClusterMetrics(self.registry, self.router)
         self.scaler = Scaler(
             self.router, cfg.planner, cfg.policy, cfg.model.name, folder, folder, cfg.engine, self.metrics
         )
         fixed = cfg.policy.name == "fixed"
-        n_pre = cfg.policy.fixed_prefill if fixed else cfg.planner.min_prefill
-        n_dec = (
-            (cfg.policy.fixed_decode if fixed else cfg.planner.min_decode) if cfg.router.mode == "pd" else 0
-        )
+        n_pre, n_dec = first_instances(cfg)
         if (n_pre + n_dec) * tp > self.cluster.world_size:
             raise ValueError(
                 f"{n_pre + n_dec} first instances of tp={tp} need {(n_pre + n_dec) * tp} workers, "
@@ -123,7 +123,7 @@ class ServingCluster:
         if not fixed:
             self._scale_task = asyncio.create_task(self.scaler.run())
 
-    def app(self) -> Any:
+    def app(self, access_log: Any = None) -> Any:
         from blitzscale.api.app import create_app
 
         assert self.router is not None
@@ -133,6 +133,7 @@ class ServingCluster:
             api_key=server.api_key or None,
             registry=self.registry,
             max_body_bytes=server.max_body_bytes,
+            access_log=access_log,
         )
 
     async def stop(self) -> None:
@@ -171,22 +172,38 @@ def _quiet_server(config: Any) -> Any:
     return Server(config)
 
 
-async def run_server(cfg: ServeConfig) -> None:
+async def _announce(server: Any, cfg: ServeConfig) -> None:
+    """ "serving on ..." once uvicorn has taken the (already bound) socket and serves."""
+    while not server.started:
+        await asyncio.sleep(0.05)
+    log.info("serving %s on http://%s:%d", cfg.model.name, cfg.server.host, cfg.server.port)
+
+
+async def run_server(cfg: ServeConfig, access_log: Any = None) -> None:
+    """Check the configuration and bind the port before any worker starts, then serve
+    until SIGINT / SIGTERM. `access_log`: a logging.Logger for one line per request."""
     import uvicorn
 
+    check_serve_config(cfg)
+    sock = bind_http(cfg.server.host, cfg.server.port)
     service = ServingCluster(cfg)
     try:
         await service.start()
         server = _quiet_server(
             uvicorn.Config(
-                service.app(),
+                service.app(access_log),
                 host=cfg.server.host,
                 port=cfg.server.port,
                 log_level="warning",
+                access_log=False,  # ours (api/access_log.py) has status, duration and tokens
                 timeout_graceful_shutdown=cfg.server.shutdown_timeout_s,
             )
         )
-        log.info("serving %s on http://%s:%d", cfg.model.name, cfg.server.host, cfg.server.port)
-        await server.serve()  # returns on SIGINT / SIGTERM
+        announce = asyncio.create_task(_announce(server, cfg))
+        try:
+            await server.serve(sockets=[sock])  # returns on SIGINT / SIGTERM
+        finally:
+            announce.cancel()
     finally:
+        sock.close()
         await service.stop()

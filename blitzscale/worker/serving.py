@@ -45,6 +45,7 @@ from blitzscale.messages import (
     SendKVMsg,
     SendRelayMsg,
     StatsMsg,
+    TokenLogprobMsg,
     TPKVCommitMsg,
     TPKVDropMsg,
     TPKVRecvMsg,
@@ -350,4 +351,5 @@ def _to_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:
         num_output_tokens=len(o.token_ids),
         live_layers=o.live_layers,
         error=o.error,
+        logprobs=[TokenLogprobMsg(lp.logprob, list(lp.top)) for lp in o.logprobs],
     )

@@ -40,6 +40,9 @@ class EngineBackend:
     def encode(self, text: str) -> list[int]:
         return list(self.engine.tokenizer(text).input_ids)
 
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self.engine.tokenizer.decode(token_ids))
+
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

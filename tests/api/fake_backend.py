@@ -42,6 +42,9 @@ class FakeBackend:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(chr(t) for t in token_ids)
+
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         rendered = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         return self.encode(rendered + "<assistant>")

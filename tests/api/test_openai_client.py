@@ -74,6 +74,34 @@ def test_chat_stream(client: openai.OpenAI) -> None:
 
 def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == ["fake-model"]
+    assert client.models.retrieve("fake-model").id == "fake-model"
+    with pytest.raises(openai.NotFoundError, match="gpt-4o"):
+        client.models.retrieve("gpt-4o")
+
+
+def test_n_choices_with_seeds(client: openai.OpenAI, fake: FakeBackend) -> None:
+    """n=3 runs three backend requests, choice i seeded seed + i; streamed chunks name their
+    choice; usage counts the prompt once."""
+    r = client.completions.create(model="fake-model", prompt="abc", max_tokens=4, n=3, seed=7)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == ["abca"] * 3
+    assert sorted(c.params.seed for c in fake.calls[-3:]) == [7, 8, 9]
+    assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (3, 12)
+    stream = client.chat.completions.create(
+        model="fake-model",
+        messages=MESSAGES,
+        max_tokens=3,
+        n=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    choices = [c.choices[0] for c in chunks if c.choices]
+    texts = {i: "".join(c.delta.content or "" for c in choices if c.index == i) for i in (0, 1)}
+    assert texts == {0: "<us", 1: "<us"}
+    finished = [c.index for c in choices if c.finish_reason]
+    assert sorted(finished) == [0, 1]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
 
 
 def test_errors_then_good_requests(client: openai.OpenAI, fake: FakeBackend) -> None:
@@ -81,8 +109,8 @@ def test_errors_then_good_requests(client: openai.OpenAI, fake: FakeBackend) -> 
         client.completions.create(model="fake-model", prompt="x", max_tokens=-1)
     with pytest.raises(openai.NotFoundError, match="gpt-4o"):
         client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.completions.create(model="fake-model", prompt="x", n=2)
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        client.completions.create(model="fake-model", prompt="x", presence_penalty=5.0)
     with pytest.raises(openai.BadRequestError, match="prompt has"):
         client.completions.create(model="fake-model", prompt="x" * 500, stream=True)
     wrong = client.with_options(api_key="sk-wrong")

@@ -67,3 +67,28 @@ async def test_greedy_over_http_equals_the_engine(engine: LLMEngine) -> None:
         assert_error(r, 400, says="max_tokens must be at least 1, got 0")
         assert (await client.post("/v1/completions", json=body)).json()["choices"][0]["text"] == direct.text
     assert not engine.has_unfinished()
+
+
+async def test_logprobs_and_tgi_details_over_http_equal_the_engine(engine: LLMEngine) -> None:
+    """Completions logprobs, chat logprobs and TGI details.tokens carry the engine's values."""
+    backend = EngineBackend(engine, "smollm2-135m")
+    params = SamplingParams(max_tokens=6, temperature=0, logprobs=2)
+    outs = list(engine.stream(backend.encode(PROMPT), params))
+    want = [lp for o in outs for lp in o.logprobs]
+    ids = outs[-1].token_ids
+    async with (
+        EngineBackend.running(engine, "smollm2-135m") as backend,
+        httpx.AsyncClient(transport=httpx.ASGITransport(create_app(backend)), base_url=BASE_URL) as client,
+    ):
+        body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 2}
+        lp = (await client.post("/v1/completions", json=body)).json()["choices"][0]["logprobs"]
+        assert lp["tokens"] == [backend.decode([i]) for i in ids]
+        assert lp["token_logprobs"] == pytest.approx([x.logprob for x in want], abs=1e-5)
+        assert all(len(t) <= 2 for t in lp["top_logprobs"])
+        chunks = sse_json((await client.post("/v1/completions", json=body | {"stream": True})).text)
+        streamed = [v for c in chunks for v in (c["choices"][0]["logprobs"] or {}).get("token_logprobs", [])]
+        assert streamed == pytest.approx(lp["token_logprobs"], abs=1e-6)
+        tgi = {"inputs": PROMPT, "parameters": {"max_new_tokens": 6, "details": True}}
+        tokens = (await client.post("/generate", json=tgi)).json()["details"]["tokens"]
+        assert [t["id"] for t in tokens] == ids
+        assert [t["logprob"] for t in tokens] == pytest.approx([x.logprob for x in want], abs=1e-5)

@@ -187,3 +187,41 @@ async def test_tgi_errors(
 ) -> None:
     assert_error(await client.post(path, json=body), 400, param=param, says=says)
     assert (await client.post(path, json={"inputs": "ok"})).status_code == 200
+
+
+async def test_info_names_the_model_and_its_limits(client: httpx.AsyncClient, fake: FakeBackend) -> None:
+    info = (await client.get("/info")).json()
+    assert info["model_id"] == "fake-model" and info["router"] == "blitzscale"
+    assert (info["max_input_tokens"], info["max_total_tokens"]) == (127, 128)
+    assert info["max_best_of"] == 1 and info["version"]
+
+
+async def test_details_carry_tokens_and_prefill(client: httpx.AsyncClient) -> None:
+    body = {
+        "inputs": "abc",
+        "parameters": {"max_new_tokens": 4, "details": True, "decoder_input_details": True},
+    }
+    details = (await client.post("/generate", json=body)).json()["details"]
+    assert [(t["id"], t["text"]) for t in details["tokens"]] == [(ord(c), c) for c in "abca"]
+    assert [(t["id"], t["text"]) for t in details["prefill"]] == [(ord(c), c) for c in "abc"]
+    plain = {"inputs": "abc", "parameters": {"max_new_tokens": 4, "details": True}}
+    assert (await client.post("/generate", json=plain)).json()["details"]["prefill"] == []
+
+
+@pytest.mark.parametrize(
+    ("parameters", "param"),
+    [
+        ({"watermark": True}, "parameters.watermark"),
+        ({"truncate": 10}, "parameters.truncate"),
+        ({"typical_p": 0.5}, "parameters.typical_p"),
+        ({"best_of": 2}, "parameters.best_of"),
+        ({"top_n_tokens": 3}, "parameters.top_n_tokens"),
+        ({"grammar": {"type": "json", "value": {}}}, "parameters.grammar"),
+        ({"frequency_penalty": 3.0}, "parameters.frequency_penalty"),
+        ({"repetition_penalty": 0}, "parameters.repetition_penalty"),
+    ],
+)
+async def test_tgi_knobs_we_lack_are_refused(client: httpx.AsyncClient, parameters: dict, param: str) -> None:
+    assert_error(
+        await client.post("/generate", json={"inputs": "a", "parameters": parameters}), 400, param=param
+    )

@@ -25,6 +25,15 @@ CLI = [sys.executable, "-m", "blitzscale.cli.main"]
         ("[policy]\nname = 'magic'\n", "unknown policy 'magic'"),
         ("[planner\n", "not valid TOML"),
         ("[cluster]\ntransfer_bytes_per_s = -1\n", "transfer_bytes_per_s must be >= 0"),
+        ("[cluster]\nnum_workers = '4'\n", "[cluster] num_workers must be an integer, got '4' (str)"),
+        ("[server]\nport = 8000.5\n", "[server] port must be an integer, got 8000.5 (float)"),
+        ("[router]\nmax_queue_wait_s = 'long'\n", "[router] max_queue_wait_s must be a number, got 'long'"),
+        ("[engine]\nblock_size = true\n", "[engine] block_size must be an integer, got True (bool)"),
+        ("[cluster]\ndist_port = 70000\n", "[cluster] dist_port must be in [0, 65535], got 70000"),
+        (
+            "[policy]\nname = 'fixed'\nfixed_prefill = 2\nfixed_decode = 2\n[cluster]\nnum_workers = 3\n",
+            "starts 4 instances ([policy] fixed_prefill + fixed_decode) but there are 3 workers",
+        ),
     ],
 )
 def test_bad_config_is_named(tmp_path: Path, toml: str, needle: str) -> None:
@@ -50,6 +59,43 @@ def test_bad_bench_live_flag_is_named(flags: list[str], needle: str) -> None:
     )
     assert r.returncode == 2
     assert needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (
+            ["--workers", "1"],
+            "mode 'pd' starts 2 instances ([planner] min_prefill + min_decode) but there are 1",
+        ),
+        (["--workers", "1", "--mode", "pd"], "use --workers 2 or more (or --mode colocated)"),
+        (["--tp", "2", "--workers", "2"], "starts 2 instances of tp=2 (4 workers)"),
+        (["--port", "99999"], "[server] port (--port) must be in [1, 65535], got 99999"),
+        (["--port", "-1"], "must be in [1, 65535], got -1"),
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    ],
+)
+def test_bad_serve_flag_is_refused_before_any_worker_starts(flags: list[str], needle: str) -> None:
+    r = subprocess.run([*CLI, "serve", *flags], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_port_in_use_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        cfg = tmp_path / "cluster.toml"
+        cfg.write_text("[cluster]\nnum_workers = 1\n[router]\nmode = 'colocated'\n")
+        proc = subprocess.Popen(
+            [*CLI, "serve", "--config", str(cfg), "--port", str(port)], stderr=subprocess.PIPE, text=True
+        )
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+    assert "serving" not in err and "worker" not in err.lower()
 
 
 def _children(pid: int) -> list[int]:

@@ -1,0 +1,47 @@
+"""vLLM's tokenizer routes, for clients that count tokens through the server rather than
+with a tokenizer of their own: `/tokenize` (a text, or chat messages through the chat
+template) -> `{"count", "max_model_len", "tokens"}`, and `/detokenize` (`{"tokens"}`) ->
+`{"prompt"}`. Both tokenize off the event loop, like the generation routes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from blitzscale.api.backend import ServingBackend
+from blitzscale.api.errors import ApiError
+from blitzscale.api.openai_routes import chat_message, check_model
+from blitzscale.api.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from blitzscale.api.tokenize import off_loop
+
+
+def tokenizer_router(backend: ServingBackend) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        check_model(body.model, backend.model_name)
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "send either prompt or messages", param="prompt")
+        if not body.add_special_tokens:
+            raise ApiError(
+                400, "add_special_tokens=false is not supported by this server", param="add_special_tokens"
+            )
+        if body.messages is not None:
+            if not body.add_generation_prompt:
+                raise ApiError(
+                    400,
+                    "add_generation_prompt=false is not supported by this server",
+                    param="add_generation_prompt",
+                )
+            messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
+            ids = await off_loop(backend.encode_chat, messages)
+        else:
+            ids = await off_loop(backend.encode, body.prompt or "") if body.prompt else []
+        return TokenizeResponse(count=len(ids), max_model_len=backend.max_model_len, tokens=ids)
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        check_model(body.model, backend.model_name)
+        return DetokenizeResponse(prompt=await off_loop(backend.decode, body.tokens))
+
+    return router

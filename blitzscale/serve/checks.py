@@ -1,0 +1,73 @@
+"""What `blitzscale serve` checks before any worker starts, so a bad value is one line
+naming it and what is allowed, never a traceback from a worker or the HTTP server later."""
+
+from __future__ import annotations
+
+import socket
+
+from blitzscale.errors import InvalidRequestError
+from blitzscale.serve.config import ServeConfig
+
+MAX_PORT = 65535
+
+
+def first_instances(cfg: ServeConfig) -> tuple[int, int]:
+    """(prefill or colocated, decode) instances the service brings up at start."""
+    fixed = cfg.policy.name == "fixed"
+    n_pre = cfg.policy.fixed_prefill if fixed else cfg.planner.min_prefill
+    n_dec = (cfg.policy.fixed_decode if fixed else cfg.planner.min_decode) if cfg.router.mode == "pd" else 0
+    return n_pre, n_dec
+
+
+def check_serve_config(cfg: ServeConfig) -> None:
+    """Ports in range, enough workers for the first instances of the mode and policy, a
+    model that resolves. Raises InvalidRequestError naming the value."""
+    from blitzscale.checkpoint import resolve_model
+
+    _check_port("[server] port (--port)", cfg.server.port, lo=1)
+    _check_port("[cluster] dist_port", cfg.cluster.dist_port, lo=0)
+    _check_port("[cluster] control_port", cfg.cluster.control_port, lo=0)
+    n_pre, n_dec = first_instances(cfg)
+    workers, tp = cfg.cluster.num_workers, cfg.model.tp
+    if (n_pre + n_dec) * tp > workers:
+        source = (
+            "[policy] fixed_prefill + fixed_decode"
+            if cfg.policy.name == "fixed"
+            else "[planner] min_prefill + min_decode"
+        )
+        mode = f"mode {cfg.router.mode!r}"
+        hint = " (or --mode colocated)" if cfg.router.mode == "pd" else ""
+        need = (n_pre + n_dec) * tp
+        of_tp = f" of tp={tp} ({need} workers)" if tp > 1 else ""
+        raise InvalidRequestError(
+            f"{mode} starts {n_pre + n_dec} instances{of_tp} ({source}) but there are {workers} workers "
+            f"(--workers / [cluster] num_workers): use --workers {need} or more{hint}"
+        )
+    resolve_model(cfg.model.name)  # ModelNotFoundError names it
+
+
+def _check_port(name: str, port: int, lo: int) -> None:
+    if not lo <= port <= MAX_PORT:
+        raise InvalidRequestError(f"{name} must be in [{lo}, {MAX_PORT}], got {port}")
+
+
+def bind_http(host: str, port: int) -> socket.socket:
+    """The HTTP server's listening socket, bound now (before any worker starts) so a port in
+    use or an address that is not this host's is refused at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise InvalidRequestError(f"[server] host (--host) {host!r} does not resolve: {e.strerror}") from e
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise InvalidRequestError(
+            f"cannot listen on {host}:{port} ([server] host / port): {e.strerror}"
+        ) from e
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
