@@ -192,7 +192,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     from blitzscale.sim.runner import SimSetup
 
     preset, model = load_preset(args.preset), load_model(args.model)
-    preset.profile(model.name)  # a missing profile fails here, before any run
+    preset.instance_profile(model)  # a missing profile fails here, before any run
     trace = load_trace(args.trace, TRACE_FORMATS[args.format])
     trace = transform(
         trace,

@@ -44,7 +44,7 @@ def check_plan(plan: BatchPlan, preset_name: str) -> SimPreset:
     try:
         preset = load_preset(preset_name)
         for run in plan.runs:
-            preset.profile(load_model(sim_model_name(run.model)).name)
+            preset.instance_profile(load_model(sim_model_name(run.model)))
     except SimConfigError as e:
         raise InvalidRequestError(f"--simulate {preset_name}: {e}") from e
     for run in plan.runs:

@@ -52,8 +52,12 @@ class SimCluster:
         *,
         local_host_cache: bool = False,
         piece_bytes: int = 0,
+        tp: int = 1,
     ) -> None:
+        """`profile`: one instance's (one shard's, at tp > 1: instances are `tp`
+        consecutive ranks, shard k of every instance moves to shard k of another)."""
         self.topo = topo
+        self.tp = tp
         self.profile = profile
         self.cfg = cfg
         self.local_host_cache = local_host_cache  # sllm / allcache: each host's own DRAM copy
@@ -173,9 +177,10 @@ class SimCluster:
             own = Counter(key for key, _ in links)  # one holder's link, shared by every target
             seconds = nbytes / self.links.rate(links, own) + self.topo.latency_s
             first = self.piece_bytes / self.links.rate(links, own)
-        else:
-            links = self.links.chain_links(self.links.chains(sources, targets))
-            seconds = self.links.multicast_seconds(sources, targets, nbytes, self.piece_bytes)
+        else:  # shard k of the sources feeds shard k of the targets, all shards at once
+            groups = [(sources[k :: self.tp], targets[k :: self.tp]) for k in range(self.tp)]
+            links = [lk for s, t in groups for lk in self.links.chain_links(self.links.chains(s, t))]
+            seconds = max(self.links.multicast_seconds(s, t, nbytes, self.piece_bytes) for s, t in groups)
             first = 2 * self.piece_bytes / self.links.rate(links) + self.topo.latency_s
         t0 = clock.now()
         for rank, msg in (live or {}).items():  # ZigZag: engines start before weights land

@@ -25,6 +25,7 @@ class SimModel:
     ttft_slo_s: float
     tbt_slo_s: float
     max_model_len: int
+    profile_from: str = ""  # no profile of its own: scaled from this model's (sim/tp.py)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,20 @@ class SimPreset:
         if p.device_memory_bytes != int(self.memory_bytes):
             p = replace(p, device_memory_bytes=int(self.memory_bytes))
         return p
+
+    def instance_profile(self, model: SimModel) -> Profile:
+        """What one of `model`'s instances (one shard of it, at TP > 1) takes a step: its
+        own profile, or one scaled from `profile_from`'s, split `tp` ways over this
+        preset's link between GPUs of a node (sim/tp.py)."""
+        from blitzscale.sim import tp
+
+        p = self.profile(model.profile_from or model.name)
+        if model.profile_from:
+            p = tp.scaled(p, model.name, tp.shape(model.name), tp.shape(model.profile_from))
+        t = self.topology
+        link = t.nvlink_bytes_per_s or t.pcie_bytes_per_s
+        p = tp.tensor_parallel(p, tp.shape(model.name), model.tp, link, t.latency_s)
+        return replace(p, device_memory_bytes=int(self.memory_bytes))
 
 
 def _section(d: dict[str, Any], name: str, where: str) -> dict[str, Any]:
@@ -80,7 +95,8 @@ def load_model(name: str) -> SimModel:
         ttft_slo_s=float(m["ttft_slo_s"]),
         tbt_slo_s=float(m["tbt_slo_s"]),
         max_model_len=int(m["max_model_len"]),
+        profile_from=str(m.get("profile_from", "")),
     )
-    if model.tp != 1:
-        raise SimConfigError(f"model {name!r} has tp={model.tp}: the simulator runs TP=1 instances so far")
+    if model.tp < 1:
+        raise SimConfigError(f"model {name!r}: tp must be >= 1, got {model.tp}")
     return model

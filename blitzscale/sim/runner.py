@@ -77,7 +77,7 @@ def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
     link between two GPUs of a node)."""
     if setup.planner is not None:
         return setup.planner
-    p = setup.preset.profile(setup.model.name)
+    p = setup.preset.instance_profile(setup.model)
     link = cluster.links.rate(cluster.topo.path(0, min(1, cluster.world_size - 1)))
     rates = {
         "tokens_prefilled_per_sec": 2048 / p.prefill_s(2048),
@@ -97,14 +97,19 @@ async def _run(
 ) -> SimResult:
     wall0 = time.perf_counter()
     preset, model = setup.preset, setup.model
-    profile = preset.profile(model.name)
+    profile = preset.instance_profile(model)
     topo = preset.topology
     cfg = ClusterConfig(num_workers=topo.world_size, ranks_per_host=topo.gpus_per_node)
-    cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"))
+    if model.tp > 1 and policy in ("sllm", "allcache"):
+        raise BlitzScaleError(
+            f"policy {policy}: host copies of tp={model.tp} instances are not supported yet "
+            f"(model {model.name}); simulate blitz, the network policies or fixed-*"
+        )
+    cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp)
     pcfg = _policy(policy, setup.fixed)
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
     engine = replace(setup.engine, max_model_len=model.max_model_len)
-    router = Router(rcfg, cluster, cluster.data, None, model.name, 1 << 20, model.max_model_len)
+    router = Router(rcfg, cluster, cluster.data, None, model.name, 1 << 20, model.max_model_len, tp=model.tp)
     await router.start()
     metrics = ClusterMetrics(CollectorRegistry(), router)
     scaler = Scaler(router, planner_for(setup, cluster), pcfg, model.name, "sim", "sim", engine, metrics)
@@ -114,11 +119,12 @@ async def _run(
         n_pre, n_dec = scaler.planner.min_prefill, scaler.planner.min_decode
     if setup.mode != "pd":
         n_dec = 0
-    if n_pre + n_dec > topo.world_size:
+    if (n_pre + n_dec) * model.tp > topo.world_size:
         raise BlitzScaleError(
-            f"{n_pre + n_dec} first instances need as many GPUs, the preset has {topo.world_size}"
+            f"{n_pre + n_dec} first instances of tp={model.tp} need {(n_pre + n_dec) * model.tp} GPUs, "
+            f"the preset has {topo.world_size}"
         )
-    await scaler.bootstrap(n_pre, n_dec, keep_host_copy=pcfg.name != "fixed")
+    await scaler.bootstrap(n_pre, n_dec, keep_host_copy=pcfg.name != "fixed" and model.tp == 1)
     t0 = clock.now()
     scale_task = asyncio.create_task(scaler.run()) if pcfg.name != "fixed" else None
     records: list[RequestRecord | None] = [None] * len(trace)

@@ -1,0 +1,116 @@
+"""Step times of models and instance shapes no machine of ours has measured yet, derived
+from one that has (until a multi-GPU machine measures them).
+
+- `scaled`: another model on the same device (Qwen2.5-72B from Mistral-24B): decode steps
+  scale with the bytes a step reads (weights plus the batch's KV), prefill steps with the
+  parameters (the FLOPs a token costs).
+- `tensor_parallel`: one shard of a TP instance: decode reads the shard's weights (the
+  embedding and lm_head are whole on every shard, the layers split) and its heads' KV,
+  prefill does 1/tp of the FLOPs; each layer adds two all-reduces of the step's hidden
+  states over the link between the shards (a ring: 2 (tp-1)/tp of the bytes, 2 (tp-1)
+  latencies).
+Byte counts come from the model's real layout (model/layout.py), so the replicated parts
+and the head split are exact; the times are estimates, and the profile says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from blitzscale.checkpoint.presets import PRESETS
+from blitzscale.model.config import ModelConfig
+from blitzscale.model.layout import build_layout
+from blitzscale.sim.profile import Profile
+
+BF16 = 2
+
+
+def shape(model: str) -> ModelConfig:
+    """The model's architecture, from the random-weight presets (`random:<model>`)."""
+    if model not in PRESETS:
+        raise KeyError(f"no model shape {model!r}; known: {', '.join(sorted(PRESETS))}")
+    return PRESETS[model]
+
+
+def weight_bytes(cfg: ModelConfig, tp: int = 1) -> int:
+    return build_layout(cfg, BF16, tp, 0).nbytes
+
+
+def kv_bytes_per_token(cfg: ModelConfig, tp: int = 1) -> int:
+    return cfg.num_layers * 2 * (cfg.num_kv_heads // tp) * cfg.head_dim * BF16
+
+
+def params(cfg: ModelConfig) -> float:
+    return weight_bytes(cfg) / BF16
+
+
+def _decode_scale(old_w: float, old_kv: float, new_w: float, new_kv: float, batch: int, ctx: int) -> float:
+    return (new_w + batch * ctx * new_kv) / (old_w + batch * ctx * old_kv)
+
+
+def scaled(p: Profile, model: str, cfg: ModelConfig, base: ModelConfig) -> Profile:
+    """`p`, measured on `base`, as the profile of `model` (shape `cfg`) on the same device."""
+    w, kv = weight_bytes(cfg), kv_bytes_per_token(cfg)
+    flops = params(cfg) / params(base)
+    decode = tuple(
+        tuple(
+            round(ms * _decode_scale(p.weight_bytes, p.kv_bytes_per_token, w, kv, b, c), 4)
+            for c, ms in zip(p.decode_context, row, strict=True)
+        )
+        for b, row in zip(p.decode_batch, p.decode_ms, strict=True)
+    )
+    return replace(
+        p,
+        name=f"{model}-{p.name.rsplit('-', 1)[1]}",
+        note=f"derived from {p.name!r}: decode by the bytes a step reads, prefill by parameters "
+        f"({flops:.3f}x)",
+        weight_bytes=w,
+        kv_bytes_per_token=kv,
+        # a device that would hold it whole (72B does not fit one GPU); the instance's
+        # shards get the real device's memory back (SimPreset.instance_profile)
+        device_memory_bytes=max(p.device_memory_bytes, 2 * w),
+        num_layers=cfg.num_layers,
+        prefill_ms=tuple(round(ms * flops, 4) for ms in p.prefill_ms),
+        decode_ms=decode,
+        derived_from={**p.derived_from, "scaled_from": p.name, "flops_factor_model": round(flops, 4)},
+    )
+
+
+def allreduce_s(rows: int, cfg: ModelConfig, tp: int, link_bytes_per_s: float, latency_s: float) -> float:
+    """The all-reduces of one step of `rows` tokens: two per layer, ring algorithm."""
+    size = rows * cfg.hidden_size * BF16
+    one = 2 * (tp - 1) / tp * size / link_bytes_per_s + 2 * (tp - 1) * latency_s
+    return 2 * cfg.num_layers * one
+
+
+def tensor_parallel(
+    p: Profile, cfg: ModelConfig, tp: int, link_bytes_per_s: float, latency_s: float
+) -> Profile:
+    """`p` (a TP=1 profile of `cfg`) as one shard of a `tp`-way instance."""
+    if tp == 1:
+        return p
+    w, kv = weight_bytes(cfg, tp), kv_bytes_per_token(cfg, tp)
+
+    def ar(rows: int) -> float:
+        return 1000 * allreduce_s(rows, cfg, tp, link_bytes_per_s, latency_s)
+
+    decode = tuple(
+        tuple(
+            round(ms * _decode_scale(p.weight_bytes, p.kv_bytes_per_token, w, kv, b, c) + ar(b), 4)
+            for c, ms in zip(p.decode_context, row, strict=True)
+        )
+        for b, row in zip(p.decode_batch, p.decode_ms, strict=True)
+    )
+    return replace(
+        p,
+        name=f"{p.name}-tp{tp}",
+        note=f"{p.name} as one shard of a TP{tp} instance (derived: weights and KV per shard, "
+        f"FLOPs / {tp}, all-reduces over {link_bytes_per_s / 1e9:g} GB/s)",
+        weight_bytes=w,
+        kv_bytes_per_token=kv,
+        prefill_ms=tuple(
+            round(ms / tp + ar(n), 4) for n, ms in zip(p.prefill_tokens, p.prefill_ms, strict=True)
+        ),
+        decode_ms=decode,
+        derived_from={**p.derived_from, "tp": tp, "tp_link_bytes_per_s": link_bytes_per_s},
+    )
