@@ -126,7 +126,8 @@ def run_sim(cfg: FidelityConfig, reqs: list[TraceRequest]) -> dict[str, Any]:
     )
     t = time.perf_counter()
     res = simulate(setup, reqs, cfg.policy)
-    return _side(res.records, res.events, time.perf_counter() - t)
+    after_start = [e for e in res.events if e["time"] > 0]  # (as live: not the first instance's load)
+    return _side(res.records, after_start, time.perf_counter() - t)
 
 
 def _ratio(sim: float, live: float) -> float | None:

@@ -51,9 +51,10 @@ class SimPreset:
         p = self.profile(model.profile_from or model.name)
         if model.profile_from:
             p = tp.scaled(p, model.name, tp.shape(model.name), tp.shape(model.profile_from))
-        t = self.topology
-        link = t.nvlink_bytes_per_s or t.pcie_bytes_per_s
-        p = tp.tensor_parallel(p, tp.shape(model.name), model.tp, link, t.latency_s)
+        if model.tp > 1:
+            t = self.topology
+            link = t.nvlink_bytes_per_s or t.pcie_bytes_per_s
+            p = tp.tensor_parallel(p, tp.shape(model.name), model.tp, link, t.latency_s)
         return replace(p, device_memory_bytes=int(self.memory_bytes))
 
 

@@ -297,10 +297,14 @@ class SimEngine:
     async def _prefill(self, batch: list[SimRequest]) -> None:
         p = self.profile
         tokens = sum(r.prompt for r in batch)
-        step = p.prefill_s(tokens)
         decoding = list(self.running) if self.role == "colocated" else []
+        # A mixed step reads the weights once: its decodes cost what as many more prompt
+        # tokens would (a prefill step plus a whole decode step would count the weights
+        # twice), plus what attending to their contexts adds over the shortest profiled one.
+        step = p.prefill_s(tokens + len(decoding))
         if decoding:
-            step += p.decode_s(len(decoding), sum(r.context for r in decoding) / len(decoding))
+            b, ctx = len(decoding), sum(r.context for r in decoding) / len(decoding)
+            step += max(0.0, p.decode_s(b, ctx) - p.decode_s(b, min(ctx, p.decode_context[0])))
         step *= self.cores.stretch(self.rank)
         start = clock.now()
         self.prefilling = list(batch)
