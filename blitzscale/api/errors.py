@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -55,6 +55,31 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     return JSONResponse(error_body(status, message, param, code), status_code=status)
 
 
+# TGI's routes answer errors in TGI's own shape, as text-generation-inference does, so its
+# clients (huggingface_hub's InferenceClient) read them: {"error": text, "error_type": kind}.
+TGI_PATHS = frozenset({"/generate", "/generate_stream", "/info"})
+
+
+def tgi_error_body(status: int, message: str) -> dict:
+    if status in (429, 503):
+        kind = "overloaded"
+    elif status >= 500:
+        kind = "generation"
+    else:
+        kind = "validation"
+    return {"error": message, "error_type": kind}
+
+
+def _respond(
+    request: Request, status: int, message: str, param: str | None = None, code: str | None = None
+) -> Response:
+    """The error in the shape of the API the request came to."""
+    if request.url.path in TGI_PATHS:  # (no param field there: the message names it)
+        text = message if param is None or param in message else f"{param}: {message}"
+        return JSONResponse(tgi_error_body(status, text), status_code=status)
+    return error_response(status, message, param, code)
+
+
 def _field_path(loc: Sequence[Any]) -> str:
     """`messages[0].content` from pydantic's loc, without "body" and union member tags."""
     parts = [p for p in loc if p != "body" and not (isinstance(p, str) and _is_type_tag(p))]
@@ -97,39 +122,40 @@ def status_of(exc: Exception) -> int | None:
     return None
 
 
-def stream_error(exc: Exception, request_id: str) -> dict:
-    """The error event for a failure after a stream started, when the status is already sent."""
+def stream_error(exc: Exception, request_id: str, body: Callable[[int, str], dict] = error_body) -> dict:
+    """The error event for a failure after a stream started, when the status is already
+    sent (`body`: the API's shape, OpenAI's or TGI's)."""
     status = status_of(exc)
     if status is not None:
         if status >= 500:
             log.warning("request %s failed mid-stream: %s", request_id, exc)
-        return error_body(status, str(exc))
+        return body(status, str(exc))
     log.error("request %s failed mid-stream: %r", request_id, exc)
-    return error_body(500, f"internal server error ({type(exc).__name__})")
+    return body(500, f"internal server error ({type(exc).__name__})")
 
 
-async def _backend_error(_request: Request, exc: Exception) -> Response:
+async def _backend_error(request: Request, exc: Exception) -> Response:
     """Failures the backend reports on purpose: their own status and message, no traceback."""
     status = status_of(exc) or 500
-    response = error_response(status, str(exc), code="overloaded" if status == 429 else None)
+    response = _respond(request, status, str(exc), code="overloaded" if status == 429 else None)
     if isinstance(exc, UnavailableError):
         response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     return response
 
 
-async def _api_error(_request: Request, exc: Exception) -> Response:
+async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_response(exc.status, exc.message, exc.param, exc.code)
+    return _respond(request, exc.status, exc.message, exc.param, exc.code)
 
 
-async def _validation_error(_request: Request, exc: Exception) -> Response:
+async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     message, param = describe_validation_error(exc.errors())
-    return error_response(400, message, param)
+    return _respond(request, 400, message, param)
 
 
-async def _invalid_request(_request: Request, exc: Exception) -> Response:
-    return error_response(400, str(exc), getattr(exc, "param", None))
+async def _invalid_request(request: Request, exc: Exception) -> Response:
+    return _respond(request, 400, str(exc), getattr(exc, "param", None))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -142,17 +168,17 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         message = f"{where}: method not allowed"
     else:
         message = str(exc.detail)
-    return error_response(exc.status_code, message)
+    return _respond(request, exc.status_code, message)
 
 
 async def _client_gone(_request: Request, _exc: Exception) -> Response:
     return Response(status_code=CLIENT_CLOSED_STATUS)
 
 
-async def _unexpected(_request: Request, exc: Exception) -> Response:
+async def _unexpected(request: Request, exc: Exception) -> Response:
     """Starlette still re-raises after this, so the server logs the traceback."""
     log.error("unhandled %s in the API: %s", type(exc).__name__, exc)
-    return error_response(500, f"internal server error ({type(exc).__name__})")
+    return _respond(request, 500, f"internal server error ({type(exc).__name__})")
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -26,7 +26,7 @@ from fastapi.responses import Response
 from blitzscale.api import generation
 from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
-from blitzscale.api.errors import ApiError, error_body, stream_error
+from blitzscale.api.errors import ApiError, stream_error, tgi_error_body
 from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.protocol import (
@@ -201,7 +201,7 @@ async def tgi_events(gen: Generation, first: RequestOutput, prefix: str) -> Asyn
     try:
         while True:
             if out.finished and out.finish_reason == "abort":
-                yield sse_event(error_body(503, ABORTED_MESSAGE))
+                yield sse_event(tgi_error_body(503, ABORTED_MESSAGE))
                 return
             for event in token_events(out, gen, prefix, index):
                 index = event.index
@@ -210,4 +210,4 @@ async def tgi_events(gen: Generation, first: RequestOutput, prefix: str) -> Asyn
                 return
             out = await gen.next()
     except Exception as e:
-        yield sse_event(stream_error(e, gen.request_id))
+        yield sse_event(stream_error(e, gen.request_id, tgi_error_body))

@@ -28,6 +28,22 @@ def sse_json(body: str) -> list[dict[str, Any]]:
     return [json.loads(p) for p in payloads[:-1]]
 
 
+def assert_tgi_error(
+    response: httpx.Response, status: int, *, param: str | None = None, says: str = ""
+) -> dict:
+    """A TGI-style error body (`{"error": text, "error_type": kind}`) with `status`; the
+    text names `param` when given."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error", "error_type"}, body
+    assert isinstance(body["error"], str) and body["error"]
+    assert body["error_type"] == ("validation" if status < 500 and status != 429 else body["error_type"])
+    assert says.lower() in body["error"].lower(), body["error"]
+    if param is not None:
+        assert param in body["error"], body
+    return body
+
+
 def assert_error(response: httpx.Response, status: int, *, param: str | None = None, says: str = "") -> dict:
     """An OpenAI-style error body with `status`; returns its `error` object."""
     assert response.status_code == status, response.text

@@ -163,4 +163,4 @@ async def test_failure_mid_tgi_stream_is_an_error_event(client: httpx.AsyncClien
     r = await client.post("/generate_stream", json={"inputs": "hello", "parameters": {"max_new_tokens": 5}})
     events = [json.loads(e[len("data: ") :]) for e in r.text.strip().split("\n\n")]
     assert events[0]["token"]["text"] == "h"
-    assert events[-1]["error"]["type"] == "server_error"
+    assert events[-1]["error_type"] == "generation" and "internal server error" in events[-1]["error"]

@@ -13,7 +13,7 @@ from blitzscale.engine.request import SamplingParams
 
 from .conftest import BASE_URL
 from .fake_backend import FakeBackend
-from .helpers import assert_error, sse_data
+from .helpers import assert_tgi_error, sse_data
 
 pytestmark = pytest.mark.anyio
 
@@ -185,7 +185,7 @@ async def test_backend_queue_time_hook_is_used(fake: FakeBackend) -> None:
 async def test_tgi_errors(
     client: httpx.AsyncClient, path: str, body: dict, param: str | None, says: str
 ) -> None:
-    assert_error(await client.post(path, json=body), 400, param=param, says=says)
+    assert_tgi_error(await client.post(path, json=body), 400, param=param, says=says)
     assert (await client.post(path, json={"inputs": "ok"})).status_code == 200
 
 
@@ -222,6 +222,6 @@ async def test_details_carry_tokens_and_prefill(client: httpx.AsyncClient) -> No
     ],
 )
 async def test_tgi_knobs_we_lack_are_refused(client: httpx.AsyncClient, parameters: dict, param: str) -> None:
-    assert_error(
+    assert_tgi_error(
         await client.post("/generate", json={"inputs": "a", "parameters": parameters}), 400, param=param
     )
