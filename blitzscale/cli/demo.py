@@ -91,11 +91,11 @@ def run(args: argparse.Namespace) -> int:
         cfg = demo_config(args.model, policy, args.workers, args.disk_mbps)
         res = run_policy(cfg, requests, args.out / policy, console, slo=slo)
         console.print()
-        console.print(f"{policy}: report {res.report}", markup=False, highlight=False)
+        console.print(f"{policy}: report {res.report}", markup=False, highlight=False, soft_wrap=True)
         results.append(res)
     console.print()
     console.print(comparison_table(results))
     line = verdict(results)
     if line:
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0

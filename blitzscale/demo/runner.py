@@ -55,14 +55,14 @@ def run_policy(
         with console.status(escape(starting)):
             svc = BackgroundService(cfg).__enter__()
     else:
-        console.print(starting, markup=False, highlight=False)
+        console.print(starting, markup=False, highlight=False, soft_wrap=True)
         svc = BackgroundService(cfg).__enter__()
     try:
         if slo is None and slo_from is not None:
             slo = (slo_from.summary.slo.ttft_s, slo_from.summary.slo.tbt_s)  # type: ignore[assignment]
         return _replay_live(svc, policy, requests, out, console, slo)
     finally:
-        console.print(f"{policy}: stopping the cluster", markup=False, highlight=False)
+        console.print(f"{policy}: stopping the cluster", markup=False, highlight=False, soft_wrap=True)
         svc.__exit__()
 
 
@@ -106,7 +106,7 @@ def _replay_live(
             if now - last >= PLAIN_EVERY_S:
                 last = now
                 line = _progress_line(policy, now, len(requests), router, scaler.events[events_before:])
-                console.print(line, markup=False, highlight=False)
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
             worker.join(timeout=0.25)
         sample()
     events = [{**e, "time": e["time"] - start} for e in scaler.events[events_before:]]
