@@ -11,9 +11,12 @@ from blitzscale.serve.config import ServeConfig
 
 DEFAULT_POLICIES = "blitz,sllm"
 # The demo's SLOs for SmolLM2 on CPU workers, in seconds (the simulator's models.toml gives
-# the model the same ones): fixed, so every policy is judged by the same yardstick.
-DEMO_TTFT_SLO_S = 2.0
-DEMO_TBT_SLO_S = 1.0
+# the model the same ones): fixed, so every policy is judged by the same yardstick. A
+# 192-token prompt alone takes ~0.65 s to prefill on one core, a decode step ~0.1 s; on two
+# cores shared by three workers, a router and the client, a burst queues for seconds even
+# when capacity comes in time, so the SLOs allow ~8x the prompt alone and ~15x the step.
+DEMO_TTFT_SLO_S = 5.0
+DEMO_TBT_SLO_S = 1.5
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
