@@ -44,21 +44,25 @@ def params(cfg: ModelConfig) -> float:
     return weight_bytes(cfg) / BF16
 
 
-def _decode_scale(old_w: float, old_kv: float, new_w: float, new_kv: float, batch: int, ctx: int) -> float:
-    return (new_w + batch * ctx * new_kv) / (old_w + batch * ctx * old_kv)
+def _decode(p: Profile, w: float, kv: float, extra_ms: float | None = None) -> tuple[tuple[float, ...], ...]:
+    """`p`'s decode steps scaled to a step that reads `w` bytes of weights and `kv` bytes a
+    token of context, plus `extra_ms(batch)` (its all-reduces)."""
+
+    def one(b: int, c: int, ms: float) -> float:
+        scale = (w + b * c * kv) / (p.weight_bytes + b * c * p.kv_bytes_per_token)
+        return round(ms * scale + (extra_ms(b) if extra_ms else 0.0), 4)
+
+    return tuple(
+        tuple(one(b, c, ms) for c, ms in zip(p.decode_context, row, strict=True))
+        for b, row in zip(p.decode_batch, p.decode_ms, strict=True)
+    )
 
 
 def scaled(p: Profile, model: str, cfg: ModelConfig, base: ModelConfig) -> Profile:
     """`p`, measured on `base`, as the profile of `model` (shape `cfg`) on the same device."""
     w, kv = weight_bytes(cfg), kv_bytes_per_token(cfg)
     flops = params(cfg) / params(base)
-    decode = tuple(
-        tuple(
-            round(ms * _decode_scale(p.weight_bytes, p.kv_bytes_per_token, w, kv, b, c), 4)
-            for c, ms in zip(p.decode_context, row, strict=True)
-        )
-        for b, row in zip(p.decode_batch, p.decode_ms, strict=True)
-    )
+    decode = _decode(p, w, kv)
     return replace(
         p,
         name=f"{model}-{p.name.rsplit('-', 1)[1]}",
@@ -94,13 +98,7 @@ def tensor_parallel(
     def ar(rows: int) -> float:
         return 1000 * allreduce_s(rows, cfg, tp, link_bytes_per_s, latency_s)
 
-    decode = tuple(
-        tuple(
-            round(ms * _decode_scale(p.weight_bytes, p.kv_bytes_per_token, w, kv, b, c) + ar(b), 4)
-            for c, ms in zip(p.decode_context, row, strict=True)
-        )
-        for b, row in zip(p.decode_batch, p.decode_ms, strict=True)
-    )
+    decode = _decode(p, w, kv, ar)
     return replace(
         p,
         name=f"{p.name}-tp{tp}",

@@ -12,12 +12,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from blitzscale.control.snapshot import InstanceState
-from blitzscale.engine.request import SamplingParams
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.server import ServingCluster
 from tests.serve.conftest import FAST_PLANNER, make_service
-
-PARAMS = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+from tests.serve.test_scaling import _one
 
 standby_service = pytest.fixture(scope="module")(
     make_service(
@@ -26,14 +24,6 @@ standby_service = pytest.fixture(scope="module")(
         planner={**FAST_PLANNER, "tokens_prefilled_per_sec": 300.0, "max_prefill": 2},
     )
 )
-
-
-async def _one(service: ServingCluster, rid: str, ids: list[int]) -> list[int]:
-    out: list[int] = []
-    assert service.router is not None
-    async for o in service.router.generate(rid, ids, PARAMS):
-        out += o.new_token_ids
-    return out
 
 
 async def _many(service: ServingCluster, rids: list[str], ids: list[int]) -> list[list[int]]:
