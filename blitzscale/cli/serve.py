@@ -20,6 +20,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--tp", type=int, default=None, help="tensor-parallel ranks per instance (workers: a multiple)"
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    p.add_argument(
+        "--cluster",
+        choices=["local", "ray"],
+        default=None,
+        help="workers as local processes (default) or as Ray actors across a Ray cluster's nodes",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --cluster ray: the Ray cluster to join (auto, host:port); default: start one here",
+    )
     p.add_argument("--policy", choices=POLICIES, default=None)
     p.add_argument("--mode", choices=["pd", "colocated"], default=None)
     p.add_argument("--host", default=None, help="HTTP address (default 127.0.0.1)")
@@ -46,7 +57,9 @@ def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {
         "model": pick(name=args.model, tp=args.tp),
         "server": pick(host=args.host, port=args.port, api_key=args.api_key),
-        "cluster": pick(num_workers=args.workers, device=args.device),
+        "cluster": pick(
+            num_workers=args.workers, device=args.device, backend=args.cluster, ray_address=args.ray_address
+        ),
         "router": pick(mode=args.mode),
         "policy": pick(name=args.policy),
     }

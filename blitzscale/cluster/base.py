@@ -1,8 +1,9 @@
 """What the control plane needs of a cluster of workers, whatever runs them.
 
-`LocalCluster` (processes on this machine) implements it; the Ray and simulated backends
-implement the same. Every operation is async and returns when it is done: operations on
-different ranks run side by side, operations on one rank in the order they were called.
+`LocalCluster` implements it, its workers local processes or Ray actors across nodes
+(`cluster/spawn.py`); the simulated backend implements the same. Every operation is async
+and returns when it is done: operations on different ranks run side by side, operations on
+one rank in the order they were called.
 A failed operation raises `BlitzScaleError` (a `ClusterOpError` names each rank's answer).
 """
 
@@ -28,6 +29,11 @@ class Cluster(Protocol):
     # --- status ---------------------------------------------------------------------------
 
     def alive_ranks(self) -> list[int]: ...
+
+    def nodes(self) -> tuple[str, ...]:
+        """The node each rank runs on, by rank: ranks of one node share NVLink and host
+        memory (plans keep chains inside a node first; sllm's host cache is per node)."""
+        ...
 
     def dead_now(self) -> set[int]:
         """Ranks with no live worker now; each newly dead one is forgotten by the pool."""

@@ -1,8 +1,10 @@
-"""Typed configuration of a local worker cluster (addresses and ports come from here)."""
+"""Typed configuration of a worker cluster (addresses and ports come from here)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+BACKENDS = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,10 @@ class ClusterConfig:
     # graphs) so a new instance serves as soon as its weights land (worker/standby.py):
     # "auto" on GPUs, "on" anywhere, "off".
     standby: str = "auto"
+    # How workers are started: "local" processes on this machine, or "ray": one Ray actor
+    # per GPU (or CPU slot) across a Ray cluster's nodes (pip install 'blitzscale[ray]').
+    backend: str = "local"
+    ray_address: str = ""  # backend "ray": the cluster to join ("auto", host:port); "" starts one
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -33,6 +39,18 @@ class ClusterConfig:
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.standby not in ("auto", "on", "off"):
             raise ValueError(f"standby must be 'auto', 'on' or 'off', got {self.standby!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.ray_address and self.backend != "ray":
+            raise ValueError(
+                f"ray_address {self.ray_address!r} (--ray-address) needs backend 'ray' (--cluster ray), "
+                f"not {self.backend!r}"
+            )
+        if self.backend == "ray" and self.ranks_per_host:
+            raise ValueError(
+                f"ranks_per_host {self.ranks_per_host} emulates hosts of the local backend; "
+                "the ray backend takes each rank's node from Ray (leave it 0)"
+            )
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0 (0: never respawn), got {self.max_restarts}")
         for name in ("disk_bytes_per_s", "transfer_bytes_per_s"):

@@ -1,4 +1,5 @@
-"""A cluster of worker processes on this machine, driven over ZeroMQ.
+"""A cluster of worker processes, driven over ZeroMQ: on this machine (the default) or,
+with another spawner (`cluster/spawn.py`), as Ray actors across a Ray cluster's nodes.
 
 The controller owns the parameter pool and is the only writer of it: a copy enters the
 pool only when the worker that holds it has said its load completed.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing as mp
 import secrets
 import socket
 import threading
@@ -35,6 +35,7 @@ from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.shards import ShardPlan, transfer_report
+from blitzscale.cluster.spawn import ProcessSpawner, Spawner, WorkerHandle
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     ActivateMsg,
@@ -55,7 +56,7 @@ from blitzscale.messages import (
 )
 from blitzscale.transfer.disk import drop_page_cache
 from blitzscale.worker.standby import StandbySpec
-from blitzscale.worker.worker import WorkerConfig, worker_main
+from blitzscale.worker.worker import WorkerConfig
 
 log = logging.getLogger("blitzscale.cluster")
 
@@ -83,11 +84,12 @@ class LocalCluster:
         tokenizer_source: str = "",
         standby: StandbySpec | None = None,
         tp: int = 1,
+        spawner: Spawner | None = None,
     ) -> None:
         """`data_addr`: the router's data socket, for workers that will serve;
         `tokenizer_source`: a model whose tokenizer serving workers load while they start;
         `standby`: the model every worker (and each replacement) builds a standby engine of;
-        `tp`: ranks per instance."""
+        `tp`: ranks per instance; `spawner`: how workers are started (local processes)."""
         check_tp_workers(cfg.num_workers, tp)
         self.cfg = cfg
         self.tp = tp
@@ -95,7 +97,9 @@ class LocalCluster:
         self.tokenizer_source = tokenizer_source
         self.standby = standby
         self.pool = ParameterPool()
-        self.procs: list[mp.Process] = []
+        self.spawner: Spawner = spawner or ProcessSpawner(cfg.ranks_per_host)
+        self.host = cfg.host  # what the controller binds and the workers dial (spawner's)
+        self.procs: list[WorkerHandle] = []
         self.dead: set[int] = set()
         self.hellos: dict[int, HelloMsg] = {}
         self._op_ids = itertools.count(1)
@@ -119,43 +123,39 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         cfg = self.cfg
-        n = cfg.num_workers
-        if cfg.device == "cuda":
-            import torch
-
-            n = min(n, torch.cuda.device_count())
-            if n < 1:
-                raise BlitzScaleError("device cuda: no GPU is visible")
-            n -= n % self.tp
-            if n < 1:
-                raise BlitzScaleError(
-                    f"tp={self.tp} needs {self.tp} GPUs, {torch.cuda.device_count()} visible"
-                )
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        if cfg.control_port:
-            self._sock.bind(f"tcp://{cfg.host}:{cfg.control_port}")
-            self._control_port = cfg.control_port
-        else:
-            self._control_port = self._sock.bind_to_random_port(f"tcp://{cfg.host}")
-        self._mail = Mailbox(self._sock, self.token, self._on_hello)
-        self._dist_port = self._start_store()
-        self.incarnations = [0] * n
-        for rank in range(n):
-            self.procs.append(self._spawn(rank, n, 0, ()))
-        self._wait_hellos()
+        try:  # whatever fails on the way, nothing started lingers (stop() ends it all)
+            self.host = self.spawner.connect(cfg.host)
+            n = self.spawner.slots(cfg.num_workers, cfg.device, self.tp)
+            self._ctx = zmq.Context()
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            if cfg.control_port:
+                self._sock.bind(f"tcp://{self.host}:{cfg.control_port}")
+                self._control_port = cfg.control_port
+            else:
+                self._control_port = self._sock.bind_to_random_port(f"tcp://{self.host}")
+            self._mail = Mailbox(self._sock, self.token, self._on_hello)
+            self._dist_port = self._start_store()
+            self.incarnations = [0] * n
+            for rank in range(n):
+                self.procs.append(self._spawn(rank, n, 0, ()))
+            self._wait_hellos()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
-    def _spawn(self, rank: int, n: int, incarnation: int, peers: tuple[tuple[int, int], ...]) -> mp.Process:
+    def _spawn(
+        self, rank: int, n: int, incarnation: int, peers: tuple[tuple[int, int], ...]
+    ) -> WorkerHandle:
         cfg = self.cfg
         wcfg = WorkerConfig(
             rank=rank,
             world_size=n,
             device=f"cuda:{rank}" if cfg.device == "cuda" else "cpu",
-            dist_addr=cfg.host,
+            dist_addr=self.host,
             dist_port=self._dist_port,
-            control_addr=f"tcp://{cfg.host}:{self._control_port}",
+            control_addr=f"tcp://{self.host}:{self._control_port}",
             data_addr=self.data_addr,
             dtype=cfg.resolved_dtype,
             init_timeout_s=cfg.startup_timeout_s,
@@ -167,9 +167,7 @@ class LocalCluster:
             tp=self.tp,
         )
         name = f"blitzscale-worker-{rank}" + (f".{incarnation}" if incarnation else "")
-        p = mp.get_context("spawn").Process(target=worker_main, args=(wcfg,), name=name, daemon=True)
-        p.start()
-        return p
+        return self.spawner.spawn(wcfg, name)
 
     def _on_hello(self, msg: HelloMsg) -> None:  # on the mailbox's thread
         if msg.rank < len(self.incarnations) and msg.incarnation == self.incarnations[msg.rank]:
@@ -194,11 +192,11 @@ class LocalCluster:
 
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self.cfg.host, self.cfg.dist_port))
+        listener.bind((self.host, self.cfg.dist_port))
         listener.listen(256)
         port = listener.getsockname()[1]
         self._store = dist.TCPStore(
-            self.cfg.host,
+            self.host,
             port,
             is_master=True,
             master_listen_fd=listener.detach(),  # the store owns the socket from here
@@ -235,6 +233,7 @@ class LocalCluster:
             self._ctx.term()
             self._sock = None
         self._store = None  # closes its socket
+        self.spawner.close()
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -244,6 +243,11 @@ class LocalCluster:
 
     def alive_ranks(self) -> list[int]:
         return [r for r, p in enumerate(self.procs) if r not in self.dead and p.is_alive()]
+
+    def nodes(self) -> tuple[str, ...]:
+        """The node each rank's worker runs on, by rank (ranks of a node share NVLink and
+        host memory); "?" for one not placed yet."""
+        return tuple(self.spawner.node_of(r) for r in range(self.world_size))
 
     # --- messaging ----------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from blitzscale.control.snapshot import InstanceState as S
 from blitzscale.control.states import Role, can_source, counts_as_prefill, is_serving, steady_state
 
 LoadPath = Literal["network", "host", "disk"]
+HOST_POLICIES = ("sllm", "allcache")  # they load from host memory or disk, never from a GPU
 
 
 @dataclass(frozen=True)
@@ -258,10 +259,15 @@ def _flat(groups: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
 
 
 def _new_slots(
-    snapshot: ClusterSnapshot, n: int, cfg: PolicyConfig, cache: HostCacheState
+    snapshot: ClusterSnapshot,
+    n: int,
+    cfg: PolicyConfig,
+    cache: HostCacheState,
+    near: Sequence[int] = (),
 ) -> list[tuple[int, ...]]:
     """Up to `n` groups of `tp` consecutive, tp-aligned free ranks, lowest first (`sllm`
-    puts hosts with a cache hit first, as ServerlessLLM's locality-aware placement does)."""
+    puts hosts with a cache hit first, as ServerlessLLM's locality-aware placement does),
+    in node order (`by_node`): the nodes of `near` (the weights' sources) first."""
     if n <= 0:
         return []
     free, tp = set(snapshot.free_ranks), snapshot.tp
@@ -269,7 +275,30 @@ def _new_slots(
     slots = [tuple(range(r, r + tp)) for r in starts]
     if cfg.name == "sllm":
         slots.sort(key=lambda s: not cache.lookup(host_of(snapshot, s[0]), snapshot.now))
-    return slots[:n]
+    return by_node(snapshot, slots, near)[:n]
+
+
+def by_node(
+    snapshot: ClusterSnapshot, slots: list[tuple[int, ...]], near: Sequence[int]
+) -> list[tuple[int, ...]]:
+    """`slots` grouped by node, the nodes of `near` first (in its order), then the others by
+    their first slot; within a node, as given. A chain through them (transfer/plan.py) thus
+    stays inside the sources' node (NVLink) before it crosses to another, once per node."""
+    order: dict[int, int] = {}
+    for r in near:
+        order.setdefault(host_of(snapshot, r), len(order))
+    for slot in slots:
+        order.setdefault(host_of(snapshot, slot[0]), len(order))
+    return sorted(slots, key=lambda s: order[host_of(snapshot, s[0])])
+
+
+def _nearest(
+    snapshot: ClusterSnapshot, slot: tuple[int, ...], sources: list[InstanceView], k: int
+) -> InstanceView:
+    """The source for one target (no multicast): one on the target's node if any, in turn."""
+    same = [i for i in sources if host_of(snapshot, i.ranks[0]) == host_of(snapshot, slot[0])]
+    pick = same or sources
+    return pick[k % len(pick)]
 
 
 def _loads(
@@ -280,7 +309,12 @@ def _loads(
     new_prefill: frozenset[int],
     taken: frozenset[int] = frozenset(),
 ) -> list[LoadAction]:
-    slots = _new_slots(snapshot, n, cfg, cache)
+    if n <= 0:
+        return []
+    host_policy = cfg.name in HOST_POLICIES
+    sources = [] if host_policy else source_instances(snapshot, cfg, new_prefill)
+    chosen = _flat(i.ranks for i in sources[: cfg.max_sources]) if cfg.multicast else ()
+    slots = _new_slots(snapshot, n, cfg, cache, near=chosen or _flat(i.ranks for i in sources))
     if not slots:
         return []
     if cfg.name == "allcache":
@@ -288,14 +322,14 @@ def _loads(
     if cfg.name == "sllm":
         hit = [cache.lookup(host_of(snapshot, s[0]), snapshot.now) for s in slots]
         return [LoadAction(s, "host" if h else "disk") for s, h in zip(slots, hit, strict=True)]
-    sources = source_instances(snapshot, cfg, new_prefill)
     if sources and cfg.multicast:
-        chosen = _flat(i.ranks for i in sources[: cfg.max_sources])
         live = cfg.live and snapshot.tp == 1  # live scaling of tp > 1 instances: not yet
         partner = live_partner(snapshot, new_prefill | taken) if live else None
         return [LoadAction(_flat(slots), "network", chosen, multicast=True, live=live, partner=partner)]
     if sources:
-        return [LoadAction(s, "network", sources[k % len(sources)].ranks) for k, s in enumerate(slots)]
+        return [
+            LoadAction(s, "network", _nearest(snapshot, s, sources, k).ranks) for k, s in enumerate(slots)
+        ]
     # Scale from zero: no GPU holds the model, so nothing can serve alongside a live target.
     if snapshot.host_holder is not None:
         host = (snapshot.host_holder,)

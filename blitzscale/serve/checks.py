@@ -3,6 +3,7 @@ naming it and what is allowed, never a traceback from a worker or the HTTP serve
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 
 from blitzscale.errors import InvalidRequestError
@@ -21,7 +22,8 @@ def first_instances(cfg: ServeConfig) -> tuple[int, int]:
 
 def check_serve_config(cfg: ServeConfig) -> None:
     """Ports in range, enough workers for the first instances of the mode and policy, a
-    model that resolves. Raises InvalidRequestError naming the value."""
+    model that resolves, Ray installed for the ray backend. Raises InvalidRequestError
+    naming the value."""
     from blitzscale.checkpoint import resolve_model
 
     _check_port("[server] port (--port)", cfg.server.port, lo=1)
@@ -44,6 +46,10 @@ def check_serve_config(cfg: ServeConfig) -> None:
             f"(--workers / [cluster] num_workers): use --workers {need} or more{hint}"
         )
     resolve_model(cfg.model.name)  # ModelNotFoundError names it
+    if cfg.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise InvalidRequestError(
+            "--cluster ray ([cluster] backend = \"ray\") needs Ray: pip install 'blitzscale[ray]'"
+        )
 
 
 def _check_port(name: str, port: int, lo: int) -> None:

@@ -159,8 +159,9 @@ class Scaler:
         )
 
     def _hosts(self) -> tuple[int, ...]:
-        per = self.cluster.cfg.ranks_per_host
-        return tuple(r // per for r in range(self.cluster.world_size)) if per else ()
+        """Rank -> host id, from the cluster's nodes (numbered in order of first rank)."""
+        ids: dict[str, int] = {}
+        return tuple(ids.setdefault(n, len(ids)) for n in self.cluster.nodes())
 
     async def stop(self) -> None:
         """Cancel actions in flight (the cluster is about to go away under them)."""
@@ -286,6 +287,8 @@ class Scaler:
             "sources": sources,
             "seconds": round(seconds, 4),
             "bytes": nbytes,
+            "nodes": self.nodes_of(ranks),  # where the ranks and the sources live
+            "source_nodes": self.nodes_of(sources),
         }
         if report:
             event["link_s"] = round(max(v["seconds"] for v in report.values()), 4)
@@ -296,11 +299,18 @@ class Scaler:
             event["standby"] = standby
         self.events.append(event)
         log.info(
-            "scale %s via %s: ranks %s from %s in %.3f s (%d bytes)",
+            "scale %s via %s: ranks %s (nodes %s) from %s (nodes %s) in %.3f s (%d bytes)",
             direction,
             path,
             ranks,
+            ",".join(event["nodes"]),
             sources,
+            ",".join(event["source_nodes"]) or "-",
             seconds,
             nbytes,
         )
+
+    def nodes_of(self, ranks: list[int]) -> list[str]:
+        """The nodes `ranks` live on, each once, in rank order."""
+        nodes = self.cluster.nodes()
+        return list(dict.fromkeys(nodes[r] if r < len(nodes) else "?" for r in ranks))

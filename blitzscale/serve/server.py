@@ -25,6 +25,7 @@ from blitzscale.checkpoint.convert import convert
 from blitzscale.checkpoint.native import is_native_folder
 from blitzscale.checkpoint.resolve import hf_id
 from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.spawn import make_spawner
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
 from blitzscale.serve.config import ServeConfig
@@ -81,16 +82,24 @@ class ServingCluster:
                 tp,
             )
         folder = await asyncio.to_thread(prepare_model, cfg.model.name, cfg.model.cache_dir, tp)
+        # The workers' backend (local processes, or Ray actors) says which address they reach
+        # this process at: the router's data socket is bound there.
+        spawner = make_spawner(cfg.cluster)
+        host = await asyncio.to_thread(spawner.connect, cfg.cluster.host)
         data = self._ctx.socket(zmq.ROUTER)
         data.setsockopt(zmq.LINGER, 0)
-        port = data.bind_to_random_port(f"tcp://{cfg.cluster.host}")
+        port = data.bind_to_random_port(f"tcp://{host}")
         use_standby = cfg.cluster.uses_standby and tp == 1  # (TP instances: not yet)
         standby = StandbySpec(cfg.model.name, folder, cfg.engine) if use_standby else None
-        addr = f"tcp://{cfg.cluster.host}:{port}"
+        addr = f"tcp://{host}:{port}"
         self.cluster = LocalCluster(
-            cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby, tp=tp
+            cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby, tp=tp, spawner=spawner
         )
-        await asyncio.to_thread(self.cluster.start)
+        try:
+            await asyncio.to_thread(self.cluster.start)
+        except BaseException:
+            self.cluster = None  # start() stopped what it began (the spawner's too)
+            raise
         src = resolve_model(folder)
         mcfg = load_config(src)
         max_len = min(cfg.engine.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)

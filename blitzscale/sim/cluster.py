@@ -86,6 +86,9 @@ class SimCluster:
     def alive_ranks(self) -> list[int]:
         return list(range(self.world_size))
 
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(f"node{self.topo.node_of(r)}" for r in range(self.world_size))
+
     def dead_now(self) -> set[int]:
         return set()
 

@@ -1,0 +1,224 @@
+"""Workers as Ray actors, one per GPU (or CPU slot), across a Ray cluster's nodes.
+
+Each worker is an actor in one placement group (a bundle per rank, spread over the nodes):
+its one method runs the same `worker_main(WorkerConfig)` as a local process does, on the
+actor's node, and returns when the worker stops. Everything else is the controller's, as
+with local processes: commands are our msgspec frames over ZeroMQ, tensors go over
+torch.distributed (NCCL on GPU, gloo on CPU); Ray only starts, checks, kills and stops
+actors. The actor's running call is its liveness: it completes (with Ray's error) when the
+actor or its node is lost. A respawned rank goes back into its own bundle, so onto its node
+(or wherever Ray rescheduled a lost node's bundle).
+
+Ray is imported here only: the local backend never needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from blitzscale.cluster.spawn import whole_instances
+from blitzscale.errors import BlitzScaleError
+from blitzscale.worker.worker import WorkerConfig
+
+log = logging.getLogger("blitzscale.cluster")
+INSTALL_HINT = "the ray backend needs Ray: pip install 'blitzscale[ray]'"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise BlitzScaleError(f"{INSTALL_HINT} ({e})") from e
+    return ray
+
+
+def _run_worker(cfg: WorkerConfig, node_ip: str) -> None:
+    """In the actor: the worker's links go out on the interface of the node's own address
+    when the controller is on another machine (on its machine, `Links` picks loopback)."""
+    from blitzscale.worker.worker import worker_main
+    from blitzscale.worker.world import interface_of
+
+    if interface_of(cfg.dist_addr) is None:
+        iface = interface_of(node_ip)
+        if iface is not None:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
+    worker_main(cfg)
+
+
+class WorkerActorBody:
+    """The actor (made a Ray actor class by `RaySpawner`): `run` is the worker's life."""
+
+    def where(self) -> tuple[str, str, int]:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid()
+
+    def run(self, cfg: WorkerConfig) -> None:
+        import ray
+
+        _run_worker(cfg, ray.util.get_node_ip_address())
+
+
+class RayWorker:
+    """A worker actor, with the interface of a local process (`spawn.WorkerHandle`)."""
+
+    def __init__(self, ray: Any, actor: Any, cfg: WorkerConfig, startup_s: float) -> None:
+        self._ray = ray
+        self.actor = actor
+        self._startup_s = startup_s
+        self._where_ref = actor.where.remote()  # an actor runs its calls in order: first
+        self._where: tuple[str, str, int] | None = None
+        self.running = actor.run.remote(cfg)
+
+    def where(self) -> tuple[str, str, int]:
+        """(node id, node IP, pid) of the actor, once it has started."""
+        if self._where is None:
+            self._where = self._ray.get(self._where_ref, timeout=self._startup_s)
+        return self._where
+
+    def known_node(self) -> str:
+        """Its node id, or "" while the actor has not started (never waits)."""
+        if self._where is None:
+            ready, _ = self._ray.wait([self._where_ref], timeout=0)
+            if not ready:
+                return ""
+            try:
+                self.where()
+            except Exception:  # it never started (its node is gone)
+                return ""
+        assert self._where is not None
+        return self._where[0]
+
+    @property
+    def pid(self) -> int:
+        return self.where()[2]
+
+    def is_alive(self) -> bool:
+        ready, _ = self._ray.wait([self.running], timeout=0)
+        return not ready
+
+    def kill(self) -> None:
+        self._ray.kill(self.actor, no_restart=True)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._ray.wait([self.running], timeout=timeout)
+
+    def error(self) -> str:
+        """Why it ended ("" while it runs, or if it stopped cleanly)."""
+        if self.is_alive():
+            return ""
+        try:
+            self._ray.get(self.running, timeout=0)
+        except Exception as e:  # Ray's error: actor died, node lost, worker raised
+            return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        return ""
+
+
+class RaySpawner:
+    """`address`: a running Ray cluster ("auto", "ray://..." or host:port); "" starts a local
+    Ray instance, as `ray.init()` does (and stops it at `close`)."""
+
+    def __init__(self, address: str = "", startup_timeout_s: float = 180.0) -> None:
+        self.ray = import_ray()
+        self.address = address
+        self.startup_timeout_s = startup_timeout_s
+        self.host = ""
+        self.workers: dict[int, RayWorker] = {}
+        self._pg: Any = None
+        self._started_ray = False
+        self._actor_cls: Any = None
+        self._device = "cpu"
+
+    def connect(self, host: str) -> str:
+        ray = self.ray
+        if not ray.is_initialized():
+            ray.init(address=self.address or None, include_dashboard=False, log_to_driver=True)
+            self._started_ray = not self.address
+        if not self.host:
+            self.host = self._advertise(host)
+        return self.host
+
+    def _advertise(self, host: str) -> str:
+        """Loopback only works if every node is this machine; otherwise this node's IP."""
+        if host not in LOOPBACK:
+            return host
+        mine = self.ray.util.get_node_ip_address()
+        ips = {n["NodeManagerAddress"] for n in self.ray.nodes() if n["Alive"]}
+        return host if ips <= {mine} else mine
+
+    def slots(self, num_workers: int, device: str, tp: int) -> int:
+        from ray.util.placement_group import placement_group
+
+        self._device = device
+        kind = "GPU" if device == "cuda" else "CPU"
+        have = int(self.ray.cluster_resources().get(kind, 0))
+        n = min(num_workers, have)
+        if device == "cuda":
+            n = whole_instances(n, tp, f"the Ray cluster has {have}")
+        if n < 1:
+            raise BlitzScaleError(f"the Ray cluster has no {kind} for a worker ({have} in all)")
+        if n < num_workers:
+            log.warning("the Ray cluster has %d %s: starting %d workers, not %d", have, kind, n, num_workers)
+        # PACK keeps ranks of one node together (consecutive ranks share NVLink / host
+        # memory) and still spans the nodes when one does not hold them all.
+        self._pg = placement_group([{kind: 1}] * n, strategy="PACK")
+        ready = self._pg.ready()
+        done, _ = self.ray.wait([ready], timeout=self.startup_timeout_s)
+        if not done:
+            self.close()
+            raise BlitzScaleError(
+                f"Ray could not place {n} workers of 1 {kind} each within {self.startup_timeout_s} s "
+                f"(cluster resources: {self.ray.cluster_resources()})"
+            )
+        return n
+
+    def spawn(self, cfg: WorkerConfig, name: str) -> RayWorker:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if self._actor_cls is None:
+            self._actor_cls = self.ray.remote(max_restarts=0, max_task_retries=0)(WorkerActorBody)
+        gpu = self._device == "cuda"
+        if gpu:  # the actor sees its one GPU as device 0
+            cfg = dataclasses.replace(cfg, device="cuda:0")
+        actor = self._actor_cls.options(
+            name=None,
+            num_cpus=0 if gpu else 1,
+            num_gpus=1 if gpu else 0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self._pg, placement_group_bundle_index=cfg.rank
+            ),
+        ).remote()
+        worker = RayWorker(self.ray, actor, cfg, self.startup_timeout_s)
+        self.workers[cfg.rank] = worker
+        return worker
+
+    def node_of(self, rank: int) -> str:
+        w = self.workers.get(rank)
+        node = w.known_node() if w is not None else ""
+        return node[:8] if node else "?"
+
+    def close(self) -> None:
+        ray = self.ray
+        for w in self.workers.values():
+            try:
+                ray.kill(w.actor, no_restart=True)
+            except Exception as e:  # already gone
+                log.debug("kill: %s", e)
+        # Until Ray has seen every actor end (its process is then on its way out).
+        if self.workers:
+            ray.wait([w.running for w in self.workers.values()], num_returns=len(self.workers), timeout=30)
+        self.workers.clear()
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+            self._pg = None
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            self._started_ray = False
