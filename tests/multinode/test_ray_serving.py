@@ -22,10 +22,9 @@ from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
-from tests.serve.conftest import FAST_PLANNER, smollm2_engine_texts, start_http, stop_http
+from tests.serve.conftest import FAST_PLANNER, start_http, stop_http
 from tests.serve.test_http import PROMPTS
 
-__all__ = ["smollm2_engine_texts"]  # the local engine's answers (a fixture)
 PARAMS = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 

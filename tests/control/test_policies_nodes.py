@@ -1,0 +1,69 @@
+"""Plans follow the nodes (ClusterSnapshot.host_of_rank, from Ray or ranks_per_host): new
+instances go on the weights' source node first and a chain visits one node after another,
+so it crosses between nodes once per node; without a multicast each target gets a source on
+its own node when there is one."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from blitzscale.control.config import PlannerConfig, PolicyConfig
+from blitzscale.control.host_cache import HostCacheState
+from blitzscale.control.policies import LoadAction, by_node, scale_actions
+from blitzscale.control.snapshot import ClusterSnapshot
+from blitzscale.control.snapshot import InstanceState as S
+
+from .builders import inst, snap, want
+
+# Ranks 0, 2, 4 on node 0; 1, 3, 5 on node 1 (as Ray may interleave bundles).
+INTERLEAVED = (0, 1, 0, 1, 0, 1)
+
+
+def _act(s: ClusterSnapshot, policy: str, prefill: int, decode: int) -> list[LoadAction]:
+    out = scale_actions(
+        s, want(prefill, decode), PolicyConfig(name=policy), PlannerConfig(), HostCacheState()
+    )
+    return [a for a in out if isinstance(a, LoadAction)]
+
+
+def test_a_chain_stays_on_the_sources_node_then_crosses_once() -> None:
+    # The decode instance on rank 1 (node 1) is the source: free ranks on node 1 come first.
+    s = snap(
+        inst(0, S.PREFILL, running=4), inst(1, S.DECODE, running=9), free=(2, 3, 4, 5), hosts=INTERLEAVED
+    )
+    (a,) = _act(s, "blitz-nolive", 5, 1)
+    assert a == LoadAction((3, 5, 2, 4), "network", (1,), multicast=True)
+    crossings = sum(INTERLEAVED[x] != INTERLEAVED[y] for x, y in pairwise((1, *a.target_ranks)))
+    assert crossings == 1
+    # Fewer targets than free ranks: those on the source's node are taken.
+    (b,) = _act(s, "blitz-nolive", 3, 1)
+    assert b.target_ranks == (3, 5)
+
+
+def test_without_topology_the_order_is_the_ranks_own() -> None:
+    s = snap(inst(0, S.PREFILL, running=4), inst(1, S.DECODE, running=9), free=(2, 3, 4, 5))
+    (a,) = _act(s, "blitz-nolive", 5, 1)
+    assert a.target_ranks == (2, 3, 4, 5)
+
+
+def test_one_source_per_target_prefers_one_on_the_targets_node() -> None:
+    hosts = (0, 0, 1, 1, 0, 1)  # sources: rank 0 (node 0) and rank 2 (node 1)
+    s = snap(
+        inst(0, S.DECODE, idle_for=0.1),
+        inst(2, S.DECODE, idle_for=0.1),
+        inst(1, S.PREFILL, running=5),
+        free=(3, 4, 5),
+        hosts=hosts,
+        pd_mode=True,
+    )
+    loads = _act(s, "network", 4, 2)
+    assert len(loads) == 3, loads
+    for a in loads:
+        assert hosts[a.sources[0]] == hosts[a.target_ranks[0]], loads
+
+
+def test_by_node_groups_slots_nearest_first() -> None:
+    s = snap(free=(0, 1, 2, 3, 4, 5), hosts=(0, 1, 2, 0, 1, 2))
+    slots = [(r,) for r in range(6)]
+    assert by_node(s, slots, near=(2,)) == [(2,), (5,), (0,), (3,), (1,), (4,)]
+    assert by_node(s, slots, near=()) == [(0,), (3,), (1,), (4,), (2,), (5,)]
