@@ -674,6 +674,7 @@ class LocalCluster:
     def status(self) -> dict[str, Any]:
         return {
             "alive": self.alive_ranks(),
+            "nodes": list(self.nodes()),
             "dead": sorted(self.dead),
             "incarnations": list(self.incarnations),
             "restarts": dict(self.restarts),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 from typing import Any
 
 from blitzscale.cluster.spawn import whole_instances
@@ -26,6 +27,10 @@ from blitzscale.worker.worker import WorkerConfig
 log = logging.getLogger("blitzscale.cluster")
 INSTALL_HINT = "the ray backend needs Ray: pip install 'blitzscale[ray]'"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+AUTH_HINT = (
+    " (the cluster uses Ray's token authentication: set RAY_AUTH_MODE=token and the head's"
+    " token, RAY_AUTH_TOKEN=$(ray get-auth-token) on the head node, here too; docs/ray.md)"
+)
 
 
 def import_ray() -> Any:
@@ -48,6 +53,20 @@ def _run_worker(cfg: WorkerConfig, node_ip: str) -> None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
             os.environ.setdefault("NCCL_SOCKET_IFNAME", iface)
     worker_main(cfg)
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A `host:port` address must accept a connection: Ray's own join retries for ever."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # "", "auto", "local", "ray://...": Ray resolves them (and fails fast)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise BlitzScaleError(
+            f"no Ray cluster answers at {address!r} (--ray-address): {e.strerror or e}; "
+            "start one with `ray start --head` there, or leave --ray-address out to start one here"
+        ) from e
 
 
 class WorkerActorBody:
@@ -138,7 +157,14 @@ class RaySpawner:
     def connect(self, host: str) -> str:
         ray = self.ray
         if not ray.is_initialized():
-            ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=True)
+            _check_reachable(self.address)  # (Ray waits for ever on an address with no GCS)
+            try:
+                ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=True)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise BlitzScaleError(
+                    f"cannot join the Ray cluster at {self.address!r} (--ray-address): {e}"
+                    f"{AUTH_HINT if 'auth' in str(e).lower() else ''}"
+                ) from e
             self._started_ray = not self.address
         if not self.host:
             self.host = self._advertise(host)

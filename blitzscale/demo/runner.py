@@ -163,9 +163,15 @@ def _view(
             f"{e['time'] - start:5.1f}",
             e["direction"],
             e["path"],
-            str(e["ranks"]),
-            str(e["sources"] or "-"),
+            _on_nodes(e["ranks"], e.get("nodes", [])),
+            _on_nodes(e["sources"], e.get("source_nodes", [])) if e["sources"] else "-",
             f"{e['seconds']:.2f}",
             f"{e['bytes'] / 1e6:.0f}",
         )
     return Group(inst, ev)
+
+
+def _on_nodes(ranks: list[int], nodes: list[str]) -> str:
+    """`[2, 3] @ 2cfc4611`: the ranks and, on a cluster of several nodes, theirs."""
+    named = [n for n in nodes if n not in ("local", "?")]
+    return f"{ranks} @ {','.join(named)}" if named else str(ranks)

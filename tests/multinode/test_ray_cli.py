@@ -123,3 +123,18 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_an_address_where_no_ray_cluster_answers_is_refused_at_once() -> None:
+    ports = []
+    for _ in range(2):  # one nothing listens on (the Ray address), one for HTTP
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    port, http = ports
+    flags = ["--cluster", "ray", "--ray-address", f"127.0.0.1:{port}", "--workers", "2"]
+    flags += ["--mode", "colocated", "--port", str(http)]
+    r = subprocess.run([*CLI, "serve", *flags], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert f"no Ray cluster answers at '127.0.0.1:{port}' (--ray-address)" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
