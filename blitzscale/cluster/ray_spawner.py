@@ -183,14 +183,16 @@ class RaySpawner:
 
         self._device = device
         kind = "GPU" if device == "cuda" else "CPU"
-        have = int(self.ray.cluster_resources().get(kind, 0))
+        have = int(self.ray.available_resources().get(kind, 0))  # (others may hold some)
         n = min(num_workers, have)
         if device == "cuda":
             n = whole_instances(n, tp, f"the Ray cluster has {have}")
         if n < 1:
-            raise BlitzScaleError(f"the Ray cluster has no {kind} for a worker ({have} in all)")
+            raise BlitzScaleError(f"the Ray cluster has no {kind} free for a worker")
         if n < num_workers:
-            log.warning("the Ray cluster has %d %s: starting %d workers, not %d", have, kind, n, num_workers)
+            log.warning(
+                "the Ray cluster has %d %s free: starting %d workers, not %d", have, kind, n, num_workers
+            )
         # PACK keeps ranks of one node together (consecutive ranks share NVLink / host
         # memory) and still spans the nodes when one does not hold them all.
         self._pg = placement_group([{kind: 1}] * n, strategy="PACK")
