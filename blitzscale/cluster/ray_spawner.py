@@ -128,16 +128,6 @@ class RayWorker:
     def join(self, timeout: float | None = None) -> None:
         self._ray.wait([self.running], timeout=timeout)
 
-    def error(self) -> str:
-        """Why it ended ("" while it runs, or if it stopped cleanly)."""
-        if self.is_alive():
-            return ""
-        try:
-            self._ray.get(self.running, timeout=0)
-        except Exception as e:  # Ray's error: actor died, node lost, worker raised
-            return f"{type(e).__name__}: {str(e).splitlines()[0]}"
-        return ""
-
 
 class RaySpawner:
     """`address`: a running Ray cluster ("auto", "ray://..." or host:port); "" starts a local

@@ -120,6 +120,30 @@ def test_openai_client_gets_the_local_engines_tokens(served: Served, smollm2_eng
     assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == texts[0]
 
 
+def test_tokens_equal_the_local_backends(served: Served) -> None:
+    """The same requests on the local backend (worker processes on this machine) and on
+    Ray's actors give the same token ids."""
+    service = served.service
+    assert service.router is not None
+    prompts = [*PROMPTS, "Tell me a long story about a dragon who learns to program. " * 8]
+    ids = [service.router.encode(p) for p in prompts]
+    on_ray = [served.lt.run(_one(service, f"cmp{k}", x)) for k, x in enumerate(ids)]
+    local_cfg = ServeConfig().with_overrides(
+        cluster={"num_workers": 1}, router={"mode": "colocated"}, policy={"name": "fixed"}
+    )
+    assert local_cfg.cluster.backend == "local"
+    lt = LoopThread()
+    local = ServingCluster(local_cfg)
+    try:
+        lt.run(local.start())
+        on_local = [lt.run(_one(local, f"cmp{k}", x)) for k, x in enumerate(ids)]
+    finally:
+        lt.run(local.stop())
+        lt.close()
+    assert all(len(t) == PARAMS.max_tokens for t in on_ray)
+    assert on_ray == on_local
+
+
 def test_burst_scales_up_with_weights_crossing_nodes(served: Served) -> None:
     service, lt = served.service, served.lt
     assert service.router is not None and service.scaler is not None
