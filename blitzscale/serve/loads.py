@@ -168,10 +168,12 @@ class Loads:
 
     async def _load_host(self, targets: tuple[int, ...]) -> None:
         holder = self.cluster.pool.host_holder(self.model)
+        assert holder is not None
+        shards = list(self._ranks(holder))  # (tp > 1: each shard's host memory holds its own)
         t0 = clock.now()
-        report = await self.cluster.transfer(self.model, self.source, [holder], list(targets), from_host=True)
+        report = await self.cluster.transfer(self.model, self.source, shards, list(targets), from_host=True)
         nbytes = sum(v["bytes"] for v in report.values())
-        self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, [holder], report)
+        self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, shards, report)
 
     async def from_disk(self, ranks: tuple[int, ...], cold: bool = False) -> tuple[float, int]:
         """Load one instance from disk, every shard at once: (seconds, bytes). Raises if

@@ -118,7 +118,7 @@ class ServingCluster:
                 f"{n_pre + n_dec} first instances of tp={tp} need {(n_pre + n_dec) * tp} workers, "
                 f"have {self.cluster.world_size}"
             )
-        keep_host = cfg.policy.name != "fixed" and tp == 1  # (no host copies of shards yet)
+        keep_host = cfg.policy.name != "fixed"  # (tp > 1: each shard keeps its own in host memory)
         await self.scaler.bootstrap(n_pre, n_dec, keep_host_copy=keep_host)
         if not fixed:
             self._scale_task = asyncio.create_task(self.scaler.run())

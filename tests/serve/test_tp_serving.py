@@ -1,7 +1,8 @@
 """Tensor-parallel instances in the serving cluster (CPU, gloo): `--workers 4 --tp 2`.
 
 Colocated: the first TP2 instance (ranks 0, 1) loads from disk and serves the openai client;
-a burst scales up a second one (ranks 2, 3) by chain multicast from it, shard k to shard k.
+a burst scales up a second one (ranks 2, 3) by chain multicast from it, shard k to shard k
+(allcache: from the host copy every shard of the first keeps).
 PD: KV migrates from the prefill TP2 instance to the decode one, each shard's heads to the
 same shard. Tokens equal a TP=1 engine's on the same weights throughout."""
 
@@ -48,7 +49,7 @@ def reference(folder: Path) -> dict[str, list[int]]:
 
 @contextlib.contextmanager
 def _service(
-    folder: Path, tmp: Path, mode: str, **planner: Any
+    folder: Path, tmp: Path, mode: str, policy: str = "blitz", **planner: Any
 ) -> Iterator[tuple[ServingCluster, LoopThread]]:
     cfg = ServeConfig().with_overrides(
         model={"name": str(folder), "tp": 2, "cache_dir": str(tmp)},
@@ -57,7 +58,7 @@ def _service(
         # where the planner sees it, however fast the machine prefills the tiny model
         router={"mode": mode, "prefill_budget_tokens": 16},
         planner={**FAST_PLANNER, **planner},
-        policy={"name": "blitz"},
+        policy={"name": policy},
     )
     lt = LoopThread()
     service = ServingCluster(cfg)
@@ -150,11 +151,33 @@ def test_pd_tp2_migrates_kv_between_tp2_instances(
         assert decoded_on == {2}  # every request's KV went from instance 0 to instance 2
 
 
+def test_allcache_tp2_scales_up_from_the_host_copy_of_every_shard(
+    folder: Path, reference: dict[str, list[int]], tmp_path: Path
+) -> None:
+    slow = {"tokens_prefilled_per_sec": 5.0, "interval_s": 0.1, "scale_down_idle_s": 600.0}
+    with _service(folder, tmp_path, "colocated", "allcache", **slow) as (service, lt):
+        assert service.scaler is not None and service.router is not None
+        pool = service.scaler.cluster.pool
+        assert pool.host_holder(str(folder)) == 0  # instance (0, 1)'s shards, in host memory
+
+        async def burst(n: int) -> list[list[int]]:
+            return await asyncio.gather(*(_one(service, f"h{n}.{i}", TEXTS[i % 3]) for i in range(n)))
+
+        assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
+        deadline = time.monotonic() + 180
+        while _serving(service) != [(0, 1), (2, 3)]:
+            assert time.monotonic() < deadline, service.scaler.events
+            time.sleep(0.1)
+        ups = [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "host"]
+        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], service.scaler.events
+        assert pool.host_holder(str(folder)) == 0  # still the one host copy
+        assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
+
+
 @pytest.mark.parametrize(
     ("sections", "match"),
     [
         ({"model": {"tp": 2}, "cluster": {"num_workers": 3}}, "workers=3 is not a multiple of tp=2"),
-        ({"model": {"tp": 2}, "cluster": {"num_workers": 4}, "policy": {"name": "sllm"}}, "host copies"),
         ({"model": {"tp": 0}}, "tp must be at least 1, got 0"),
     ],
 )
