@@ -73,13 +73,6 @@ class ServingCluster:
         cfg = self.cfg
         tp = cfg.model.tp
         await asyncio.to_thread(check_model_tp, cfg.model.name, tp)
-        if tp > 1 and cfg.policy.live:
-            log.warning(
-                "policy %s: live scaling of tp=%d instances is not supported yet; new instances "
-                "load fully before they serve (as blitz-nolive)",
-                cfg.policy.name,
-                tp,
-            )
         folder = await asyncio.to_thread(prepare_model, cfg.model.name, cfg.model.cache_dir, tp)
         data = self._ctx.socket(zmq.ROUTER)
         data.setsockopt(zmq.LINGER, 0)
