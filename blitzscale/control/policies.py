@@ -323,7 +323,7 @@ def _loads(
         hit = [cache.lookup(host_of(snapshot, s[0]), snapshot.now) for s in slots]
         return [LoadAction(s, "host" if h else "disk") for s, h in zip(slots, hit, strict=True)]
     if sources and cfg.multicast:
-        live = cfg.live and snapshot.tp == 1  # live scaling of tp > 1 instances: not yet
+        live = cfg.live
         partner = live_partner(snapshot, new_prefill | taken) if live else None
         return [LoadAction(_flat(slots), "network", chosen, multicast=True, live=live, partner=partner)]
     if sources:

@@ -79,11 +79,6 @@ class ServeConfig:
                 f"workers={self.cluster.num_workers} is not a multiple of tp={tp} "
                 "(an instance is tp consecutive workers)"
             )
-        if self.policy.name in HOST_COPY_POLICIES:
-            raise InvalidRequestError(
-                f"policy {self.policy.name} loads from host copies, which tp={tp} instances "
-                "do not support yet; use blitz, blitz-nolive, network, network-multicast or fixed"
-            )
 
     def with_overrides(self, **sections: dict[str, Any]) -> ServeConfig:
         """A copy with some keys of some sections replaced (flags over the file)."""
@@ -115,7 +110,6 @@ def _toml_value(v: Any) -> str:
 
 
 _SECTIONS = {f.name for f in dataclasses.fields(ServeConfig)}
-HOST_COPY_POLICIES = ("sllm", "allcache")
 
 
 def _section(cls: type[Any], name: str, values: dict[str, Any], base: Any = None) -> Any:

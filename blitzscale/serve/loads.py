@@ -118,7 +118,8 @@ class Loads:
             self.scaler.state.move(partner.id, InstanceState.OLD_PREFILL, why)
         else:
             partner = None
-        self.router.live.begin(a.target_ranks, partner.rank if partner is not None else None)
+        ids = self.scaler.instance_ids(a.target_ranks)  # (tp > 1: leaders; their shards follow)
+        self.router.live.begin(ids, partner.rank if partner is not None else None)
         activated: set[int] = set()
 
         def on_live(reply: ReplyMsg) -> None:  # on this loop, as each reply arrives
@@ -129,7 +130,7 @@ class Loads:
                 log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
             self.router.wake()
 
-        live = {t: self.scaler.activate_msg(role, live=True) for t in a.target_ranks}
+        live = {t: self.scaler.activate_msg(role, live=True) for t in ids}
         t0 = clock.now()
         try:
             report = await self.cluster.transfer(
@@ -142,7 +143,8 @@ class Loads:
             )
         except BlitzScaleError as e:
             self._load_failed(a.target_ranks, e)
-            for t in a.target_ranks:
+            await self._drop_partial(a.target_ranks)
+            for t in ids:
                 self.router.live.end(t)
             return
         self._load_succeeded(a.target_ranks)
@@ -150,7 +152,7 @@ class Loads:
         self.scaler.record(
             "up", "network", list(a.target_ranks), clock.now() - t0, nbytes, list(a.sources), report
         )
-        missed = [t for t in a.target_ranks if t not in activated]
+        missed = [t for t in ids if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
             for t in missed:
                 self.router.live.end(t)
@@ -168,10 +170,12 @@ class Loads:
 
     async def _load_host(self, targets: tuple[int, ...]) -> None:
         holder = self.cluster.pool.host_holder(self.model)
+        assert holder is not None
+        shards = list(self._ranks(holder))  # (tp > 1: each shard's host memory holds its own)
         t0 = clock.now()
-        report = await self.cluster.transfer(self.model, self.source, [holder], list(targets), from_host=True)
+        report = await self.cluster.transfer(self.model, self.source, shards, list(targets), from_host=True)
         nbytes = sum(v["bytes"] for v in report.values())
-        self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, [holder], report)
+        self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, shards, report)
 
     async def from_disk(self, ranks: tuple[int, ...], cold: bool = False) -> tuple[float, int]:
         """Load one instance from disk, every shard at once: (seconds, bytes). Raises if

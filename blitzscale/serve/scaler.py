@@ -202,7 +202,7 @@ class Scaler:
             targets = tuple(t for t in a.target_ranks if t not in self.busy and self.state.is_free(t))
             if targets != a.target_ranks:
                 return
-            live = a.live and a.path == "network" and self.tp == 1
+            live = a.live and a.path == "network"
             state = InstanceState.NEW_PREFILL if live else InstanceState.LOADING
             ids = self.instance_ids(targets)
             for t in ids:

@@ -74,13 +74,6 @@ class ServingCluster:
         cfg = self.cfg
         tp = cfg.model.tp
         await asyncio.to_thread(check_model_tp, cfg.model.name, tp)
-        if tp > 1 and cfg.policy.live:
-            log.warning(
-                "policy %s: live scaling of tp=%d instances is not supported yet; new instances "
-                "load fully before they serve (as blitz-nolive)",
-                cfg.policy.name,
-                tp,
-            )
         folder = await asyncio.to_thread(prepare_model, cfg.model.name, cfg.model.cache_dir, tp)
         # The workers' backend (local processes, or Ray actors) says which address they reach
         # this process at: the router's data socket is bound there.
@@ -127,7 +120,7 @@ class ServingCluster:
                 f"{n_pre + n_dec} first instances of tp={tp} need {(n_pre + n_dec) * tp} workers, "
                 f"have {self.cluster.world_size}"
             )
-        keep_host = cfg.policy.name != "fixed" and tp == 1  # (no host copies of shards yet)
+        keep_host = cfg.policy.name != "fixed"  # (tp > 1: each shard keeps its own in host memory)
         await self.scaler.bootstrap(n_pre, n_dec, keep_host_copy=keep_host)
         if not fixed:
             self._scale_task = asyncio.create_task(self.scaler.run())
