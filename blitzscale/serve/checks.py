@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from blitzscale.errors import InvalidRequestError
+from blitzscale.errors import InvalidRequestError, ModelNotFoundError
 from blitzscale.serve.config import ServeConfig
 
 MAX_PORT = 65535
@@ -43,7 +43,12 @@ def check_serve_config(cfg: ServeConfig) -> None:
             f"{mode} starts {n_pre + n_dec} instances{of_tp} ({source}) but there are {workers} workers "
             f"(--workers / [cluster] num_workers): use --workers {need} or more{hint}"
         )
-    resolve_model(cfg.model.name)  # ModelNotFoundError names it
+    for m in cfg.served_models():  # ModelNotFoundError names it
+        try:
+            resolve_model(m.spec)
+        except ModelNotFoundError as e:
+            where = f"[[models]] {m.name!r} source" if cfg.models else "[model] name (--model)"
+            raise ModelNotFoundError(f"{where}: {e}") from e
 
 
 def _check_port(name: str, port: int, lo: int) -> None:
