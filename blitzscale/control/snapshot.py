@@ -53,6 +53,7 @@ class ClusterSnapshot:
     host_of_rank: tuple[int, ...] = ()  # rank -> host id; ranks past the end are on host 0
     model: str = ""  # the model this picture is of (instances, queue and copies are its own;
     # free ranks are the whole pool's)
+    model_bytes: int = 0  # one instance's weights of it (0: not known yet)
 
     def in_states(self, *states: InstanceState) -> list[InstanceView]:
         return [i for i in self.instances if i.state in states]

@@ -186,7 +186,9 @@ class ServeConfig:
             lines.append("")
         for entry in self.models:  # [[models]] tables last (none: one model, [model])
             lines.append("[[models]]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(entry).items() if v is not None]
+            lines += [
+                f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(entry).items() if v is not None
+            ]
             lines.append("")
         return "\n".join(lines)
 

@@ -8,6 +8,7 @@ context, and `generate` tagged with its name. Instances belong to models in
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,18 @@ class ServedModel:
     max_model_len: int
     root: str | None = None  # the checkpoint's Hugging Face id, where known
     may_idle_at_zero: bool = False  # with no instance it is scaled to zero, not broken
+
+
+@dataclass(frozen=True)
+class ScaledModel:
+    """What the scaler needs of one model."""
+
+    name: str
+    source: str  # a spec every worker resolves (tokenizer, config)
+    disk_source: str  # our-format folder for disk loads
+    min_instances: int = 0  # 0: it may scale to zero (with a finite keep-alive)
+    max_instances: int = 0  # 0: no bound
+    keep_alive_s: float = math.inf  # no request this long: to zero (inf: never)
 
 
 class ModelBackend:

@@ -191,7 +191,9 @@ class Router:
         """Serve a request of `model` (None: the default one)."""
         name = model or self.model_name
         if name not in self._models:
-            raise InvalidRequestError(f"model {name!r} is not served here; served: {self.model_names()}", "model")
+            raise InvalidRequestError(
+                f"model {name!r} is not served here; served: {self.model_names()}", "model"
+            )
         served = self._models[name].model
         validate_request(prompt_token_ids, params, served.vocab_size, served.max_model_len)
         if request_id in self.reqs:
