@@ -15,7 +15,8 @@ queue, copies; the free ranks are the whole pool's) and its bounds. Per call:
   ones (drained now, released once warm), never a model's last instance of a role while
   it has requests or must stay up (`min_instances` is what a model keeps while the pool
   has room: a model with requests may take it down to one instance per role). Models
-  with requests are planned first, and while one lacks ranks the others do not grow.
+  with requests are planned first, and while one lacks ranks the models that do not
+  lack any do not grow (else they would revive what is reclaimed for it).
 Every action is tagged with its model.
 """
 
@@ -112,11 +113,9 @@ def pool_actions(
     if policy_cfg.name == "fixed" or not models:
         return []
     claimed: set[int] = set()
-    out: list[ScaleAction] = []
+    planned: list[tuple[str, list[ScaleAction]]] = []
     short: dict[str, int] = {}
-    # Models with requests first: they take free ranks first, and while one of them lacks
-    # ranks the idle models do not grow (else they would revive what is reclaimed for it).
-    for m in sorted(models, key=lambda m: not m.requests):
+    for m in sorted(models, key=lambda m: not m.requests):  # models with requests first
         snap = m.snapshot
         snap = dataclasses.replace(snap, free_ranks=tuple(r for r in snap.free_ranks if r not in claimed))
         if m.expired:
@@ -129,10 +128,13 @@ def pool_actions(
             acts, unmet = plan_actions(snap, desired, policy_cfg, cfg, host_cache)
             if unmet and m.requests:
                 short[m.name] = unmet
-            if short and not m.requests:
-                acts = [a for a in acts if not isinstance(a, LoadAction | ReviveAction)]
         claimed.update(r for a in acts if isinstance(a, LoadAction) for r in a.target_ranks)
-        out += [dataclasses.replace(a, model=m.name) for a in acts]
+        planned.append((m.name, acts))
+    out: list[ScaleAction] = []
+    for name, acts in planned:
+        if short and name not in short:  # while one lacks ranks the others do not grow
+            acts = [a for a in acts if not isinstance(a, LoadAction | ReviveAction)]
+        out += [dataclasses.replace(a, model=name) for a in acts]
     if short:
         out += reclaim(models, short, out)
     return out

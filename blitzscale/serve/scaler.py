@@ -241,6 +241,7 @@ class Scaler:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def run(self) -> None:
+        self.started_at = clock.now()  # keep-alives count from here (bootstrap is done)
         while True:
             await asyncio.sleep(self.planner.interval_s)
             try:

@@ -115,6 +115,19 @@ def test_a_request_to_a_model_with_no_free_rank_reclaims_an_idle_rank_of_another
     assert not any(isinstance(x, ReviveAction | LoadAction) for x in actions if x.model == "a")
 
 
+def test_a_model_in_use_does_not_revive_what_is_reclaimed_for_a_model_without_ranks() -> None:
+    # a has a request and wants its three instances; one was drained for b and is warm
+    a_insts = (
+        inst(0, S.SHUTTING_NULL, idle_for=0.1, loaded_for=100.0),
+        inst(1, S.COLOCATED, running=1),
+        inst(2, S.COLOCATED, idle_for=1.0),
+    )
+    a = view("a", *a_insts, requests=1, keep_alive_s=float("inf"), min_instances=3)
+    b = view("b", requests=1, queued=10, host_holder=0)
+    actions = pool_actions([a, b], BLITZ, CFG, NO_CACHE)
+    assert actions == [ReleaseAction(0, model="a")]  # released for b, not revived for a
+
+
 def test_reclaim_never_takes_the_last_instance_of_a_model_in_use_nor_a_busy_one() -> None:
     a = view("a", inst(0, S.COLOCATED, idle_for=5.0), requests=1, keep_alive_s=float("inf"))
     c = view("c", inst(1, S.COLOCATED, running=1), inst(2, S.COLOCATED, idle_for=5.0), requests=1)
