@@ -43,12 +43,29 @@ def check_serve_config(cfg: ServeConfig) -> None:
             f"{mode} starts {n_pre + n_dec} instances{of_tp} ({source}) but there are {workers} workers "
             f"(--workers / [cluster] num_workers): use --workers {need} or more{hint}"
         )
+    _check_model_bounds(cfg)
     for m in cfg.served_models():  # ModelNotFoundError names it
         try:
             resolve_model(m.spec)
         except ModelNotFoundError as e:
             where = f"[[models]] {m.name!r} source" if cfg.models else "[model] name (--model)"
             raise ModelNotFoundError(f"{where}: {e}") from e
+
+
+def _check_model_bounds(cfg: ServeConfig) -> None:
+    """Each model's instance bounds against the workers and the mode."""
+    workers, tp = cfg.cluster.num_workers, cfg.model.tp
+    for m in cfg.models:
+        if m.min_instances * tp > workers:
+            raise InvalidRequestError(
+                f"[[models]] {m.name!r}: min_instances={m.min_instances} needs {m.min_instances * tp} "
+                f"workers, there are {workers}"
+            )
+        if cfg.router.mode == "pd" and m.max_instances == 1:
+            raise InvalidRequestError(
+                f"[[models]] {m.name!r}: max_instances=1 cannot hold a prefill and a decode instance "
+                "(mode 'pd'): use 2 or more, 0 (no bound), or --mode colocated"
+            )
 
 
 def _check_port(name: str, port: int, lo: int) -> None:

@@ -319,7 +319,7 @@ def model_entries(tables: Any) -> tuple[ModelEntry, ...]:
     for k, table in enumerate(tables):
         if "name" not in table:
             raise InvalidRequestError(f"[[models]] number {k + 1} has no name (keys: {sorted(table)})")
-        out.append(_section(ModelEntry, "models", table))
+        out.append(_section(ModelEntry, "[models]", table))
     return tuple(out)
 
 
