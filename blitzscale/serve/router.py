@@ -155,11 +155,6 @@ class Router:
             raise ValueError(f"model {model.name!r} is served already")
         self._models[model.name] = ModelBackend(self, model)
 
-    def set_default_root(self, root: str | None) -> None:
-        self.model_root = root
-        m = self._models[self.model_name].model
-        self._models[self.model_name] = ModelBackend(self, ServedModel(**{**m.__dict__, "root": root}))
-
     def model_names(self) -> list[str]:
         """Every model served, the default one first."""
         return list(self._models)

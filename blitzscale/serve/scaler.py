@@ -142,8 +142,7 @@ class Scaler:
         pool = self.cluster.pool
         if pool.host_holder(model) is not None:
             return False
-        hosts = self._hosts()
-        where = lambda r: hosts[r] if r < len(hosts) else 0  # noqa: E731
+        where = self._host_of
         copies = {
             m: (where(r), self.model_bytes.get(m, 0))
             for m in self.models
@@ -229,6 +228,10 @@ class Scaler:
             max_instances=spec.max_instances,
             keep_alive_s=spec.keep_alive_s,
         )
+
+    def _host_of(self, rank: int) -> int:
+        hosts = self._hosts()
+        return hosts[rank] if rank < len(hosts) else 0
 
     def _hosts(self) -> tuple[int, ...]:
         per = self.cluster.cfg.ranks_per_host
