@@ -409,12 +409,20 @@ Message = (
 
 
 class TPSetupMsg(Msg):
-    """Serve `model` as a follower of this instance: a KV cache of the leader's size."""
+    """Serve `model` as a follower of this instance: a KV cache of the leader's size.
+    `live`: the weights are still arriving (a live target), so the shard serves the
+    segments that have landed; its own transfer may start just after this reaches it."""
 
     model: str
     num_blocks: int
     block_size: int
     max_model_len: int
+    live: bool = False
+
+
+class TPReadyMsg(Msg):
+    """A live target's leader asks how many leading weight segments every shard has: each
+    answers its own count in a MIN all-reduce on the compute group."""
 
 
 class TPForwardMsg(Msg):
@@ -437,11 +445,12 @@ class TPForwardMsg(Msg):
 
 class TPKVSendMsg(Msg):
     """Send these blocks' KV (this shard's heads) to the same shard of the instance led by
-    `dst_rank`."""
+    `dst_rank`. `num_layers`: only layers [0, num_layers) (a relay); 0: every layer."""
 
     request_id: str
     block_ids: list[int]
     dst_rank: int
+    num_layers: int = 0
 
 
 class TPKVRecvMsg(Msg):
@@ -451,6 +460,7 @@ class TPKVRecvMsg(Msg):
     request_id: str
     num_blocks: int
     src_rank: int
+    num_layers: int = 0  # as in TPKVSendMsg
 
 
 class TPKVCommitMsg(Msg):
@@ -459,6 +469,7 @@ class TPKVCommitMsg(Msg):
 
     request_id: str
     block_ids: list[int]
+    num_layers: int = 0  # as in TPKVSendMsg
 
 
 class TPKVDropMsg(Msg):
@@ -471,7 +482,16 @@ class TPStopMsg(Msg):
     """The leader stopped serving: drop the KV cache and the model (the weights stay)."""
 
 
-TPCommand = TPSetupMsg | TPForwardMsg | TPKVSendMsg | TPKVRecvMsg | TPKVCommitMsg | TPKVDropMsg | TPStopMsg
+TPCommand = (
+    TPSetupMsg
+    | TPReadyMsg
+    | TPForwardMsg
+    | TPKVSendMsg
+    | TPKVRecvMsg
+    | TPKVCommitMsg
+    | TPKVDropMsg
+    | TPStopMsg
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

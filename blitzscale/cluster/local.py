@@ -13,6 +13,7 @@ groups are built again once every member is up (no group is made at scale time).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing as mp
@@ -499,16 +500,21 @@ class LocalCluster:
         instances' ranks: shard k moves from the sources' ranks k to the targets' ranks k."""
         rate = max_bytes_per_s or (0.0 if from_host else self.cfg.transfer_bytes_per_s)
         if self.tp > 1:
-            if from_host or live:
-                what = "host copies" if from_host else "live scaling"
-                raise BlitzScaleError(f"{what} of tp={self.tp} instances are not supported yet")
             insts = [[*self.group_of(r)] for r in sources if r % self.tp == 0]
             tgts = [[*self.group_of(r)] for r in targets if r % self.tp == 0]
             flat = [[r for i in insts for r in i], [r for i in tgts for r in i]]
             if sorted(flat[0]) != sorted(sources) or sorted(flat[1]) != sorted(targets):
                 raise BlitzScaleError(f"tp={self.tp}: {sources} -> {targets} are not whole instances")
             return await self.transfer_instances(
-                model, source, insts, tgts, max_bytes_per_s=rate, piece_bytes=piece_bytes
+                model,
+                source,
+                insts,
+                tgts,
+                from_host=from_host,
+                max_bytes_per_s=rate,
+                piece_bytes=piece_bytes,
+                live=live,
+                on_live=on_live,
             )
         shard = ShardPlan(sources, targets, 0)
         return await self._transfer([shard], model, source, 1, from_host, rate, piece_bytes, live, on_live)
@@ -520,17 +526,22 @@ class LocalCluster:
         sources: list[list[int]],
         targets: list[list[int]],
         *,
+        from_host: bool = False,
         max_bytes_per_s: float = 0.0,
         piece_bytes: int | None = None,
+        live: dict[int, Message] | None = None,
+        on_live: Callable[[ReplyMsg], None] | None = None,
     ) -> dict[int, dict[str, Any]]:
         """Tensor-parallel instances: shard k streams from the sources' rank k to the targets'
-        rank k; all shards move at once, each as its own chain plan."""
+        rank k (from the host copy's shard k with `from_host`); all shards move at once,
+        each as its own chain plan. `live`: as in `transfer` (ActivateMsgs to the targets'
+        leaders, whose shards follow them)."""
         tp = len(sources[0])
         if any(len(i) != tp for i in sources + targets):
             raise BlitzScaleError(f"all instances must have tp={tp}: {sources} -> {targets}")
         shards = [ShardPlan([s[k] for s in sources], [t[k] for t in targets], k) for k in range(tp)]
-        rate = max_bytes_per_s or self.cfg.transfer_bytes_per_s
-        return await self._transfer(shards, model, source, tp, False, rate, piece_bytes, None, None)
+        rate = max_bytes_per_s or (0.0 if from_host else self.cfg.transfer_bytes_per_s)
+        return await self._transfer(shards, model, source, tp, from_host, rate, piece_bytes, live, on_live)
 
     async def _transfer(
         self,
@@ -615,33 +626,48 @@ class LocalCluster:
             self.pool.commit_load(model, ranks)
 
     async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
-        """Make `rank`'s device copy the cluster's one host copy of `model`."""
-        if self.tp > 1:
-            raise BlitzScaleError(f"host copies of tp={self.tp} instances are not supported yet")
-        msg = HostCacheMsg(op_id=self.next_op(), model=model)
-        async with self._holding([rank]):
+        """Make `rank`'s device copy the cluster's one host copy of `model`. With tp > 1
+        `rank` leads an instance and each of its shards keeps its own shard in its host's
+        memory: together they are the one host copy (the pool names the leader)."""
+        if rank % self.tp:
+            raise BlitzScaleError(f"rank {rank} leads no instance (tp={self.tp})")
+        ranks = list(self.group_of(rank))
+        msgs: dict[int, Message] = {r: HostCacheMsg(op_id=self.next_op(), model=model) for r in ranks}
+        async with self._holding(ranks):
             self.pool.add_host_copy(model, rank)  # refuses a second host copy
             try:
-                reply = await self._call_ok({rank: msg}, "host cache")
+                replies = await self._call_ok(msgs, f"host cache of {model} on ranks {ranks}")
             except BaseException:
                 self.pool.drop_host_copy(model)
+                if len(ranks) > 1:  # shards that made theirs let them go (best effort)
+                    drop = [(r, HostCacheMsg(op_id=self.next_op(), model=model, keep=False)) for r in ranks]
+                    with contextlib.suppress(BlitzScaleError):
+                        await self._call_ops(drop, f"drop host copy of {model}")
                 raise
-        return reply[rank].result
+        return {
+            "bytes": sum(int(m.result["bytes"]) for m in replies.values()),
+            "pinned": all(m.result["pinned"] for m in replies.values()),
+        }
 
     async def release_host_copy(self, model: str) -> None:
         rank = self.pool.host_holder(model)
         if rank is None:
             return
-        msg = HostCacheMsg(op_id=self.next_op(), model=model, keep=False)
-        async with self._holding([rank]):
+        ranks = list(self.group_of(rank))
+        msgs: dict[int, Message] = {
+            r: HostCacheMsg(op_id=self.next_op(), model=model, keep=False) for r in ranks
+        }
+        async with self._holding(ranks):
             if self.pool.drop_host_copy(model) is not None:
-                await self._call_ok({rank: msg}, f"drop host copy of {model}")
+                await self._call_ok(msgs, f"drop host copy of {model}")
 
     async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
+        """Free `rank`'s device copy (and with `host_copy` its share of the host copy: with
+        tp > 1 the caller releases every shard of the instance)."""
         msg = ReleaseMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
         async with self._holding([rank]):
             self.pool.release(model, rank)
-            if host_copy and self.pool.host_holder(model) == rank:
+            if host_copy and self.pool.host_holder(model) == self.group_of(rank).start:
                 self.pool.drop_host_copy(model)
             replies = await self._call_ok({rank: msg}, f"release {model} on rank {rank}")
         return replies[rank].result

@@ -321,7 +321,7 @@ def _loads(
     sources = source_instances(snapshot, cfg, new_prefill)
     if sources and cfg.multicast:
         chosen = _flat(i.ranks for i in sources[: cfg.max_sources])
-        live = cfg.live and snapshot.tp == 1  # live scaling of tp > 1 instances: not yet
+        live = cfg.live
         partner = live_partner(snapshot, new_prefill | taken) if live else None
         return [LoadAction(_flat(slots), "network", chosen, multicast=True, live=live, partner=partner)]
     if sources:

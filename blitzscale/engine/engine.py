@@ -36,6 +36,7 @@ from blitzscale.errors import InvalidRequestError, KVIntegrityError
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.kvcache.pool import BlockPool
 from blitzscale.model.llama import LlamaModel
+from blitzscale.model.readiness import Readiness
 from blitzscale.model.weights import ModelWeights
 
 S = RequestStatus
@@ -161,7 +162,7 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         self._check_new_id(request_id)
         req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
-        if self.live is not None and not self.model.weights.readiness.all_ready:
+        if self.live is not None and not self.live.readiness.all_ready:
             self.table.add(req, S.LIVE)
             self.live.add(req)
         else:  # once loaded, new work skips the live queue, which only drains
@@ -304,7 +305,7 @@ class LLMEngine:
                 r.handoff = None
                 r.num_computed_tokens = r.num_tokens
             self._complete_prompts(ready, logits)
-        if self.live is not None and not self.model.weights.readiness.all_ready:
+        if self.live is not None and not self.live.readiness.all_ready:
             return  # nothing else can run on a partial model
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -359,18 +360,25 @@ class LLMEngine:
 
     # --- live scaling (design §2.3): this engine as a live target, or as its source -----
 
-    def start_live(self) -> None:
-        """Serve while weights arrive: new requests go to the layer-by-layer live queue."""
+    def start_live(self, readiness: Readiness | None = None) -> None:
+        """Serve while weights arrive: new requests go to the layer-by-layer live queue.
+        `readiness`: which segments the whole instance has (a tensor-parallel leader's view
+        of every shard); by default this engine's own weights'."""
         if self.table:
             raise InvalidRequestError("live serving must start on an idle engine")
-        self.live = LiveQueue(self.model, self.kv_cache, self.pool, self.config.max_num_batched_tokens)
+        self.live = LiveQueue(
+            self.model,
+            self.kv_cache,
+            self.pool,
+            self.config.max_num_batched_tokens,
+            readiness or self.model.weights.readiness,
+        )
 
     @property
     def live_drained(self) -> bool:
         """Fully loaded and no live task left: the engine can serve normally."""
         live = self.live
-        ready = self.model.weights.readiness.all_ready
-        return live is not None and ready and not live and not self.table.count(S.RELAYING)
+        return live is not None and live.readiness.all_ready and not live and not self.table.count(S.RELAYING)
 
     def end_live(self) -> None:
         """Back to normal serving (the live queue must be empty)."""
@@ -382,13 +390,19 @@ class LLMEngine:
     def is_live(self) -> bool:
         return self.live is not None
 
+    @property
+    def readiness(self) -> Readiness:
+        """Which weight segments this engine may run: while live, the whole instance's (a
+        TP leader's view of every shard), else its own weights'."""
+        return self.live.readiness if self.live is not None else self.model.weights.readiness
+
     def relay_out(self) -> Request | None:
         """Hand a live task to the source: the head (oldest) while loading; once loaded, the
         newest (the head finishes here soon). Its KV of layers [0, k) stays until sent;
         `handoff` says where it stopped."""
         if self.live is None:
             return None
-        r = self.live.relay_head(newest=self.model.weights.readiness.all_ready)
+        r = self.live.relay_head(newest=self.live.readiness.all_ready)
         if r is not None:
             self.table.move(r, S.RELAYING)
         return r

@@ -31,6 +31,7 @@ from blitzscale.kvcache.cache import KVCache
 from blitzscale.kvcache.pool import BlockPool
 from blitzscale.model.attention import AttentionMetadata
 from blitzscale.model.llama import LlamaModel
+from blitzscale.model.readiness import Readiness
 
 
 @dataclass
@@ -54,13 +55,18 @@ class LiveQueue:
     """The live target's prefill tasks. `step` runs one stage for a batch of tasks."""
 
     def __init__(
-        self, model: LlamaModel, kv_cache: KVCache, pool: BlockPool, max_batched_tokens: int
+        self,
+        model: LlamaModel,
+        kv_cache: KVCache,
+        pool: BlockPool,
+        max_batched_tokens: int,
+        readiness: Readiness | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.pool = pool
         self.max_batched_tokens = max_batched_tokens
-        self.readiness = model.weights.readiness
+        self.readiness: Readiness = readiness or model.weights.readiness
         self.num_layers = model.num_layers
         self.waiting: deque[Request] = deque()  # no KV blocks yet
         self.tasks: list[LiveTask] = []  # FCFS, blocks for the whole prompt allocated

@@ -9,6 +9,19 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Protocol
+
+
+class Readiness(Protocol):
+    """What a live engine asks of its weights: which segments it may run."""
+
+    def is_ready(self, segment: int) -> bool: ...
+
+    @property
+    def all_ready(self) -> bool: ...
+
+    @property
+    def num_ready_prefix(self) -> int: ...
 
 
 class SegmentReadiness:

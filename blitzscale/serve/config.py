@@ -126,11 +126,6 @@ class ServeConfig:
                 f"workers={self.cluster.num_workers} is not a multiple of tp={tp} "
                 "(an instance is tp consecutive workers)"
             )
-        if self.policy.name in HOST_COPY_POLICIES:
-            raise InvalidRequestError(
-                f"policy {self.policy.name} loads from host copies, which tp={tp} instances "
-                "do not support yet; use blitz, blitz-nolive, network, network-multicast or fixed"
-            )
 
     def _check_models(self) -> None:
         seen: set[str] = set()
@@ -203,7 +198,6 @@ def _toml_value(v: Any) -> str:
 
 _SECTIONS = {f.name for f in dataclasses.fields(ServeConfig)}
 _TABLE_LISTS = {"models"}  # [[models]]: a list of tables, not a section
-HOST_COPY_POLICIES = ("sllm", "allcache")
 
 
 def _section(cls: type[Any], name: str, values: dict[str, Any], base: Any = None) -> Any:

@@ -122,7 +122,8 @@ class Loads:
             self.scaler.state.move(partner.id, InstanceState.OLD_PREFILL, why)
         else:
             partner = None
-        self.router.live.begin(a.target_ranks, partner.rank if partner is not None else None)
+        ids = self.scaler.instance_ids(a.target_ranks)  # (tp > 1: leaders; their shards follow)
+        self.router.live.begin(ids, partner.rank if partner is not None else None)
         activated: set[int] = set()
 
         def on_live(reply: ReplyMsg) -> None:  # on this loop, as each reply arrives
@@ -133,7 +134,7 @@ class Loads:
                 log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
             self.router.wake()
 
-        live = {t: self.scaler.activate_msg(role, live=True, model=model) for t in a.target_ranks}
+        live = {t: self.scaler.activate_msg(role, live=True, model=model) for t in ids}
         t0 = clock.now()
         try:
             report = await self.cluster.transfer(
@@ -146,7 +147,8 @@ class Loads:
             )
         except BlitzScaleError as e:
             self._load_failed(a.target_ranks, e, model)
-            for t in a.target_ranks:
+            await self._drop_partial(a.target_ranks, model)
+            for t in ids:
                 self.router.live.end(t)
             return
         self._load_succeeded(a.target_ranks)
@@ -161,7 +163,7 @@ class Loads:
             report,
             model=model,
         )
-        missed = [t for t in a.target_ranks if t not in activated]
+        missed = [t for t in ids if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
             for t in missed:
                 self.router.live.end(t)
@@ -185,13 +187,13 @@ class Loads:
 
     async def _load_host(self, targets: tuple[int, ...], model: str) -> None:
         holder = self.cluster.pool.host_holder(model)
+        assert holder is not None
+        shards = list(self._ranks(holder))  # (tp > 1: each shard's host memory holds its own)
         source = self.scaler.models[model].source
         t0 = clock.now()
-        report = await self.cluster.transfer(model, source, [holder], list(targets), from_host=True)
+        report = await self.cluster.transfer(model, source, shards, list(targets), from_host=True)
         nbytes = sum(v["bytes"] for v in report.values())
-        self.scaler.record(
-            "up", "host", list(targets), clock.now() - t0, nbytes, [holder], report, model=model
-        )
+        self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, shards, report, model=model)
 
     async def from_disk(
         self, ranks: tuple[int, ...], cold: bool = False, model: str | None = None

@@ -278,7 +278,7 @@ class Scaler:
             targets = tuple(t for t in a.target_ranks if t not in self.busy and self.state.is_free(t))
             if targets != a.target_ranks:
                 return
-            live = a.live and a.path == "network" and self.tp == 1
+            live = a.live and a.path == "network"
             state = InstanceState.NEW_PREFILL if live else InstanceState.LOADING
             ids = self.instance_ids(targets)
             for t in ids:
@@ -332,7 +332,7 @@ class Scaler:
         model = inst.model
         await self.cluster.deactivate(inst.rank)
         last = set(self.cluster.pool.gpu_holders(model)) <= set(inst.ranks)
-        if last and self.tp == 1 and self.policy.name != "fixed":
+        if last and self.policy.name != "fixed":
             # its last GPU copy: the model's one host copy keeps it off the disk next time
             try:
                 await self.keep_host_copy(model, inst.rank)

@@ -93,13 +93,6 @@ class ServingCluster:
         models = cfg.served_models()
         for m in models:
             await asyncio.to_thread(check_model_tp, m.spec, tp)
-        if tp > 1 and cfg.policy.live:
-            log.warning(
-                "policy %s: live scaling of tp=%d instances is not supported yet; new instances "
-                "load fully before they serve (as blitz-nolive)",
-                cfg.policy.name,
-                tp,
-            )
         folders = {
             m.name: await asyncio.to_thread(prepare_model, m.spec, cfg.model.cache_dir, tp) for m in models
         }
@@ -147,7 +140,7 @@ class ServingCluster:
                 f"{n_pre + n_dec} first instances of tp={tp} need {(n_pre + n_dec) * tp} workers, "
                 f"have {self.cluster.world_size}"
             )
-        keep_host = cfg.policy.name != "fixed" and tp == 1  # (no host copies of shards yet)
+        keep_host = cfg.policy.name != "fixed"  # (tp > 1: each shard keeps its own in host memory)
         start = 0
         for m in models:  # each model's first instances while ranks last; the rest start at zero
             need = (n_pre + n_dec) * tp

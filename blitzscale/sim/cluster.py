@@ -238,6 +238,7 @@ class SimCluster:
             emit=self._emit,
             recorder=self.recorder,
             kv_move=self._kv_move,
+            relay_move=self._relay_move,
             loaded_at=loaded_at,
             cores=self.cores[self.topo.node_of(rank)],
         )
@@ -313,5 +314,23 @@ class SimCluster:
             if dst in self.engines:
                 self.engines[dst].kv_arrived(rid)
             self._emit(KVSentMsg(rank=src, request_id=rid))
+
+        asyncio.get_running_loop().create_task(move())
+
+    def _relay_move(self, src: int, dst: int, rid: str, tokens: int, layers: int) -> None:
+        """A relayed task from live target `src` to source `dst`: its hidden states and the
+        KV of its first `layers` layers, over their link, shared fairly."""
+        links = self.topo.path(src, dst)
+        p = self.profile
+        nbytes = tokens * (p.kv_bytes_per_token * layers / p.num_layers + p.hidden_bytes_per_token)
+        seconds = (nbytes / self.links.rate(links) + self.topo.latency_s) if layers else 0.0
+
+        async def move() -> None:
+            with self.links.using(links):
+                await asyncio.sleep(seconds)
+            if src in self.engines:
+                self.engines[src].relay_sent(rid)
+            if dst in self.engines:
+                self.engines[dst].relay_arrived(rid)
 
         asyncio.get_running_loop().create_task(move())

@@ -10,7 +10,11 @@ prompt plus its `max_tokens` when it is admitted (no preemption). Tokens are pla
 (id 0); every token's time is kept in the `Recorder` for TBT.
 
 Live scaling: a live target prefills while weights arrive; a prompt's last layer cannot run
-before the last weight segment has landed. It hands no task to its partner (no relays).
+before the last weight segment has landed. Asked to relay (ZigZag), it hands its head task
+to its partner: the oldest prompt of the step under way, stopped after the layers that have
+both landed and been computed by now, else the oldest waiting one (after no layer). Its
+hidden states and the KV of those layers cross the link between the two (`relay_move`);
+the partner then runs the remaining layers, its share of the prompt's prefill time.
 """
 
 from __future__ import annotations
@@ -36,11 +40,15 @@ from blitzscale.messages import (
     OutputsMsg,
     RecvKVMsg,
     RejectedMsg,
+    RelayedMsg,
     RelayFailedMsg,
     RelayInMsg,
     RelayMsg,
     RelayNoneMsg,
+    RelayReadyMsg,
+    RelaySentMsg,
     SendKVMsg,
+    SendRelayMsg,
     StatsMsg,
 )
 from blitzscale.sim.cores import HostCores
@@ -93,6 +101,8 @@ class SimRequest:
     output: int = 0  # tokens produced
     emitted: int = 0  # of which the router has been told
     blocks: int = 0  # reserved
+    layers_done: int = 0  # a relayed prompt: layers its live target ran
+    left: float = 1.0  # share of its prefill still to compute here
 
     @property
     def context(self) -> int:
@@ -121,6 +131,7 @@ class SimEngine:
     emit: Callable[[Message], None]
     recorder: Recorder
     kv_move: Callable[[int, int, str, int], None]  # (src, dst, request id, tokens)
+    relay_move: Callable[[int, int, str, int, int], None] = lambda *a: None  # (+ layers done)
     loaded_at: float | None = None  # a live target: when its last weight segment lands
     cores: HostCores = field(default_factory=lambda: HostCores(0))  # its node's, shared
     waiting: deque[SimRequest] = field(default_factory=deque)
@@ -128,6 +139,9 @@ class SimEngine:
     held: dict[str, SimRequest] = field(default_factory=dict)
     importing: dict[str, SimRequest] = field(default_factory=dict)
     prefilling: list[SimRequest] = field(default_factory=list)  # in the step under way
+    relaying: dict[str, SimRequest] = field(default_factory=dict)  # target: handed over, not sent
+    relayed_in: dict[str, SimRequest] = field(default_factory=dict)  # source: reserved, on the wire
+    relayed: deque[SimRequest] = field(default_factory=deque)  # source: arrived, to finish
     used_blocks: int = 0
 
     def __post_init__(self) -> None:
@@ -136,6 +150,8 @@ class SimEngine:
         self._stats_due: asyncio.TimerHandle | None = None
         self._last_stats = -math.inf
         self._live_events: set[type] = set()
+        self._live_t0 = 0.0  # when the live target's weights began to arrive
+        self._step_at = (0.0, 0.0)  # the prefill step under way: (start, seconds a layer)
 
     # --- life -------------------------------------------------------------------------
 
@@ -153,7 +169,16 @@ class SimEngine:
 
     @property
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.held or self.importing or self.prefilling)
+        return not (
+            self.waiting
+            or self.running
+            or self.held
+            or self.importing
+            or self.prefilling
+            or self.relaying
+            or self.relayed_in
+            or self.relayed
+        )
 
     @property
     def is_live(self) -> bool:
@@ -164,6 +189,7 @@ class SimEngine:
         """A live target tells the router when its first layers and its last land."""
         loop = asyncio.get_running_loop()
         now = clock.now()
+        self._live_t0 = now
         loop.call_later(max(0.0, first_layers_at - now), self._live, LiveReadyMsg)
         assert self.loaded_at is not None
         loop.call_later(max(0.0, self.loaded_at - now), self._loaded)
@@ -198,9 +224,82 @@ class SimEngine:
                 r.hold_kv = False
                 self.running.append(r)
         elif isinstance(msg, RelayMsg):
-            self.emit(RelayNoneMsg(rank=self.rank))
+            self._relay_out()
+        elif isinstance(msg, SendRelayMsg):
+            self._send_relay(msg)
         elif isinstance(msg, RelayInMsg):
-            self.emit(RelayFailedMsg(rank=self.rank, request_id=msg.request_id, error="no relays here"))
+            self._reserve_relay(msg)
+        self._changed()
+
+    # --- relays (ZigZag) ----------------------------------------------------------------
+
+    def _layers_done_now(self) -> int:
+        """Layers the step under way has run by now: landed, and computed."""
+        p, now = self.profile, clock.now()
+        if self.loaded_at is None:
+            return 0
+        span = max(1e-9, self.loaded_at - self._live_t0)
+        landed = math.floor((p.num_layers + 2) * (now - self._live_t0) / span) - 1  # (embedding first)
+        start, per_layer = self._step_at
+        computed = math.floor((now - start) / per_layer) if per_layer > 0 else 0
+        return max(0, min(p.num_layers - 1, landed, computed))
+
+    def _relay_out(self) -> None:
+        """Target: the oldest prompt of the step under way (where it stopped), else the
+        oldest waiting one (nothing run yet)."""
+        if self.loaded_at is None:
+            self.emit(RelayNoneMsg(rank=self.rank))
+            return
+        if self.prefilling:
+            r = self.prefilling.pop(0)
+            r.layers_done = self._layers_done_now()
+        elif self.waiting:
+            r = self.waiting.popleft()
+            r.layers_done = 0
+        else:
+            self.emit(RelayNoneMsg(rank=self.rank))
+            return
+        self.relaying[r.id] = r
+        self.emit(RelayedMsg(rank=self.rank, request_id=r.id, layer=r.layers_done, live_layers=r.layers_done))
+
+    def _send_relay(self, msg: SendRelayMsg) -> None:
+        r = self.relaying.get(msg.request_id)
+        if r is None:
+            return
+        if msg.dst_rank < 0:  # the source had no room: back to the head of the queue
+            del self.relaying[r.id]
+            self._free(r)
+            self.waiting.appendleft(r)
+            return
+        self.relay_move(self.rank, msg.dst_rank, r.id, r.prompt, r.layers_done)
+
+    def relay_sent(self, rid: str) -> None:
+        """Target: the task's hidden states and KV have gone."""
+        r = self.relaying.pop(rid, None)
+        if r is not None:
+            self._free(r)
+            self.emit(RelaySentMsg(rank=self.rank, request_id=rid))
+        self._changed()
+
+    def _reserve_relay(self, msg: RelayInMsg) -> None:
+        n = len(msg.prompt_token_ids)
+        total = min(n + msg.params.max_tokens, self.shape.max_model_len)
+        r = SimRequest(msg.request_id, n, max(1, total - n), hold_kv=msg.hold_kv)
+        need = self._blocks(total)
+        if self.used_blocks + need > self.shape.kv_blocks:
+            self.emit(RelayFailedMsg(rank=self.rank, request_id=msg.request_id, error="no room"))
+            return
+        r.blocks, r.layers_done = need, msg.layer
+        r.left = 1.0 - msg.layer / self.profile.num_layers
+        self.used_blocks += need
+        self.relayed_in[r.id] = r
+        self.emit(RelayReadyMsg(rank=self.rank, request_id=msg.request_id))
+
+    def relay_arrived(self, rid: str) -> None:
+        """Source: the relayed task is here; its remaining layers run next."""
+        r = self.relayed_in.pop(rid, None)
+        if r is not None:
+            self.relayed.append(r)
         self._changed()
 
     def _blocks(self, tokens: int) -> int:
@@ -217,11 +316,11 @@ class SimEngine:
         self.waiting.append(SimRequest(msg.request_id, n, max(1, total - n), hold_kv=msg.hold_kv))
 
     def _abort(self, rid: str) -> None:
-        for coll in (self.held, self.importing):
+        for coll in (self.held, self.importing, self.relaying, self.relayed_in):
             r = coll.pop(rid, None)
             if r is not None:
                 self._free(r)
-        for coll in (self.waiting, self.running, self.prefilling):
+        for coll in (self.waiting, self.running, self.prefilling, self.relayed):
             for r in [r for r in coll if r.id == rid]:
                 coll.remove(r)
                 self._free(r)
@@ -278,8 +377,15 @@ class SimEngine:
                 await self._wake.wait()
 
     def _admit(self) -> list[SimRequest]:
-        batch, tokens = [], 0
+        batch: list[SimRequest] = []
+        tokens = 0
         s = self.shape
+        while self.relayed and len(self.running) + len(batch) < s.max_num_seqs:  # (blocks reserved)
+            r = self.relayed[0]
+            if batch and tokens + r.prompt * r.left > s.max_num_batched_tokens:
+                break
+            batch.append(self.relayed.popleft())
+            tokens += math.ceil(r.prompt * r.left)
         while self.waiting and len(self.running) + len(batch) < s.max_num_seqs:
             r = self.waiting[0]
             if batch and tokens + r.prompt > s.max_num_batched_tokens:
@@ -296,7 +402,7 @@ class SimEngine:
 
     async def _prefill(self, batch: list[SimRequest]) -> None:
         p = self.profile
-        tokens = sum(r.prompt for r in batch)
+        tokens = sum(math.ceil(r.prompt * r.left) for r in batch)
         decoding = list(self.running) if self.role == "colocated" else []
         # A mixed step reads the weights once: its decodes cost what as many more prompt
         # tokens would (a prefill step plus a whole decode step would count the weights
@@ -308,6 +414,7 @@ class SimEngine:
         step *= self.cores.stretch(self.rank)
         start = clock.now()
         self.prefilling = list(batch)
+        self._step_at = (start, step / p.num_layers)
         if self.loaded_at is not None and start < self.loaded_at:  # weights still arriving
             # layer by layer: the last one runs once its weights have landed
             step = max(step, self.loaded_at - start + step / p.num_layers)

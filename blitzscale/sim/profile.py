@@ -88,6 +88,13 @@ class Profile:
         return _interp(list(self.decode_batch), per_batch, batch) / 1000
 
     @property
+    def hidden_bytes_per_token(self) -> int:
+        """A token's residual stream (what a relay carries besides KV). Profiles do not
+        record the hidden size; with grouped-query attention (4 query heads a KV head, as
+        in Llama 3 8B and Mistral 24B) it is twice one layer's KV of a token."""
+        return 2 * self.kv_bytes_per_token // self.num_layers
+
+    @property
     def kv_tokens(self) -> int:
         """Tokens of KV one instance holds."""
         free = (self.device_memory_bytes - self.weight_bytes) * self.memory_utilization

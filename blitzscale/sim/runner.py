@@ -70,6 +70,7 @@ class SimResult:
     gpu_seconds: float
     sim_wall_s: float
     messages: int
+    relays: int = 0  # ZigZag relays: tasks a live target handed to its partner
 
 
 def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
@@ -100,11 +101,6 @@ async def _run(
     profile = preset.instance_profile(model)
     topo = preset.topology
     cfg = ClusterConfig(num_workers=topo.world_size, ranks_per_host=topo.gpus_per_node)
-    if model.tp > 1 and policy in ("sllm", "allcache"):
-        raise BlitzScaleError(
-            f"policy {policy}: host copies of tp={model.tp} instances are not supported yet "
-            f"(model {model.name}); simulate blitz, the network policies or fixed-*"
-        )
     cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp)
     pcfg = _policy(policy, setup.fixed)
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
@@ -124,7 +120,7 @@ async def _run(
             f"{n_pre + n_dec} first instances of tp={model.tp} need {(n_pre + n_dec) * model.tp} GPUs, "
             f"the preset has {topo.world_size}"
         )
-    await scaler.bootstrap(n_pre, n_dec, keep_host_copy=pcfg.name != "fixed" and model.tp == 1)
+    await scaler.bootstrap(n_pre, n_dec, keep_host_copy=pcfg.name != "fixed")
     t0 = clock.now()
     scale_task = asyncio.create_task(scaler.run()) if pcfg.name != "fixed" else None
     records: list[RequestRecord | None] = [None] * len(trace)
@@ -170,6 +166,7 @@ async def _run(
         gpu_seconds=cluster.gpu_seconds(),
         sim_wall_s=time.perf_counter() - wall0,
         messages=cluster.messages,
+        relays=router.live.relays_total,
     )
 
 

@@ -28,6 +28,10 @@ from blitzscale.messages import (
     RelayReadyMsg,
     RelaySentMsg,
     SendRelayMsg,
+    TPKVCommitMsg,
+    TPKVDropMsg,
+    TPKVRecvMsg,
+    TPKVSendMsg,
 )
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_all
 
@@ -91,6 +95,15 @@ class LiveSide:
             ]
             done = self.loop._waiters.submit(wait_all, works, buf.device)
             self.relay_recvs[msg.request_id] = Move(done, buf, hidden=hidden)
+            if self.loop.tp is not None:  # each shard: its heads' KV, from the same shard there
+                self.loop.tp.send(
+                    TPKVRecvMsg(
+                        request_id=msg.request_id,
+                        num_blocks=len(req.block_ids),
+                        src_rank=msg.src_rank,
+                        num_layers=msg.layer,
+                    )
+                )
         self.loop.send(RelayReadyMsg(rank=self.loop.rank, request_id=msg.request_id))
 
     def start_send(self, msg: SendRelayMsg) -> None:
@@ -115,14 +128,27 @@ class LiveSide:
         ]
         done = self.loop._waiters.submit(wait_all, works, buf.device)
         self.relay_sends[msg.request_id] = Move(done, buf, hidden=hidden)
+        if self.loop.tp is not None:  # the hidden states go once (every shard has them)
+            self.loop.tp.send(
+                TPKVSendMsg(
+                    request_id=msg.request_id,
+                    block_ids=list(r.block_ids),
+                    dst_rank=msg.dst_rank,
+                    num_layers=r.handoff.layer,
+                )
+            )
 
     def poll(self, e: LLMEngine) -> None:
         for rid, m, err in finished(self.relay_recvs, self.loop._orphans):
             req = e.request(rid, RequestStatus.RELAYED_IN)
             if err is None and not m.aborted and req is not None and req.handoff is not None:
-                e.kv_in(rid, m.buf, (0, req.handoff.layer))
-                e.commit_relay(rid, m.hidden)
-                continue
+                if self._shards_landed(rid, req.block_ids, req.handoff.layer):
+                    e.kv_in(rid, m.buf, (0, req.handoff.layer))
+                    e.commit_relay(rid, m.hidden)
+                    continue
+                err = RuntimeError("another shard's KV did not arrive")
+            elif err is not None and self.loop.tp is not None:
+                self.loop.tp.send(TPKVDropMsg(request_id=rid))
             e.cancel_relay(rid)
             if err is not None:
                 text = f"relay from a live target failed: {short_error(err)}"
@@ -135,13 +161,22 @@ class LiveSide:
                 text = f"relay send: {short_error(err)}"
                 self.loop.send(RelayLostMsg(rank=self.loop.rank, request_id=rid, error=text))
 
+    def _shards_landed(self, rid: str, block_ids: list[int], layers: int) -> bool:
+        """A TP source: every other shard puts its part of the relayed KV in place (or says
+        it never came) before the task runs on."""
+        tp = self.loop.tp
+        if tp is None:
+            return True
+        tp.send(TPKVCommitMsg(request_id=rid, block_ids=list(block_ids), num_layers=layers))
+        return tp.all_ok()
+
     def progress(self, e: LLMEngine) -> None:
         """Tell the router how a live target is doing: first layers in, fully loaded, and
         back to normal once its live queue is drained."""
         if self.failed and not self.relay_sends:
             self._fail(e, self.failed)
             return
-        ready = e.model.weights.readiness
+        ready = e.readiness
         if LiveReadyMsg not in self._events and ready.num_ready_prefix >= 2:
             self._event(LiveReadyMsg)
         if LiveLoadedMsg not in self._events and ready.all_ready:
@@ -160,6 +195,5 @@ class LiveSide:
         self._event(LiveFailedMsg)
         for rid in e.request_ids():
             self.loop.send(LostMsg(rank=self.loop.rank, request_id=rid, error=error))
-        self.loop.engine = None
-        self.loop.role = ""
+        self.loop.drop_engine()
         self.failed = ""

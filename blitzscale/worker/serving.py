@@ -56,10 +56,11 @@ from blitzscale.messages import (
 from blitzscale.model.weights import ModelWeights
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_one
 from blitzscale.worker.relays import LiveSide
-from blitzscale.worker.tp import TPLeader, make_leader
+from blitzscale.worker.tp import InstanceReadiness, TPLeader, make_leader
 from blitzscale.worker.world import Links
 
 STATS_INTERVAL_S = 0.05
+READY_POLL_S = 0.005  # an idle live TP target asks its shards how far they are this often
 log = logging.getLogger("blitzscale.worker")
 MAX_FAILED_STEPS = 3  # engine steps failing in a row mean the worker itself is broken
 
@@ -75,6 +76,8 @@ class ServingLoop:
         self.send = send
         self.engine: LLMEngine | None = None
         self.tp: TPLeader | None = None  # this engine leads a tensor-parallel instance
+        self.ready: InstanceReadiness | None = None  # a live TP target's view of its shards
+        self._asked_at = 0.0
         self.role = ""
         self._recvs: dict[str, Move] = {}
         self._sends: dict[str, Move] = {}
@@ -97,8 +100,6 @@ class ServingLoop:
         if self.engine is not None:
             raise BlitzScaleError(f"rank {self.rank} is already serving")
         tp = make_leader(self.links, weights)
-        if tp is not None and msg.live:
-            raise BlitzScaleError(f"live scaling of tp={tp.size} instances is not supported yet")
         if engine is None or tp is not None:  # (a standby engine is TP=1)
             engine = LLMEngine(weights, tokenizer, msg.engine, tp_group=tp)
         total = engine.counts()["total_blocks"]
@@ -109,6 +110,7 @@ class ServingLoop:
                     num_blocks=total,
                     block_size=msg.engine.block_size,
                     max_model_len=engine.max_model_len,
+                    live=msg.live,
                 )
             )
             if not tp.all_ok():
@@ -116,17 +118,22 @@ class ServingLoop:
         self.engine, self.tp = engine, tp
         self.role = msg.role
         self.live.reset()
-        if msg.live:
-            self.engine.start_live()
+        if msg.live:  # a TP target runs a segment once every shard has it
+            self.ready = InstanceReadiness(weights.readiness, tp) if tp is not None else None
+            self.engine.start_live(self.ready)
         return {"num_kv_blocks": total, "max_model_len": self.engine.max_model_len}
 
     def deactivate(self) -> None:
         if not self.is_idle:
             raise BlitzScaleError(f"rank {self.rank} still has requests; drain it first")
+        self.drop_engine()
+
+    def drop_engine(self) -> None:
+        """Stop serving (a TP instance's other shards drop their KV caches too)."""
         if self.tp is not None:
             self.tp.send(TPStopMsg())
             self.tp.flush()
-        self.engine, self.tp = None, None
+        self.engine, self.tp, self.ready = None, None, None
         self.role = ""
 
     # --- data-plane messages ------------------------------------------------------------
@@ -138,8 +145,6 @@ class ServingLoop:
             self.send(LostMsg(rank=self.rank, request_id=rid, error=f"rank {self.rank} is not serving"))
             return
         try:
-            if self.tp is not None and isinstance(msg, RelayMsg | RelayInMsg | SendRelayMsg):
-                raise BlitzScaleError(f"live scaling of tp={self.tp.size} instances is not supported yet")
             if isinstance(msg, GenerateMsg):
                 e.add_request(
                     msg.prompt_token_ids, to_params(msg.params), msg.request_id, hold_kv=msg.hold_kv
@@ -184,6 +189,8 @@ class ServingLoop:
         if request_id in self.live.relay_recvs:
             self.live.relay_recvs[request_id].aborted = True
             e.cancel_relay(request_id)
+            if self.tp is not None:
+                self.tp.send(TPKVDropMsg(request_id=request_id))
         elif request_id in self._recvs:
             self._recvs[request_id].aborted = True
             e.cancel_import(request_id)
@@ -239,6 +246,7 @@ class ServingLoop:
         self._poll_migrations(e)
         self.live.poll(e)
         if e.is_live:
+            self._ask_shards(e)
             self.live.progress(e)
             if self.engine is None:
                 return False
@@ -253,6 +261,18 @@ class ServingLoop:
             self._last_stats = now
             self.send(self.stats())
         return busy or bool(self._recvs or self._sends or self.live.busy)
+
+    def _ask_shards(self, e: LLMEngine) -> None:
+        """A live TP target: how far every shard's weights are, before each step (idle:
+        every READY_POLL_S); a shard whose transfer failed fails the target."""
+        r = self.ready
+        now = time.monotonic()
+        if r is None or r.all_ready or (not e.has_unfinished() and now - self._asked_at < READY_POLL_S):
+            return
+        self._asked_at = now
+        r.refresh()
+        if r.failed and not self.live.failed:
+            self.live.failed = "another shard's weights stopped arriving"
 
     def _check_when_idle(self, e: LLMEngine) -> None:
         """Once each time the loop goes idle: the KV books must add up (logged if not)."""

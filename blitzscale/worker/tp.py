@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -43,6 +45,7 @@ from blitzscale.messages import (
     TPKVDropMsg,
     TPKVRecvMsg,
     TPKVSendMsg,
+    TPReadyMsg,
     TPSetupMsg,
     TPStopMsg,
     decode_tp,
@@ -55,12 +58,16 @@ from blitzscale.worker.p2p import MIGRATION_TIMEOUT_S, wait_one
 from blitzscale.worker.world import InstanceGroup, Links
 
 if TYPE_CHECKING:
+    from blitzscale.model.readiness import SegmentReadiness
     from blitzscale.model.weights import ModelWeights
+
+    WeightsOf = Callable[[str], ModelWeights | None]
 
 log = logging.getLogger("blitzscale.worker")
 _META = ("positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc", "decode_seqs")
 _META_FIELDS = (*_META, "prefill_seqs")
 MAX_PENDING_SENDS = 64  # command broadcasts not yet waited for (each is small)
+LIVE_SETUP_WAIT_S = 60.0  # a live shard's own transfer must have begun by then
 
 
 def _broadcast_opts() -> object:
@@ -133,14 +140,53 @@ class TPLeader(TensorParallel):
         """Every shard's answer to the last command that asks for one (setup, KV commit)."""
         return _answer(self.instance, ok)
 
+    def ready_prefix(self, own: int) -> int:
+        """Leading weight segments every shard has (a live target's), `own` being ours."""
+        self.send(TPReadyMsg())
+        return _least(self.instance, own)
+
+
+class InstanceReadiness:
+    """A live tensor-parallel target as its leader's engine sees it: a segment is ready
+    once every shard has it. Each shard's weights arrive on a chain of their own, so the
+    leader asks the shards (`refresh`, once before each step) how far they are."""
+
+    def __init__(self, own: SegmentReadiness, leader: TPLeader) -> None:
+        self.own = own
+        self.leader = leader
+        self._prefix = 0
+        self.failed = False  # a shard's transfer failed: the rest will never arrive
+
+    def refresh(self) -> None:
+        if self._prefix < self.own.num_segments and not self.failed:
+            least = self.leader.ready_prefix(self.own.num_ready_prefix)
+            self.failed = least < 0
+            self._prefix = max(self._prefix, least)
+
+    def is_ready(self, segment: int) -> bool:
+        return segment < self._prefix
+
+    @property
+    def all_ready(self) -> bool:
+        return self._prefix >= self.own.num_segments
+
+    @property
+    def num_ready_prefix(self) -> int:
+        return self._prefix
+
 
 def _answer(instance: InstanceGroup, ok: bool) -> bool:
     """An all-reduce of one flag on the compute group: True if every shard said yes."""
+    return _least(instance, 1 if ok else 0) > 0
+
+
+def _least(instance: InstanceGroup, value: int) -> int:
+    """An all-reduce MIN of one count on the compute group (exact in float32 up to 2**24)."""
     import torch.distributed as dist
 
-    flag = torch.tensor([1.0 if ok else 0.0], device=_device_of(instance))
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=instance.compute)
-    return bool(flag.item() > 0)
+    t = torch.tensor([float(value)], device=_device_of(instance))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=instance.compute)
+    return int(t.item())
 
 
 def _device_of(instance: InstanceGroup) -> torch.device:
@@ -209,14 +255,20 @@ class TPFollower:
         self._sends: list[tuple[Future[None], torch.Tensor]] = []
         self._orphans: list[torch.Tensor] = []  # buffers a failed receive may still land in
         self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tp-kv-wait")
+        self._pending: tuple[TPSetupMsg, float] | None = None  # a live setup awaiting its weights
+        self._lost = False  # the weights being served stopped arriving
 
     @property
     def active(self) -> bool:
         return self.model is not None
 
-    def handle(self, cmd: TPCommand, models: dict[str, ModelWeights]) -> None:
+    def handle(self, cmd: TPCommand, weights_of: WeightsOf) -> None:
+        """Run one command; `weights_of(model)`: this rank's copy of a model (held, or for
+        a live setup still arriving), or None."""
         if isinstance(cmd, TPSetupMsg):
-            self._setup(cmd, models)
+            self._setup(cmd, weights_of)
+        elif isinstance(cmd, TPReadyMsg):
+            _least(self.instance, self._ready_prefix())
         elif isinstance(cmd, TPStopMsg):
             self.stop()
         elif isinstance(cmd, TPForwardMsg):
@@ -231,12 +283,52 @@ class TPFollower:
             self._drop(cmd.request_id)
         self._reap()
 
-    def _setup(self, cmd: TPSetupMsg, models: dict[str, ModelWeights]) -> None:
-        """Build the shard's model and KV cache; every shard then says whether it could."""
+    def _setup(self, cmd: TPSetupMsg, weights_of: WeightsOf) -> None:
+        """Build the shard's model and KV cache; every shard then says whether it could.
+        A live setup may reach this shard before its own transfer does (they come by
+        different paths): it waits (`poll`), the worker serving meanwhile, and the leader
+        in the answer's all-reduce."""
         self.stop()
-        weights = models.get(cmd.model)
+        weights = weights_of(cmd.model)
+        if weights is None and cmd.live:
+            self._pending = (cmd, time.monotonic() + LIVE_SETUP_WAIT_S)
+            return
+        self._build(cmd, weights)
+
+    def poll(self, weights_of: WeightsOf) -> None:
+        """A pending live setup goes ahead once this rank's receive buffer exists (or fails
+        after LIVE_SETUP_WAIT_S)."""
+        self._reap()
+        if self._pending is None:
+            return
+        cmd, deadline = self._pending
+        weights = weights_of(cmd.model)
+        if weights is not None or time.monotonic() > deadline:
+            self._pending = None
+            self._build(cmd, weights)
+
+    @property
+    def waiting(self) -> bool:
+        return self._pending is not None
+
+    def weights_lost(self, model: str) -> None:
+        """This shard's transfer of `model` failed: a live leader learns it at its next
+        question (the answer -1)."""
+        if model == self.model_name:
+            self._lost = True
+
+    def _ready_prefix(self) -> int:
+        if self.model is None or self._lost:
+            return -1
+        return self.model.weights.readiness.num_ready_prefix
+
+    def _build(self, cmd: TPSetupMsg, weights: ModelWeights | None) -> None:
         rank = self.instance.rank
-        ok = weights is not None and weights.readiness.all_ready and weights.layout.tp_rank == rank
+        ok = (
+            weights is not None
+            and (cmd.live or weights.readiness.all_ready)
+            and weights.layout.tp_rank == rank
+        )
         if weights is not None and ok:
             lay = weights.layout
             tp = TensorParallel(self.instance.compute, rank, self.instance.size)
@@ -254,6 +346,8 @@ class TPFollower:
     def stop(self) -> None:
         self.model = self.kv = None
         self.model_name = ""
+        self._lost = False
+        self._pending = None
 
     @torch.inference_mode()
     def _forward(self, cmd: TPForwardMsg) -> None:
@@ -287,13 +381,15 @@ class TPFollower:
 
     def _send(self, cmd: TPKVSendMsg) -> None:
         _, kv = self._serving()
-        buf = kv.gather_blocks(cmd.block_ids)  # a copy: the blocks may be reused at once
+        layers = (0, cmd.num_layers) if cmd.num_layers else None
+        buf = kv.gather_blocks(cmd.block_ids, layers)  # a copy: the blocks may be reused at once
         work = self.links.isend(buf, self._peer(cmd.dst_rank), "kv")
         self._sends.append((self._waiters.submit(wait_one, work, buf.device), buf))
 
     def _recv(self, cmd: TPKVRecvMsg) -> None:
         _, kv = self._serving()
-        buf = torch.empty(kv.packed_shape(cmd.num_blocks), dtype=kv.data.dtype, device=kv.data.device)
+        shape = kv.packed_shape(cmd.num_blocks, cmd.num_layers or None)
+        buf = torch.empty(shape, dtype=kv.data.dtype, device=kv.data.device)
         work = self.links.irecv(buf, self._peer(cmd.src_rank), "kv")
         self._recvs[cmd.request_id] = (self._waiters.submit(wait_one, work, buf.device), buf)
 
@@ -306,7 +402,8 @@ class TPFollower:
             try:
                 done.result(timeout=MIGRATION_TIMEOUT_S + 5)
                 _, kv = self._serving()
-                kv.scatter_blocks(cmd.block_ids[: buf.shape[2]], buf)
+                layers = (0, cmd.num_layers) if cmd.num_layers else None
+                kv.scatter_blocks(cmd.block_ids[: buf.shape[2]], buf, layers)
                 ok = True
             except Exception as e:  # this shard's KV did not arrive: the request fails
                 log.error("shard %d: KV of %r did not arrive: %s", self.instance.rank, cmd.request_id, e)
@@ -331,9 +428,6 @@ class TPFollower:
     @property
     def busy(self) -> bool:
         return bool(self._sends or self._dropped)
-
-    def poll(self) -> None:
-        self._reap()
 
 
 def make_leader(links: Links, weights: ModelWeights) -> TPLeader | None:

@@ -179,7 +179,11 @@ class Worker:
             self.inbox.close()
             self.follower = self.inbox = None
             return
-        self.follower.handle(cmd, self.models)
+        self.follower.handle(cmd, self._weights_of)
+
+    def _weights_of(self, model: str) -> ModelWeights | None:
+        """This rank's copy of `model`: held, or still arriving (a live target's)."""
+        return self.models.get(model) or self.loading.get(model)
 
     def _send_data(self, msg: Message) -> None:
         if self.data is not None:
@@ -210,6 +214,8 @@ class Worker:
                 inbox = current
             events = dict(poller.poll(0 if busy else 2))
             self._settle()
+            if self.follower is not None:  # a live setup waiting for its receive buffer
+                self.follower.poll(self._weights_of)
             if inbox is not None and inbox in events:  # a leader's command: before control ones
                 while self.inbox is not None and self.inbox.socket.poll(0):
                     self._handle_tp()
@@ -294,6 +300,8 @@ class Worker:
                 continue
             if self.serving_model == model:
                 self.serving.live.failed = f"loading the weights failed: {err}"
+            elif self.follower is not None and self.follower.model_name == model:
+                self.follower.weights_lost(model)  # (its leader fails the live target)
             else:
                 self.standby.lost(weights)
 

@@ -237,10 +237,10 @@ def test_allcache_always_loads_from_host_memory() -> None:
 
 def test_tensor_parallel_targets_are_aligned_groups_of_free_ranks() -> None:
     s = snap(inst(0, S.DECODE, ranks=(0, 1)), free=(2, 3, 5, 6, 7, 8, 9), tp=2)
-    # (4, 5) has 4 busy; 5 alone is no instance; (6, 7) and (8, 9) are free. Not live:
-    # live scaling of tp > 1 instances is not supported yet (blitz loads them as blitz-nolive).
+    # (4, 5) has 4 busy; 5 alone is no instance; (6, 7) and (8, 9) are free. Live: every
+    # shard's chain lands at once and the targets' leaders serve (no partner: none serves).
     assert act(s, want(3, 1)) == [
-        LoadAction((2, 3, 6, 7, 8, 9), "network", (0, 1), multicast=True, live=False)
+        LoadAction((2, 3, 6, 7, 8, 9), "network", (0, 1), multicast=True, live=True, partner=None)
     ]
 
 

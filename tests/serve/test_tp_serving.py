@@ -1,7 +1,8 @@
 """Tensor-parallel instances in the serving cluster (CPU, gloo): `--workers 4 --tp 2`.
 
 Colocated: the first TP2 instance (ranks 0, 1) loads from disk and serves the openai client;
-a burst scales up a second one (ranks 2, 3) by chain multicast from it, shard k to shard k.
+a burst scales up a second one (ranks 2, 3) by chain multicast from it, shard k to shard k
+(allcache: from the host copy every shard of the first keeps).
 PD: KV migrates from the prefill TP2 instance to the decode one, each shard's heads to the
 same shard. Tokens equal a TP=1 engine's on the same weights throughout."""
 
@@ -48,16 +49,21 @@ def reference(folder: Path) -> dict[str, list[int]]:
 
 @contextlib.contextmanager
 def _service(
-    folder: Path, tmp: Path, mode: str, **planner: Any
+    folder: Path,
+    tmp: Path,
+    mode: str,
+    policy: str = "blitz",
+    cluster: dict[str, Any] | None = None,
+    **planner: Any,
 ) -> Iterator[tuple[ServingCluster, LoopThread]]:
     cfg = ServeConfig().with_overrides(
         model={"name": str(folder), "tp": 2, "cache_dir": str(tmp)},
-        cluster={"num_workers": 4, "transfer_timeout_s": 60},
+        cluster={"num_workers": 4, "transfer_timeout_s": 60, **(cluster or {})},
         # a small prompt budget per instance keeps a burst's backlog in the router's queue,
         # where the planner sees it, however fast the machine prefills the tiny model
         router={"mode": mode, "prefill_budget_tokens": 16},
         planner={**FAST_PLANNER, **planner},
-        policy={"name": "blitz"},
+        policy={"name": policy},
     )
     lt = LoopThread()
     service = ServingCluster(cfg)
@@ -150,11 +156,87 @@ def test_pd_tp2_migrates_kv_between_tp2_instances(
         assert decoded_on == {2}  # every request's KV went from instance 0 to instance 2
 
 
+def test_live_tp2_target_serves_as_its_shards_land_and_relays_to_its_partner(
+    folder: Path, reference: dict[str, list[int]], tmp_path: Path
+) -> None:
+    """Weights capped at 250 kB/s (a shard of the tiny model: ~1.7 MB, ~7 s): the new TP2
+    instance (2, 3) serves while both shards arrive, running a layer once both have it;
+    instance (0, 1), its partner, finishes tasks it started (hidden states sent once, each
+    shard's KV to the same shard)."""
+    slow = {"tokens_prefilled_per_sec": 5.0, "interval_s": 0.1, "scale_down_idle_s": 600.0}
+    cfg = {"transfer_bytes_per_s": 250e3}
+    with _service(folder, tmp_path, "colocated", "blitz", cluster=cfg, **slow) as (service, lt):
+        assert service.scaler is not None and service.router is not None
+        router = service.router
+        live_seen: set[str] = set()
+
+        async def burst(n: int) -> list[list[int]]:
+            tasks = [asyncio.create_task(_one(service, f"l{n}.{i}", TEXTS[i % 3])) for i in range(n)]
+            while not all(t.done() for t in tasks):
+                live_seen.update(rid for rid, r in router.reqs.items() if r.live)
+                await asyncio.sleep(0.01)
+            return [t.result() for t in tasks]
+
+        async def waves() -> list[list[int]]:  # prompts keep coming while (2, 3) loads
+            out = []
+            for _ in range(12):
+                out += await burst(6)
+                if any(e["path"] == "network" for e in service.scaler.events if e["direction"] == "up"):
+                    break
+            return out
+
+        outs = lt.run(waves(), timeout=300)
+        assert outs == [reference[TEXTS[i % 3]] for _ in range(len(outs) // 6) for i in range(6)]
+        deadline = time.monotonic() + 120
+        def network_ups() -> list[dict[str, Any]]:
+            return [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "network"]
+
+        while not (ups := network_ups()):
+            assert time.monotonic() < deadline, service.scaler.events
+            time.sleep(0.1)
+        assert ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], ups
+        target = router.instances[2]
+        seen = [b for _, _, b in target.transitions]
+        assert seen[:1] == ["new_prefill"], seen  # it served while loading
+        assert live_seen, "no request ran on the loading instance"
+        text = generate_latest(service.registry).decode()
+        lines = [ln.split() for ln in text.splitlines() if ln.startswith("blitzscale_live_")]
+        counts = {name: float(value) for name, value in lines}
+        assert counts.get("blitzscale_live_layers_total", 0) > 0, counts
+        assert counts.get("blitzscale_live_relays_total", 0) >= 1, counts  # the partner finished some
+        while router.live.pairs or _serving(service) != [(0, 1), (2, 3)]:
+            assert time.monotonic() < deadline, (router.live.pairs, _serving(service))
+            time.sleep(0.1)
+        assert lt.run(burst(6)) == [reference[TEXTS[i % 3]] for i in range(6)]  # and after
+
+
+def test_allcache_tp2_scales_up_from_the_host_copy_of_every_shard(
+    folder: Path, reference: dict[str, list[int]], tmp_path: Path
+) -> None:
+    slow = {"tokens_prefilled_per_sec": 5.0, "interval_s": 0.1, "scale_down_idle_s": 600.0}
+    with _service(folder, tmp_path, "colocated", "allcache", **slow) as (service, lt):
+        assert service.scaler is not None and service.router is not None
+        pool = service.scaler.cluster.pool
+        assert pool.host_holder(str(folder)) == 0  # instance (0, 1)'s shards, in host memory
+
+        async def burst(n: int) -> list[list[int]]:
+            return await asyncio.gather(*(_one(service, f"h{n}.{i}", TEXTS[i % 3]) for i in range(n)))
+
+        assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
+        deadline = time.monotonic() + 180
+        while _serving(service) != [(0, 1), (2, 3)]:
+            assert time.monotonic() < deadline, service.scaler.events
+            time.sleep(0.1)
+        ups = [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "host"]
+        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], service.scaler.events
+        assert pool.host_holder(str(folder)) == 0  # still the one host copy
+        assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
+
+
 @pytest.mark.parametrize(
     ("sections", "match"),
     [
         ({"model": {"tp": 2}, "cluster": {"num_workers": 3}}, "workers=3 is not a multiple of tp=2"),
-        ({"model": {"tp": 2}, "cluster": {"num_workers": 4}, "policy": {"name": "sllm"}}, "host copies"),
         ({"model": {"tp": 0}}, "tp must be at least 1, got 0"),
     ],
 )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from blitzscale.client.traces import load_trace, transform
-from blitzscale.errors import BlitzScaleError
 from blitzscale.model.layout import build_layout
 from blitzscale.sim import tp
 from blitzscale.sim.config import load_model, load_preset
@@ -60,7 +59,24 @@ def test_tp2_instances_scale_on_aligned_rank_pairs(tp_setup: tuple[SimSetup, lis
     assert res.gpu_seconds >= 2 * instance_s * 0.99
 
 
-def test_host_copies_of_tp_instances_are_refused(tp_setup: tuple[SimSetup, list]) -> None:
+@pytest.mark.parametrize("policy", ["sllm", "allcache"])
+def test_tp2_instances_load_from_host_copies_of_their_shards(
+    tp_setup: tuple[SimSetup, list], policy: str
+) -> None:
     setup, trace = tp_setup
-    with pytest.raises(BlitzScaleError, match="host copies of tp=2"):
-        simulate(setup, trace[:5], "sllm")
+    res = simulate(setup, trace, policy)
+    assert all(r.is_ok for r in res.records) and len(res.records) == len(trace)
+    hosts = [e for e in res.events if e["direction"] == "up" and e["path"] == "host"]
+    assert hosts, res.events  # (allcache: every scale-up; sllm: a hit in the host's cache)
+    for e in hosts:
+        ranks = e["ranks"]
+        assert len(ranks) % 2 == 0 and ranks[0] % 2 == 0, e
+
+
+def test_live_tp2_targets_relay_tasks_to_their_partner(tp_setup: tuple[SimSetup, list]) -> None:
+    """ZigZag on the simulator: a live target hands tasks to its idle partner, which runs
+    their remaining layers; every request still completes."""
+    setup, trace = tp_setup
+    live, nolive = simulate(setup, trace, "blitz"), simulate(setup, trace, "blitz-nolive")
+    assert all(r.is_ok for r in live.records) and len(live.records) == len(trace)
+    assert live.relays > 0 and nolive.relays == 0

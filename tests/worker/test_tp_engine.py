@@ -19,7 +19,7 @@ from blitzscale.checkpoint import load_weights, resolve_model
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.errors import CheckpointError
 from tests.model.test_tiny_reference import hf_greedy, random_prompts
-from tests.worker.tp_procs import shard_main
+from tests.worker.tp_procs import live_shard_main, shard_main
 
 PRESETS = ("tiny-llama3", "tiny-mistral", "tiny-qwen2")
 LENS = (1, 5, 17, 33, 70)
@@ -30,15 +30,18 @@ LIMIT_S = 600  # generous: a loaded 2-core machine
 def run_instance(
     tp: int, specs: list[str], prompts: dict[str, list[list[int]]], tokens: int
 ) -> dict[str, Any]:
+    return _run(tp, shard_main, lambda r, port, out: (r, tp, port, specs, prompts, tokens, out))
+
+
+def _run(tp: int, target: Any, args: Any) -> Any:
+    """Run `target(*args(rank, store port, out queue))` in one process per shard; shard 0's
+    result."""
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
     )
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [
-        ctx.Process(target=shard_main, args=(r, tp, store.port, specs, prompts, tokens, out), daemon=True)
-        for r in range(tp)
-    ]
+    procs = [ctx.Process(target=target, args=args(r, store.port, out), daemon=True) for r in range(tp)]
     for p in procs:
         p.start()
     try:
@@ -90,6 +93,19 @@ def test_smollm2_tp3_tokens_equal_tp1(smollm2_weights, smollm2_tokenizer) -> Non
     got = run_instance(3, ["smollm2-135m"], prompts, TOKENS)
     expected = tp1_tokens(smollm2_weights, prompts["smollm2-135m"], TOKENS)
     assert got["smollm2-135m"] == expected + expected[:2]
+
+
+def test_live_tp2_leader_runs_a_segment_only_once_every_shard_has_it(tiny_weights, hf_twin) -> None:
+    """Shard 0 holds all its weights, shard 1's arrive one segment every 0.2 s: the leader's
+    live queue follows the slower shard (a layer run early would fail on shard 1, whose
+    weights refuse an unready layer), and the tokens are those of the whole model."""
+    spec, prompts = "random:tiny-llama3", random_prompts(512, (5, 17, 33), seed=7)
+    got = _run(2, live_shard_main, lambda r, port, out: (r, port, spec, prompts, TOKENS, out))
+    hf = hf_twin(tiny_weights("tiny-llama3"))
+    assert got["tokens"] == [hf_greedy(hf, p, TOKENS) for p in prompts]
+    prefixes = got["prefixes"]
+    assert prefixes == sorted(prefixes) and prefixes[0] < 6 <= prefixes[-1], prefixes  # 4 layers + 2
+    assert got["live_layers"] > 0  # layers ran while shard 1 was still loading
 
 
 def test_random_shards_are_cut_from_the_tp1_model(tiny_weights) -> None:

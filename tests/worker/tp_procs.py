@@ -60,7 +60,7 @@ def shard_main(
             while True:
                 cmd = inbox.take()
                 assert cmd is not None, inbox.lost
-                follower.handle(cmd, {spec: weights})
+                follower.handle(cmd, {spec: weights}.get)
                 if isinstance(cmd, TPStopMsg):
                     break
     if rank == 0:
@@ -69,4 +69,81 @@ def shard_main(
         out.join_thread()
     # A follower's inbox thread still waits in the control group's broadcast: leave without
     # tearing the group down under it (as a worker does, worker/worker.py).
+    os._exit(0)
+
+
+def live_shard_main(
+    rank: int, port: int, spec: str, prompts: list[list[int]], max_tokens: int, out: Any
+) -> None:
+    """A live TP2 target in miniature: shard 0 has all its weights, shard 1's segments land
+    one by one (a thread plays its transfer). Shard 0's engine serves live on the instance's
+    readiness; it puts {"tokens", "prefixes" (what each refresh saw), "live_layers"} in `out`."""
+    import threading
+    import time
+
+    import zmq
+
+    from blitzscale.checkpoint import load_weights, resolve_model
+    from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
+    from blitzscale.messages import TPSetupMsg, TPStopMsg
+    from blitzscale.worker.tp import InstanceReadiness, TPFollower, TPInbox, TPLeader
+    from blitzscale.worker.world import Links
+
+    torch.set_num_threads(1)
+    links = Links(rank, 0, "127.0.0.1", port, torch.device("cpu"), 120.0, 2)
+    links.connect_instance({0: 0, 1: 0})
+    group = links.instance
+    assert group is not None
+    weights = load_weights(resolve_model(spec), dtype=torch.float32, tp_size=2, tp_rank=rank)
+    cfg = EngineConfig(block_size=16, num_kv_blocks=64, max_num_batched_tokens=256, max_num_seqs=8)
+    if rank == 0:
+        leader = TPLeader(group)
+        engine = LLMEngine(weights, None, cfg, tp_group=leader)
+        leader.send(
+            TPSetupMsg(
+                model=spec,
+                num_blocks=engine.counts()["total_blocks"],
+                block_size=16,
+                max_model_len=engine.max_model_len,
+                live=True,
+            )
+        )
+        assert leader.all_ok()
+        ready = InstanceReadiness(weights.readiness, leader)
+        engine.start_live(ready)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        ids = [engine.add_request(p, params) for p in prompts]
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        prefixes, live_layers = [], 0
+        while engine.has_unfinished():
+            ready.refresh()
+            prefixes.append(ready.num_ready_prefix)
+            for o in engine.step():
+                tokens[o.request_id] += o.new_token_ids
+            if engine.live is not None:
+                live_layers = engine.live.layers_run
+            if engine.live_drained:
+                engine.end_live()
+        leader.send(TPStopMsg())
+        leader.flush()
+        out.put({"tokens": [tokens[i] for i in ids], "prefixes": prefixes, "live_layers": live_layers})
+        out.close()
+        out.join_thread()
+    else:
+        weights.readiness.reset()  # its transfer: one segment every 0.2 s
+
+        def land() -> None:
+            for seg in range(weights.readiness.num_segments):
+                time.sleep(0.2)
+                weights.readiness.add(seg)
+
+        inbox = TPInbox(zmq.Context.instance(), group)
+        follower = TPFollower(links, group)
+        threading.Thread(target=land, daemon=True).start()
+        while True:
+            cmd = inbox.take()
+            assert cmd is not None, inbox.lost
+            follower.handle(cmd, {spec: weights}.get)
+            if isinstance(cmd, TPStopMsg):
+                break
     os._exit(0)
