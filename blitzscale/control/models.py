@@ -147,7 +147,12 @@ def reclaim(
     lacks), taken from other models: warm instances first, then idle serving ones (idle
     now: a request is waiting for the rank)."""
     taken = {(a.model, a.instance_id) for a in planned if not isinstance(a, LoadAction)}
-    coming = sum(1 for a in planned if isinstance(a, ReleaseAction))  # ranks already on their way back
+    # ranks already on their way back: releases, and other models' own drains (warm next round)
+    coming = sum(
+        1
+        for a in planned
+        if isinstance(a, ReleaseAction) or (isinstance(a, DrainAction) and a.model not in short)
+    )
     need = sum(short.values()) - coming
     if need <= 0:
         return []
@@ -168,7 +173,8 @@ def reclaim(
     for _, name, i in sorted(warm, key=lambda x: (x[0], x[1], x[2].id))[:need]:
         out.append(ReleaseAction(i.id, model=name))
     need -= len(out)
-    serving = {m.name: _serving_by_state(m) for m in models}
+    drained = {(a.model, a.instance_id) for a in planned if isinstance(a, DrainAction)}
+    serving = {m.name: _serving_by_state(m, drained) for m in models}
     keep = {m.name: m.requests > 0 or m.must_stay_up for m in models}
     for _, name, i in sorted(idle, key=lambda x: (x[0], x[1], x[2].id)):
         if need <= 0:
@@ -182,9 +188,10 @@ def reclaim(
     return out
 
 
-def _serving_by_state(m: ModelView) -> dict[S, int]:
+def _serving_by_state(m: ModelView, drained: set[tuple[str, int]]) -> dict[S, int]:
+    """Its steady instances per state, less those its own plan drains this round."""
     counts: dict[S, int] = {}
     for i in m.snapshot.instances:
-        if i.state in STEADY:
+        if i.state in STEADY and (m.name, i.id) not in drained:
             counts[i.state] = counts.get(i.state, 0) + 1
     return counts

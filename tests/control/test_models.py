@@ -193,3 +193,21 @@ def test_blitz_host_copies_make_room_within_the_budget_or_none_is_made() -> None
     assert host_copy_room(copies, 0, gb, 2 * gb, evictable=["b", "a"]) == ["b"]
     assert host_copy_room(copies, 0, gb, 2 * gb, evictable=["c"]) is None  # c is not on host 0
     assert host_copy_room(copies, 0, 5 * gb, 0, evictable=[]) == []  # no budget: always room
+
+
+def test_pd_mode_reclaim_keeps_one_instance_per_role_of_a_model_that_must_stay_up() -> None:
+    a = view(
+        "a",
+        inst(0, S.PREFILL, idle_for=9.0),
+        inst(1, S.DECODE, idle_for=9.0),
+        inst(2, S.PREFILL, idle_for=5.0),
+        keep_alive_s=float("inf"),
+        pd_mode=True,
+    )
+    b = view("b", requests=1, queued=10, pd_mode=True)  # needs a prefill and a decode instance
+    drains = [x for x in pool_actions([a, b], BLITZ, CFG, NO_CACHE) if isinstance(x, DrainAction)]
+    assert drains == [DrainAction(0, model="a")]  # one of its two prefill ones; never its decode
+    # a model with no request and a keep-alive gives everything idle
+    a = dataclasses.replace(a, keep_alive_s=60.0, last_request_at=NOW - 1.0)
+    drains = [x for x in pool_actions([a, b], BLITZ, CFG, NO_CACHE) if isinstance(x, DrainAction)]
+    assert drains == [DrainAction(0, model="a"), DrainAction(1, model="a")]
