@@ -55,6 +55,15 @@ def check_serve_config(cfg: ServeConfig) -> None:
 def _check_model_bounds(cfg: ServeConfig) -> None:
     """Each model's instance bounds against the workers and the mode."""
     workers, tp = cfg.cluster.num_workers, cfg.model.tp
+    if cfg.policy.name == "fixed" and len(cfg.models) > 1:
+        n_pre, n_dec = first_instances(cfg)
+        need = len(cfg.models) * (n_pre + n_dec) * tp
+        if need > workers:
+            raise InvalidRequestError(
+                f"policy 'fixed' never scales, so each of the {len(cfg.models)} models needs its "
+                f"first instances at start: {need} workers, there are {workers} (use another policy, "
+                "or more workers)"
+            )
     for m in cfg.models:
         if m.min_instances * tp > workers:
             raise InvalidRequestError(

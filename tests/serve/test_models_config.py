@@ -76,6 +76,11 @@ def test_one_model_is_the_one_entry_case_and_never_scales_to_zero_by_default() -
         ('[[models]]\nname = "a"\nmax_instances = 1\n', "max_instances=1 cannot hold a prefill and a decode"),
         ('[[models]]\nname = "a"\ntp = 2\n', "tp=2, but every model has [model] tp=1"),
         ("[cluster]\nhost_memory_bytes = -1\n", "host_memory_bytes must be >= 0"),
+        (
+            '[policy]\nname = "fixed"\n[[models]]\nname = "a"\n[[models]]\nname = "b"\n',
+            "policy 'fixed' never scales, so each of the 2 models needs its first instances at start: "
+            "4 workers, there are 3",
+        ),
     ],
 )
 def test_bad_models_are_named(tmp_path: Path, toml: str, needle: str) -> None:
