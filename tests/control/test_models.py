@@ -211,3 +211,32 @@ def test_pd_mode_reclaim_keeps_one_instance_per_role_of_a_model_that_must_stay_u
     a = dataclasses.replace(a, keep_alive_s=60.0, last_request_at=NOW - 1.0)
     drains = [x for x in pool_actions([a, b], BLITZ, CFG, NO_CACHE) if isinstance(x, DrainAction)]
     assert drains == [DrainAction(0, model="a"), DrainAction(1, model="a")]
+
+
+def test_one_model_that_never_scales_to_zero_gets_exactly_the_single_model_actions() -> None:
+    """The one-entry case is the old path: the same actions as scale_actions, tagged."""
+    from blitzscale.control.planner import desired_counts
+    from blitzscale.control.policies import scale_actions
+
+    cases = [
+        snap(inst(0, S.PREFILL, running=3), inst(1, S.DECODE, used=90, total=100), free=(2, 3), queued=9000),
+        snap(
+            inst(0, S.PREFILL, idle_for=50.0),
+            inst(1, S.DECODE, idle_for=50.0),
+            inst(2, S.PREFILL, idle_for=50.0),
+        ),
+        snap(inst(0, S.COLOCATED, running=8), free=(1, 2), queued=6000, pd_mode=False),
+        snap(
+            inst(0, S.SHUTTING_NULL, idle_for=5.0),
+            inst(1, S.COLOCATED, running=2),
+            pd_mode=False,
+            queued=5000,
+        ),
+        snap(free=(0, 1, 2), queued=100, host_holder=1),
+    ]
+    for policy in (BLITZ, SLLM, PolicyConfig(name="network")):
+        for s in cases:
+            m = ModelView(dataclasses.replace(s, model="m"), requests=1)
+            want = scale_actions(m.snapshot, desired_counts(m.snapshot, CFG), policy, CFG, NO_CACHE)
+            got = pool_actions([m], policy, CFG, NO_CACHE)
+            assert got == [dataclasses.replace(a, model="m") for a in want], (policy.name, s)
