@@ -74,7 +74,7 @@ class Scaler:
         self.models: dict[str, ScaledModel] = {model: ScaledModel(model, source, disk_source)}
         self.model_bytes: dict[str, int] = {}  # one instance's weights, by model (from loads)
         self.started_at = clock.now()
-        cap = getattr(self.cluster.cfg, "host_memory_bytes", 0)
+        cap = self.cluster.cfg.host_memory_bytes
         self.host_cache = HostCacheState(ttl_s=policy.sllm_ttl_s, capacity_bytes=cap)  # sllm's
         self.backoff = LoadBackoff(base_s=planner.load_retry_s, max_failures=planner.max_load_failures)
         router.on_rank_back.append(self.backoff.fresh)  # a respawned worker starts with a clean slate
@@ -152,7 +152,7 @@ class Scaler:
         evictable = sorted(
             (m for m in copies if pool.gpu_holders(m)), key=lambda m: (last.get(m, self.started_at), m)
         )
-        cap = getattr(self.cluster.cfg, "host_memory_bytes", 0)
+        cap = self.cluster.cfg.host_memory_bytes
         drop = host_copy_room(copies, where(rank), self.model_bytes.get(model, 0), cap, evictable)
         if drop is None:
             log.warning(
