@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from blitzscale.checkpoint.resolve import DEFAULT_MODEL
+from blitzscale.demo.workload import MODEL_NAMES, model_names
 from blitzscale.serve.config import ModelEntry, ServeConfig
 
 DEFAULT_POLICIES = "blitz,sllm"
@@ -56,13 +57,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ttft-slo", type=float, default=DEMO_TTFT_SLO_S, help="TTFT SLO, s (%(default)s)")
     p.add_argument("--tbt-slo", type=float, default=DEMO_TBT_SLO_S, help="mean TBT SLO, s (%(default)s)")
     p.set_defaults(func=run)
-
-
-MODEL_NAMES = "abcdefgh"
-
-
-def model_names(n: int) -> list[str]:
-    return [f"model-{MODEL_NAMES[k]}" for k in range(n)]
 
 
 def demo_config(

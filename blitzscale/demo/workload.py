@@ -10,6 +10,11 @@ from importlib.resources import as_file, files
 from blitzscale.client.traces import TraceRequest, load_trace, transform
 
 SLICE = "azure_code_2023_slice.csv"  # CC-BY-4.0, see blitzscale/data/README.md
+MODEL_NAMES = "abcdefgh"  # several models: model-a, model-b, ...
+
+
+def model_names(n: int) -> list[str]:
+    return [f"model-{MODEL_NAMES[k]}" for k in range(n)]
 
 
 @dataclass(frozen=True)
@@ -55,3 +60,9 @@ def model_slices(
             for r in mine
         ]
     return out
+
+
+def interleaved(by_model: dict[str, list[TraceRequest]]) -> tuple[list[TraceRequest], list[str]]:
+    """Every model's requests in one trace by arrival, and each request's model."""
+    pairs = sorted(((r, n) for n, rs in by_model.items() for r in rs), key=lambda x: x[0].arrival_s)
+    return [r for r, _ in pairs], [n for _, n in pairs]

@@ -65,3 +65,19 @@ def test_one_model_runs_as_before_and_requests_name_only_served_models(workload:
     assert single.model_names == (setup.model.name,)
     with pytest.raises(BlitzScaleError, match="2 models for"):
         simulate(setup, trace, "blitz", trace_models=models[:2])
+
+
+def test_the_cli_simulates_several_models_and_counts_disk_loads(tmp_path: Path) -> None:
+    import json
+
+    from blitzscale.cli.main import main
+
+    out = tmp_path / "sim"
+    argv = ["simulate", "--trace", str(TRACE), "--duration", "60", "--policy", "blitz,sllm", "--quiet"]
+    extra = ["--models", "3", "--keep-alive", "5", "--host-memory-gb", "48.2", "--out", str(out)]
+    assert main([*argv, *extra]) == 0
+    rows = {r["policy"]: r for r in json.loads((out / "comparison.json").read_text())}
+    assert rows["blitz"]["ok"] == rows["blitz"]["requests"] == rows["sllm"]["ok"] > 0
+    assert rows["blitz"]["disk_loads"] == 3  # each model once, at bring-up; never again
+    assert rows["sllm"]["disk_loads"] > 3
+    assert main([*argv, "--models", "9", "--out", str(out)]) == 2
