@@ -27,7 +27,7 @@ class ServedModel:
     vocab_size: int
     max_model_len: int
     root: str | None = None  # the checkpoint's Hugging Face id, where known
-    may_idle_at_zero: bool = False  # with no instance it is scaled to zero, not broken
+    may_idle_at_zero: bool = False  # with no instance it is at zero (/health ok), not broken
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,8 @@ def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig) -> ServedModel:
         vocab_size=mcfg.vocab_size,
         max_model_len=min(cfg.engine.max_model_len or limit, limit),
         root=hf_id(m.spec),
-        may_idle_at_zero=m.min_instances == 0 and math.isfinite(keep),
+        # (several models: one may start at zero, or be reclaimed to it, and still serve)
+        may_idle_at_zero=m.min_instances == 0 and (math.isfinite(keep) or len(cfg.models) > 1),
     )
 
 
