@@ -68,6 +68,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--rate-scale", type=float, default=0.05, help="share of the shipped slice's requests")
     f.add_argument("--duration", type=float, default=90.0, help="seconds of the slice replayed")
     f.add_argument("--sim-only", action="store_true", help="skip the live run")
+    f.add_argument(
+        "--calibrate", action="store_true", help="the simulated cores carry the other work measured live"
+    )
     f.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     f.set_defaults(func=_run_fidelity)
 
@@ -119,7 +122,11 @@ def _run_fidelity(args: argparse.Namespace) -> int:
         ("--duration", args.duration, args.duration > 0),
     )
     cfg = FidelityConfig(
-        workers=args.workers, policy=args.policy, rate_scale=args.rate_scale, duration_s=args.duration
+        workers=args.workers,
+        policy=args.policy,
+        rate_scale=args.rate_scale,
+        duration_s=args.duration,
+        calibrate=args.calibrate,
     )
     result = {"sim": run_sim(cfg, requests(cfg))} if args.sim_only else run_fidelity(cfg)
     _emit(result, args.out)

@@ -6,6 +6,10 @@ policy knobs on `SimCluster`, with the CPU profile for step times and a topology
 the live cluster's own caps (its weight transfers are capped, so both sides move weights at
 the same rate). The JSON gives both sides' mean and p99 TTFT and scale events, and their
 ratios: how far the simulator is from what it models.
+
+The live run also samples how many threads of other work are runnable on the machine meanwhile
+(bench/machine_load.py). With `calibrate` the simulated cores carry that many (sim/cores.py):
+on a loaded machine the live side slows down, and the simulated one then does too.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from blitzscale.bench.machine_load import OtherWork
 from blitzscale.client import replay
 from blitzscale.client.summary import summarize
 from blitzscale.client.traces import TraceRequest
@@ -31,7 +36,7 @@ MODEL = "smollm2-135m"
 @dataclass(frozen=True)
 class FidelityConfig:
     workers: int = 2
-    policy: str = "blitz-nolive"  # the simulator does not model relays yet
+    policy: str = "blitz-nolive"  # (live relays are simulated since; kept for comparable runs)
     rate_scale: float = 0.05
     time_scale: float = 1.0
     duration_s: float = 90.0
@@ -41,6 +46,7 @@ class FidelityConfig:
     disk_bytes_per_s: float = 36e6
     profile: str = "smollm2-135m-cpu"
     cores: int = 2  # this machine's: the workers share them (sim/cores.py)
+    calibrate: bool = False  # the simulated cores carry the other work sampled live
 
 
 def serve_config(cfg: FidelityConfig) -> ServeConfig:
@@ -59,7 +65,7 @@ def serve_config(cfg: FidelityConfig) -> ServeConfig:
     )
 
 
-def _preset(cfg: FidelityConfig, memory_bytes: float) -> SimPreset:
+def _preset(cfg: FidelityConfig, memory_bytes: float, background_threads: float = 0.0) -> SimPreset:
     rate = cfg.transfer_bytes_per_s
     topo = Topology(
         nodes=1,
@@ -70,6 +76,7 @@ def _preset(cfg: FidelityConfig, memory_bytes: float) -> SimPreset:
         ssd_bytes_per_s=cfg.disk_bytes_per_s,
         latency_s=1e-4,
         cores_per_node=cfg.cores,
+        background_threads=background_threads,
     )
     return SimPreset("fidelity", topo, cfg.profile.rsplit("-", 1)[1], memory_bytes)
 
@@ -101,23 +108,25 @@ def _side(records: list, events: list[dict[str, Any]], wall_s: float) -> dict[st
 def run_live(cfg: FidelityConfig, reqs: list[TraceRequest]) -> dict[str, Any]:
     scfg = serve_config(cfg)
     with BackgroundService(scfg) as svc:
-        scaler = svc.service.scaler
-        assert scaler is not None
+        scaler, cluster = svc.service.scaler, svc.service.cluster
+        assert scaler is not None and cluster is not None
         before = len(scaler.events)
         t = time.perf_counter()
         rc = replay.ReplayConfig(url=svc.url, model=MODEL, show_progress=False, timeout_s=300)
-        records = replay.run(reqs, rc)
+        with OtherWork(lambda: [p.pid for p in cluster.procs if p.pid is not None]) as other:
+            records = replay.run(reqs, rc)
         wall = time.perf_counter() - t
         events = scaler.events[before:]
-    return _side(records, events, wall)
+    return {**_side(records, events, wall), "other_threads": round(other.threads, 2)}
 
 
-def run_sim(cfg: FidelityConfig, reqs: list[TraceRequest]) -> dict[str, Any]:
+def run_sim(cfg: FidelityConfig, reqs: list[TraceRequest], background_threads: float = 0.0) -> dict[str, Any]:
+    """`background_threads`: other work busy on the machine's cores (`machine_load`)."""
     scfg = serve_config(cfg)
     profile = load_profile(cfg.profile)
     model = replace(load_model(MODEL), max_model_len=scfg.engine.max_model_len)
     setup = SimSetup(
-        preset=_preset(cfg, float(profile.device_memory_bytes)),
+        preset=_preset(cfg, float(profile.device_memory_bytes), background_threads),
         model=model,
         mode=scfg.router.mode,
         planner=scfg.planner,
@@ -137,7 +146,7 @@ def _ratio(sim: float, live: float) -> float | None:
 def run_fidelity(cfg: FidelityConfig) -> dict[str, Any]:
     reqs = requests(cfg)
     live = run_live(cfg, reqs)
-    sim = run_sim(cfg, reqs)
+    sim = run_sim(cfg, reqs, live["other_threads"] if cfg.calibrate else 0.0)
     return {
         "config": asdict(cfg),
         "live": live,

@@ -68,7 +68,7 @@ class SimCluster:
         self.data = SimDataPlane(self)
         self.recorder = Recorder()
         self.engines: dict[int, SimEngine] = {}
-        self.cores = [HostCores(topo.cores_per_node) for _ in range(topo.nodes)]
+        self.cores = [HostCores(topo.cores_per_node, topo.background_threads) for _ in range(topo.nodes)]
         self._locks = [asyncio.Lock() for _ in range(topo.world_size)]
         self._ops = itertools.count(1)
         self.gpu_busy_s = 0.0  # GPU-seconds holding a model (the summary's gpu_seconds)

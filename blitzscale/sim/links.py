@@ -27,6 +27,9 @@ class Topology:
     # CPU workers share their node's cores: with more engines busy at once than cores, each
     # step takes proportionally longer (sim/cores.py). 0: each worker has its own device.
     cores_per_node: int = 0
+    # Threads of other work busy on each node's cores meanwhile (a loaded test machine;
+    # `blitzscale bench fidelity --calibrate` measures it); they share the cores too.
+    background_threads: float = 0.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -36,6 +39,8 @@ class Topology:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.cores_per_node < 0:
             raise ValueError(f"cores_per_node must be >= 0 (0: no sharing), got {self.cores_per_node}")
+        if self.background_threads < 0:
+            raise ValueError(f"background_threads must be >= 0, got {self.background_threads}")
         if self.nvlink_bytes_per_s < 0:
             raise ValueError(f"nvlink_bytes_per_s must be >= 0, got {self.nvlink_bytes_per_s}")
 

@@ -1,23 +1,27 @@
 """The simulator against the system it models: one small configuration (two CPU workers,
 SmolLM2, 90 s of the shipped Azure slice) run live through HTTP and simulated with the CPU
 profile (`blitzscale bench fidelity`). On a quiet machine they agree within 15% on mean and
-p99 TTFT and on the scale events (docs/benchmarks.md); here the bands are wide enough for a
-loaded machine, where the live side slows down and the simulated one does not, and narrow
-enough to catch the 6-15x gap the simulator had before it modelled shared cores, one
+p99 TTFT and on the scale events (docs/benchmarks.md); here the profile is calibrated to the
+machine's speed at the time and the bands leave room for load that changes during the run,
+narrow enough to catch the 6-15x gap the simulator had before it modelled shared cores, one
 thread per worker and mixed steps."""
 
 from __future__ import annotations
 
-from blitzscale.bench.fidelity import FidelityConfig, requests, run_live, run_sim
+from blitzscale.bench.fidelity import FidelityConfig, run_fidelity
 
 
 def test_live_and_simulated_agree() -> None:
-    cfg = FidelityConfig()
-    reqs = requests(cfg)
-    live, sim = run_live(cfg, reqs), run_sim(cfg, reqs)
-    assert live["ok"] == live["requests"] == sim["ok"] == len(reqs) > 20
+    """Calibrated: the simulated cores carry the other work sampled on the machine during
+    the live run, so a loaded machine slows both sides. Under heavy load (load average 9
+    on the 2 cores) 0.09x uncalibrated, 0.84x calibrated; quiet 0.92-1.11x
+    (docs/benchmarks.md). The band leaves room for load that comes and goes and still
+    catches the old 6-15x gap."""
+    res = run_fidelity(FidelityConfig(calibrate=True))
+    live, sim = res["live"], res["sim"]
+    assert live["ok"] == live["requests"] == sim["ok"] == live["requests"] > 20
     for key in ("ttft_mean_s", "ttft_p99_s"):
         ratio = sim[key] / live[key]
-        assert 0.25 <= ratio <= 1.6, (key, live, sim)  # (a busy machine slows live only)
-    assert abs(sim["scale_ups"] - live["scale_ups"]) <= 1, (live, sim)
+        assert 0.4 <= ratio <= 2.0, (key, res)
+    assert abs(sim["scale_ups"] - live["scale_ups"]) <= 1, res
     assert live["scale_ups"] >= 1 and sim["scale_ups"] >= 1  # the burst does scale
