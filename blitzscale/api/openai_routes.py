@@ -46,14 +46,16 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS_CAP = 1024
 
 
-def openai_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
+def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
+    """`default` serves requests that name no model, and finds the others' backends."""
     router = APIRouter()
     started = int(time.time())
 
     @router.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
-        check_request(body, backend.model_name)
+        backend = backend_for(default, body.model)
+        check_features(body)
         prompt_ids = await completion_prompt_ids(body.prompt, backend)
         max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
         check_context(len(prompt_ids), max_tokens, backend.max_model_len, "max_tokens")
@@ -66,7 +68,8 @@ def openai_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
-        check_request(body, backend.model_name)
+        backend = backend_for(default, body.model)
+        check_features(body)
         messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
         prompt_ids = await off_loop(backend.encode_chat, messages)
         given = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), None)
@@ -82,7 +85,7 @@ def openai_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         params = sampling_params(body, max_tokens)
         return await serve(request, backend, metrics, prompt_ids, params, fmt, body, arrival)
 
-    def card() -> ModelCard:
+    def card(backend: ServingBackend) -> ModelCard:
         root = getattr(backend, "model_root", None) or backend.model_name
         return ModelCard(
             id=backend.model_name, created=started, max_model_len=backend.max_model_len, root=root
@@ -90,12 +93,11 @@ def openai_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[card()])
+        return ModelList(data=[card(backend_for(default, name)) for name in served_names(default)])
 
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> ModelCard:
-        check_model(model_id or "?", backend.model_name)
-        return card()
+        return card(backend_for(default, model_id or "?"))
 
     return router
 
@@ -182,9 +184,37 @@ def check_model(model: str | None, model_name: str) -> None:
         )
 
 
-def check_request(body: SamplingFields, model_name: str) -> None:
-    """What the backend cannot judge: the model name, and features this server does not have."""
-    check_model(body.model, model_name)
+def served_names(backend: ServingBackend) -> list[str]:
+    """Every model the backend serves (one unless it has `model_names()`)."""
+    names = getattr(backend, "model_names", None)
+    return list(names()) if callable(names) else [backend.model_name]
+
+
+def backend_for(backend: ServingBackend, model: str | None) -> ServingBackend:
+    """The backend of the model a request names (none: the default one); a name not
+    served is a 404 naming it and what is served. A backend of several models has
+    `for_model(name) -> ServingBackend | None` (the router); any other serves one."""
+    pick = getattr(backend, "for_model", None)
+    if not callable(pick):
+        check_model(model, backend.model_name)
+        return backend
+    if not model:
+        return backend
+    chosen = pick(model)
+    if chosen is None:
+        served = ", ".join(repr(n) for n in served_names(backend))
+        raise ApiError(
+            404,
+            f"the model {model!r} does not exist here; this server serves {served}",
+            param="model",
+            code="model_not_found",
+        )
+    return chosen  # type: ignore[no-any-return]
+
+
+def check_features(body: SamplingFields) -> None:
+    """What the backend cannot judge: features this server does not have (the model name is
+    `backend_for`'s)."""
     if (field := body.unsupported_field()) is not None:
         raise ApiError(400, f"{field} is not supported by this server", param=field)
     if (problem := body.logit_bias_error()) is not None:

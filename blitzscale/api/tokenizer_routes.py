@@ -9,17 +9,17 @@ from fastapi import APIRouter
 
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError
-from blitzscale.api.openai_routes import chat_message, check_model
+from blitzscale.api.openai_routes import backend_for, chat_message
 from blitzscale.api.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from blitzscale.api.tokenize import off_loop
 
 
-def tokenizer_router(backend: ServingBackend) -> APIRouter:
+def tokenizer_router(default: ServingBackend) -> APIRouter:
     router = APIRouter()
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
-        check_model(body.model, backend.model_name)
+        backend = backend_for(default, body.model)
         if (body.prompt is None) == (body.messages is None):
             raise ApiError(400, "send either prompt or messages", param="prompt")
         if not body.add_special_tokens:
@@ -41,7 +41,7 @@ def tokenizer_router(backend: ServingBackend) -> APIRouter:
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
-        check_model(body.model, backend.model_name)
+        backend = backend_for(default, body.model)
         return DetokenizeResponse(prompt=await off_loop(backend.decode, body.tokens))
 
     return router

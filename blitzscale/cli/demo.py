@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 from blitzscale.checkpoint.resolve import DEFAULT_MODEL
-from blitzscale.serve.config import ServeConfig
+from blitzscale.demo.workload import MODEL_NAMES, model_names
+from blitzscale.serve.config import ModelEntry, ServeConfig
 
 DEFAULT_POLICIES = "blitz,sllm"
 # The demo's SLOs for SmolLM2 on CPU workers, in seconds (the simulator's models.toml gives
@@ -33,16 +34,53 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="cap on scale-up disk reads, MB/s (default %(default)s: the paper's 10:1 ratio of RDMA to SSD "
         "bandwidth applied to CPU workers' ~360 MB/s loopback network)",
     )
+    p.add_argument(
+        "--models",
+        type=int,
+        default=1,
+        help="models on the pool (the model under N names), each with its own slice of the trace, "
+        "replayed twice with idle time between (default %(default)s)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        default=8.0,
+        help="--models > 1: seconds idle before a model scales to zero",
+    )
+    p.add_argument(
+        "--host-memory-mb",
+        type=float,
+        default=600.0,
+        help="--models > 1: host memory per host for model copies, MB (both policies; default: about one "
+        "SmolLM2 copy)",
+    )
     p.add_argument("--ttft-slo", type=float, default=DEMO_TTFT_SLO_S, help="TTFT SLO, s (%(default)s)")
     p.add_argument("--tbt-slo", type=float, default=DEMO_TBT_SLO_S, help="mean TBT SLO, s (%(default)s)")
     p.set_defaults(func=run)
 
 
-def demo_config(model: str, policy: str, workers: int, disk_mbps: float = 36.0) -> ServeConfig:
+def demo_config(
+    model: str,
+    policy: str,
+    workers: int,
+    disk_mbps: float = 36.0,
+    models: int = 1,
+    keep_alive_s: float = 8.0,
+    host_memory_bytes: int = 0,
+) -> ServeConfig:
+    """`models` > 1: the model under that many names, each scaling to zero after
+    `keep_alive_s` without a request, with `host_memory_bytes` per host for copies."""
+    entries = [ModelEntry(name, model) for name in model_names(models)] if models > 1 else []
     return ServeConfig().with_overrides(
-        model={"name": model},
+        model={"name": model, "keep_alive_s": keep_alive_s} if entries else {"name": model},
+        models=entries,
         # one host per worker, as in the paper's testbeds; disk reads at an SSD-like share
-        cluster={"num_workers": workers, "ranks_per_host": 1, "disk_bytes_per_s": disk_mbps * 1e6},
+        cluster={
+            "num_workers": workers,
+            "ranks_per_host": 1,
+            "disk_bytes_per_s": disk_mbps * 1e6,
+            "host_memory_bytes": host_memory_bytes,
+        },
         # a small per-instance prompt budget keeps a burst's backlog in the router's queue,
         # where a new instance (a live one too) can take it, rather than at the old instance
         router={"mode": "colocated", "prefill_budget_tokens": 512},
@@ -57,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from blitzscale.control.config import POLICY_NAMES
-    from blitzscale.demo.compare import comparison_table, verdict
+    from blitzscale.demo.compare import comparison_table, models_table, verdict
     from blitzscale.demo.runner import run_policy
-    from blitzscale.demo.workload import Workload
+    from blitzscale.demo.workload import Workload, model_slices
     from blitzscale.errors import InvalidRequestError
 
     policies = [p for p in args.policies.split(",") if p]
@@ -72,18 +110,34 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"--disk-mbps must be >= 0 (0: no cap), got {args.disk_mbps}")
     if not 0 < args.rate_scale <= 1:
         raise InvalidRequestError(f"--rate-scale must be in (0, 1], got {args.rate_scale}")
+    if not 1 <= args.models <= len(MODEL_NAMES):
+        raise InvalidRequestError(f"--models must be in [1, {len(MODEL_NAMES)}], got {args.models}")
+    if not args.keep_alive >= 0 or not args.host_memory_mb >= 0:
+        raise InvalidRequestError(
+            f"--keep-alive and --host-memory-mb must be >= 0, got {args.keep_alive} / {args.host_memory_mb}"
+        )
     for flag, v in (("--ttft-slo", args.ttft_slo), ("--tbt-slo", args.tbt_slo)):
         if not v > 0:
             raise InvalidRequestError(f"{flag} must be > 0 seconds, got {v}")
     console = Console()
     slo = (args.ttft_slo, args.tbt_slo)
     requests = Workload(rate_scale=args.rate_scale).requests()
+    by_model = model_slices(requests, model_names(args.models)) if args.models > 1 else None
+    if by_model:
+        requests = [r for rs in by_model.values() for r in rs]
     console.print(
         f"[bold]BlitzScale demo[/]: {len(requests)} requests from a burst of the Azure LLM 2023 code trace "
         f"(CC-BY-4.0), prompts <= 192 tokens, {args.workers} CPU workers, "
         f"policies {escape(', '.join(policies))}; "
         f"SLOs: TTFT <= {args.ttft_slo:g} s, mean TBT <= {args.tbt_slo:g} s"
     )
+    if by_model:
+        console.print(
+            f"{args.models} models ({escape(', '.join(by_model))}: {escape(args.model)} under "
+            f"{args.models} names), each with its own slice of the trace, twice; a model idle "
+            f"{args.keep_alive:g} s scales to zero; "
+            f"{args.host_memory_mb:g} MB of host memory per host for model copies under every policy"
+        )
     if args.disk_mbps:
         console.print(
             f"scale-up disk reads are capped at {args.disk_mbps:g} MB/s (--disk-mbps) to keep "
@@ -91,13 +145,24 @@ def run(args: argparse.Namespace) -> int:
         )
     results = []
     for policy in policies:
-        cfg = demo_config(args.model, policy, args.workers, args.disk_mbps)
-        res = run_policy(cfg, requests, args.out / policy, console, slo=slo)
+        cfg = demo_config(
+            args.model,
+            policy,
+            args.workers,
+            args.disk_mbps,
+            models=args.models,
+            keep_alive_s=args.keep_alive,
+            host_memory_bytes=int(args.host_memory_mb * 1e6),
+        )
+        res = run_policy(cfg, requests, args.out / policy, console, slo=slo, by_model=by_model)
         console.print()
         console.print(f"{policy}: report {res.report}", markup=False, highlight=False, soft_wrap=True)
         results.append(res)
     console.print()
     console.print(comparison_table(results))
+    per_model = models_table(results)
+    if per_model is not None:
+        console.print(per_model)
     line = verdict(results)
     if line:
         console.print(line, markup=False, highlight=False, soft_wrap=True)

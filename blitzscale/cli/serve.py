@@ -14,7 +14,22 @@ POLICIES = ("blitz", "blitz-nolive", "network", "network-multicast", "sllm", "al
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a model on a local cluster of workers (HTTP API)")
     p.add_argument("--config", type=Path, default=None, help="cluster TOML file (flags override it)")
-    p.add_argument("--model", default=None, help="model name or path (default: smollm2-135m)")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="[NAME=]SOURCE",
+        help="model name or path (default: smollm2-135m); repeat as NAME=SOURCE to serve several "
+        "models on one pool (each request's `model` picks one)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a model without a request this long scales to zero (default: never; every model's "
+        "default, [[models]] keep_alive_s overrides it)",
+    )
     p.add_argument("--workers", type=int, default=None, help="worker processes (CPU) or GPUs used")
     p.add_argument(
         "--tp", type=int, default=None, help="tensor-parallel ranks per instance (workers: a multiple)"
@@ -54,8 +69,14 @@ def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     def pick(**kv: Any) -> dict[str, Any]:
         return {k: v for k, v in kv.items() if v is not None}
 
+    from blitzscale.serve.config import parse_model_flag
+
+    values = args.model or []
+    entries = [parse_model_flag(v) for v in values]
+    single = len(values) == 1 and not entries[0].source  # a bare --model SOURCE: today's meaning
     return {
-        "model": pick(name=args.model, tp=args.tp),
+        "model": pick(name=values[0] if single else None, tp=args.tp, keep_alive_s=args.keep_alive),
+        "models": [] if single else entries,
         "server": pick(host=args.host, port=args.port, api_key=args.api_key),
         "cluster": pick(
             num_workers=args.workers, device=args.device, backend=args.cluster, ray_address=args.ray_address
@@ -85,10 +106,11 @@ def run(args: argparse.Namespace) -> int:
     from blitzscale.serve.server import check_model_tp
 
     check_serve_config(cfg)  # before anything starts (run_server checks again, for other callers)
-    try:  # before any worker starts
-        check_model_tp(cfg.model.name, cfg.model.tp)
-    except CheckpointError as e:
-        raise InvalidRequestError(f"--tp {cfg.model.tp} with {cfg.model.name}: {e}") from e
+    for m in cfg.served_models():
+        try:  # before any worker starts
+            check_model_tp(m.spec, m.tp)
+        except CheckpointError as e:
+            raise InvalidRequestError(f"--tp {m.tp} with {m.spec}: {e}") from e
     access = None if args.no_access_log else logging.getLogger(ACCESS_LOGGER)
     asyncio.run(run_server(cfg, access))
     return 0

@@ -41,6 +41,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a [planner] knob over the profile-derived defaults (repeatable), e.g. prefill_upper=0.5",
     )
     p.add_argument("--mode", default="pd", choices=["pd", "colocated"])
+    p.add_argument(
+        "--models",
+        type=int,
+        default=1,
+        help="models on the pool (the model under N names), each with its own slice of the trace, "
+        "replayed twice (default 1)",
+    )
+    p.add_argument("--keep-alive", type=float, default=5.0, help="--models > 1: idle seconds before zero")
+    p.add_argument(
+        "--host-memory-gb",
+        type=float,
+        default=0.0,
+        help="--models > 1: host memory per host for copies (0: no bound)",
+    )
     p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds (default: the model's)")
     p.add_argument("--tbt-slo", type=float, help="TBT SLO in seconds (default: the model's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -179,6 +193,12 @@ def _check(args: argparse.Namespace) -> list[str]:
     ):
         if v is not None and not v > 0:
             raise InvalidRequestError(f"{flag} must be > 0, got {v}")
+    if not 1 <= args.models <= 8:
+        raise InvalidRequestError(f"--models must be in [1, 8], got {args.models}")
+    if not args.keep_alive >= 0 or not args.host_memory_gb >= 0:
+        raise InvalidRequestError(
+            f"--keep-alive and --host-memory-gb must be >= 0, got {args.keep_alive} / {args.host_memory_gb}"
+        )
     if not Path(args.trace).is_file():
         raise InvalidRequestError(f"--trace: no file {args.trace!r}")
     return policies
@@ -207,9 +227,25 @@ def run_simulate(args: argparse.Namespace) -> int:
     setup = SimSetup(
         preset=preset, model=model, mode=args.mode, planner_overrides=_planner_knobs(args.planner)
     )
+    trace_models = None
+    if args.models > 1:
+        from dataclasses import replace
+
+        from blitzscale.demo.workload import interleaved, model_names, model_slices
+
+        names = model_names(args.models)
+        trace, trace_models = interleaved(model_slices(trace, names))
+        setup = replace(
+            setup,
+            models=tuple(names),
+            keep_alive_s=args.keep_alive,
+            host_memory_bytes=int(args.host_memory_gb * 1e9),
+        )
     slo = (args.ttft_slo or model.ttft_slo_s, args.tbt_slo or model.tbt_slo_s)
     out = Path(args.out)
-    rows = run_policies(setup, trace, policies, out, slo, show_progress=not args.quiet)
+    rows = run_policies(
+        setup, trace, policies, out, slo, show_progress=not args.quiet, trace_models=trace_models
+    )
     (out / "comparison.json").write_text(json.dumps(rows, indent=2) + "\n")
     _print_table(rows)
     return 0
@@ -220,7 +256,19 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     t = Table(title="simulated policies")
-    for col in ("policy", "ok/requests", "TTFT mean", "TTFT p99", "TBT p99", "SLO", "GPU s", "ups", "wall s"):
+    cols = (
+        "policy",
+        "ok/requests",
+        "TTFT mean",
+        "TTFT p99",
+        "TBT p99",
+        "SLO",
+        "GPU s",
+        "ups",
+        "disk",
+        "wall s",
+    )
+    for col in cols:
         t.add_column(col)
 
     def ms(v: float | None) -> str:
@@ -237,6 +285,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             "-" if slo is None else f"{100 * slo:.0f}%",
             f"{r['gpu_seconds']:.0f}",
             str(r["scale_ups"]),
+            str(r["disk_loads"]),
             f"{r['sim_wall_s']:.1f}",
         )
     Console().print(t)

@@ -27,12 +27,17 @@ class ClusterConfig:
     # graphs) so a new instance serves as soon as its weights land (worker/standby.py):
     # "auto" on GPUs, "on" anywhere, "off".
     standby: str = "auto"
+    # Host memory (bytes) each host gives to model copies (0: no bound): blitz keeps at most
+    # one host copy per model in the cluster, sllm caches per host (TTL, LRU beyond it).
+    host_memory_bytes: int = 0
     # How workers are started: "local" processes on this machine, or "ray": one Ray actor
     # per GPU (or CPU slot) across a Ray cluster's nodes (pip install 'blitzscale[ray]').
     backend: str = "local"
     ray_address: str = ""  # backend "ray": the cluster to join ("auto", host:port); "" starts one
 
     def __post_init__(self) -> None:
+        if self.host_memory_bytes < 0:
+            raise ValueError(f"host_memory_bytes must be >= 0 (0: no bound), got {self.host_memory_bytes}")
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.device not in ("cpu", "cuda"):

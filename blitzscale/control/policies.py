@@ -52,6 +52,7 @@ class LoadAction:
     multicast: bool = False
     live: bool = False
     partner: int | None = None
+    model: str = ""  # the model it loads ("": the snapshot's; see control/models.py)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class MutateAction:
     """A PREFILL instance becomes a decode one (MUTATING_TO_DECODE, then DECODE)."""
 
     instance_id: int
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class DrainAction:
     """Stop giving the instance work; it finishes what it has (SHUTTING_PREFILL / _DECODE)."""
 
     instance_id: int
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class ReleaseAction:
     """A warm instance's weights are freed; its ranks become free."""
 
     instance_id: int
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class ReviveAction:
 
     instance_id: int
     role: Role
+    model: str = ""
 
 
 ScaleAction = LoadAction | MutateAction | DrainAction | ReleaseAction | ReviveAction
@@ -102,13 +107,38 @@ def scale_actions(
     planner_cfg: PlannerConfig,
     host_cache: HostCacheState,
 ) -> list[ScaleAction]:
+    return plan_actions(snapshot, desired, policy_cfg, planner_cfg, host_cache)[0]
+
+
+def plan_actions(
+    snapshot: ClusterSnapshot,
+    desired: Desired,
+    policy_cfg: PolicyConfig,
+    planner_cfg: PlannerConfig,
+    host_cache: HostCacheState,
+) -> tuple[list[ScaleAction], int]:
+    """`scale_actions`, and how many new instances it wanted but found no free ranks for
+    (what control/models.py reclaims from other models)."""
     if policy_cfg.name == "fixed":
-        return []
+        return [], 0
     make_plan = _pd_plan if snapshot.pd_mode else _colo_plan
     plan = make_plan(snapshot, desired, planner_cfg)
     new_prefill = frozenset(a.instance_id for a in plan.revives if a.role == "prefill")
     loads = _loads(snapshot, plan.num_new, policy_cfg, host_cache, new_prefill, frozenset(plan.taken))
-    return [*plan.revives, *plan.mutates, *loads, *plan.drains, *_releases(snapshot, planner_cfg, plan.taken)]
+    unmet = plan.num_new - sum(len(a.target_ranks) for a in loads) // snapshot.tp
+    releases = _releases(snapshot, planner_cfg, plan.taken)
+    return [*plan.revives, *plan.mutates, *loads, *plan.drains, *releases], max(0, unmet)
+
+
+def to_zero_actions(snapshot: ClusterSnapshot, planner_cfg: PlannerConfig) -> list[ScaleAction]:
+    """A model with no traffic for its keep-alive: every idle steady instance drains (its
+    last too), and warm ones are released as usual."""
+    drains: list[ScaleAction] = [
+        DrainAction(i.id)
+        for i in sorted(snapshot.instances, key=lambda i: i.id)
+        if i.state in (S.PREFILL, S.DECODE, S.COLOCATED) and _is_idle(i)
+    ]
+    return [*drains, *_releases(snapshot, planner_cfg, set())]
 
 
 def next_host_cache(
@@ -119,7 +149,7 @@ def next_host_cache(
     ranks = set(snapshot.gpu_holders)
     ranks.update(r for a in actions if isinstance(a, LoadAction) for r in a.target_ranks)
     for host in sorted({host_of(snapshot, r) for r in ranks}):
-        cache = cache.insert(host, snapshot.now)
+        cache = cache.insert(host, snapshot.now, snapshot.model, snapshot.model_bytes)
     return cache
 
 
@@ -274,7 +304,7 @@ def _new_slots(
     starts = [r for r in sorted(free) if r % tp == 0 and free.issuperset(range(r, r + tp))]
     slots = [tuple(range(r, r + tp)) for r in starts]
     if cfg.name == "sllm":
-        slots.sort(key=lambda s: not cache.lookup(host_of(snapshot, s[0]), snapshot.now))
+        slots.sort(key=lambda s: not cache.lookup(host_of(snapshot, s[0]), snapshot.now, snapshot.model))
     return by_node(snapshot, slots, near)[:n]
 
 
@@ -320,7 +350,7 @@ def _loads(
     if cfg.name == "allcache":
         return [LoadAction(s, "host") for s in slots]
     if cfg.name == "sllm":
-        hit = [cache.lookup(host_of(snapshot, s[0]), snapshot.now) for s in slots]
+        hit = [cache.lookup(host_of(snapshot, s[0]), snapshot.now, snapshot.model) for s in slots]
         return [LoadAction(s, "host" if h else "disk") for s, h in zip(slots, hit, strict=True)]
     if sources and cfg.multicast:
         live = cfg.live

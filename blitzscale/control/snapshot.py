@@ -35,6 +35,7 @@ class InstanceView:
     idle_since: float | None = None  # when it last became idle (None: busy)
     loaded_at: float | None = None  # when its weights last finished loading
     load_s: float = 0.0  # how long that load took (what loading it again would cost)
+    model: str = ""  # the model it holds or loads
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class ClusterSnapshot:
     tp: int = 1  # ranks per instance
     pd_mode: bool = True  # False: colocated
     host_of_rank: tuple[int, ...] = ()  # rank -> host id; ranks past the end are on host 0
+    model: str = ""  # the model this picture is of (instances, queue and copies are its own;
+    # free ranks are the whole pool's)
+    model_bytes: int = 0  # one instance's weights of it (0: not known yet)
 
     def in_states(self, *states: InstanceState) -> list[InstanceView]:
         return [i for i in self.instances if i.state in states]

@@ -6,6 +6,7 @@ from collections import Counter
 
 from rich.table import Table
 
+from blitzscale.client.summary import summarize
 from blitzscale.demo.runner import RunResult
 
 
@@ -78,3 +79,30 @@ def verdict(results: list[RunResult]) -> str:
             f"SLO attainment {_pct(sa)} vs {_pct(sb)}: {first.policy} is {word}"
         )
     return "verdict: " + "; ".join(parts)
+
+
+def models_table(results: list[RunResult]) -> Table | None:
+    """Several models: per model and policy, what its requests saw and how it was loaded
+    (back from zero: from a host copy, over the network, or from disk)."""
+    names = [n for n in (results[0].by_model if results else {})]
+    if not names:
+        return None
+    t = Table(title="each model (its own slice of the trace, twice; idle in between)")
+    t.add_column("model")
+    t.add_column("")
+    for r in results:
+        t.add_column(r.policy, justify="right")
+    for name in names:
+        sums = [summarize(r.by_model.get(name, [])) for r in results]
+        mine = [[e for e in r.events if e.get("model") == name] for r in results]
+        rows = [
+            ("requests ok", [f"{s.num_ok}/{s.num_requests}" for s in sums]),
+            ("TTFT p50 / p90 (ms)", [f"{_ms(s.ttft_s.p50)} / {_ms(s.ttft_s.p90)}" for s in sums]),
+            ("releases", [str(sum(1 for e in ev if e["direction"] == "down")) for ev in mine]),
+        ]
+        for path in ("network", "host", "disk"):
+            counts = [str(sum(1 for e in ev if e["direction"] == "up" and e["path"] == path)) for ev in mine]
+            rows.append((f"loads via {path}", counts))
+        for k, (label, values) in enumerate(rows):
+            t.add_row(name if k == 0 else "", label, *values)
+    return t

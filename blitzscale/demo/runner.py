@@ -34,6 +34,7 @@ class RunResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     report: Path | None = None
     live: tuple[int, int, int] = (0, 0, 0)  # requests, layers and relays of live scaling
+    by_model: dict[str, list[RequestRecord]] = field(default_factory=dict)  # several models' records
 
 
 PLAIN_EVERY_S = 5.0  # progress lines when the console is not a terminal (a pipe, a file)
@@ -46,11 +47,14 @@ def run_policy(
     console: Console,
     slo_from: RunResult | None = None,
     slo: tuple[float, float] | None = None,
+    by_model: dict[str, list[TraceRequest]] | None = None,
 ) -> RunResult:
     """`slo`: fixed (TTFT, TBT) thresholds in seconds; else `slo_from`: judge SLOs by an
-    earlier run's thresholds, so policies are compared alike; else the 5x-mean rule."""
+    earlier run's thresholds, so policies are compared alike; else the 5x-mean rule.
+    `by_model`: each model's own requests, sent side by side (`requests` is then unused)."""
     policy = cfg.policy.name
-    starting = f"{policy}: starting {cfg.cluster.num_workers} CPU workers with {cfg.model.name}"
+    names = ", ".join(m.name for m in cfg.served_models())
+    starting = f"{policy}: starting {cfg.cluster.num_workers} CPU workers with {names}"
     if console.is_terminal:
         with console.status(escape(starting)):
             svc = BackgroundService(cfg).__enter__()
@@ -60,7 +64,7 @@ def run_policy(
     try:
         if slo is None and slo_from is not None:
             slo = (slo_from.summary.slo.ttft_s, slo_from.summary.slo.tbt_s)  # type: ignore[assignment]
-        return _replay_live(svc, policy, requests, out, console, slo)
+        return _replay_live(svc, policy, requests, out, console, slo, by_model)
     finally:
         console.print(f"{policy}: stopping the cluster", markup=False, highlight=False, soft_wrap=True)
         svc.__exit__()
@@ -73,13 +77,27 @@ def _replay_live(
     out: Path,
     console: Console,
     slo: tuple[float, float] | None,
+    by_model: dict[str, list[TraceRequest]] | None = None,
 ) -> RunResult:
     router, scaler = svc.service.router, svc.service.scaler
     assert router is not None and scaler is not None
     events_before = len(scaler.events)
-    records: list[RequestRecord] = []
-    config = replay.ReplayConfig(url=svc.url, model=svc.cfg.model.name, show_progress=False, timeout_s=300)
-    worker = threading.Thread(target=lambda: records.extend(replay.run(requests, config)), daemon=True)
+    traces = by_model or {svc.cfg.served_models()[0].name: requests}
+    per_model: dict[str, list[RequestRecord]] = {name: [] for name in traces}
+
+    def send(name: str) -> None:
+        config = replay.ReplayConfig(url=svc.url, model=name, show_progress=False, timeout_s=300)
+        per_model[name].extend(replay.run(traces[name], config))
+
+    def send_all() -> None:  # every model's requests side by side, on their own clocks
+        senders = [threading.Thread(target=send, args=(name,), daemon=True) for name in traces]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+
+    worker = threading.Thread(target=send_all, daemon=True)
+    total = sum(len(v) for v in traces.values())
     start = time.monotonic()
     samples: list[tuple[float, int]] = []
     states: list[tuple[float, dict[str, int]]] = []
@@ -95,20 +113,21 @@ def _replay_live(
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             while worker.is_alive():
                 now = sample()
-                live.update(_view(policy, now, len(requests), router, scaler.events[events_before:], start))
+                live.update(_view(policy, now, total, router, scaler.events[events_before:], start))
                 worker.join(timeout=0.25)
             now = sample()
-            live.update(_view(policy, now, len(requests), router, scaler.events[events_before:], start))
+            live.update(_view(policy, now, total, router, scaler.events[events_before:], start))
     else:  # one plain line every few seconds, so a log shows the run as it goes
         last = -PLAIN_EVERY_S
         while worker.is_alive():
             now = sample()
             if now - last >= PLAIN_EVERY_S:
                 last = now
-                line = _progress_line(policy, now, len(requests), router, scaler.events[events_before:])
+                line = _progress_line(policy, now, total, router, scaler.events[events_before:])
                 console.print(line, markup=False, highlight=False, soft_wrap=True)
             worker.join(timeout=0.25)
         sample()
+    records = [r for name in traces for r in per_model[name]]
     events = [{**e, "time": e["time"] - start} for e in scaler.events[events_before:]]
     summary = summarize(
         records,
@@ -128,7 +147,7 @@ def _replay_live(
     )
     report = write_report(out, records, summary, samples, events, info)
     live = (router.live.requests_total, router.live.layers_total, router.live.relays_total)
-    return RunResult(policy, summary, records, samples, events, report, live)
+    return RunResult(policy, summary, records, samples, events, report, live, per_model if by_model else {})
 
 
 def _progress_line(policy: str, now: float, total: int, router: Any, events: list[dict[str, Any]]) -> str:
@@ -145,22 +164,24 @@ def _view(
 ) -> Group:
     head = f"{policy}: t={now:5.1f}s  queue={len(router.queue)}  in flight={len(router.reqs)}"
     inst = Table(title=escape(head))
-    for col in ("instance", "state", "running", "KV blocks used"):
+    for col in ("instance", "model", "state", "running", "KV blocks used"):
         inst.add_column(col)
     for i in sorted(router.instances.values(), key=lambda x: x.id):
         s = i.stats
         inst.add_row(
             str(i.id),
+            i.model or "-",
             i.state.value,
             str(s.num_running if s else 0),
             f"{s.used_blocks}/{s.total_blocks}" if s else "-",
         )
     ev = Table(title="scale events")
-    for col in ("t (s)", "direction", "path", "ranks", "from", "seconds", "MB"):
+    for col in ("t (s)", "model", "direction", "path", "ranks", "from", "seconds", "MB"):
         ev.add_column(col)
     for e in events[-8:]:
         ev.add_row(
             f"{e['time'] - start:5.1f}",
+            e.get("model", "-"),
             e["direction"],
             e["path"],
             _on_nodes(e["ranks"], e.get("nodes", [])),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import socket
 
-from blitzscale.errors import InvalidRequestError
+from blitzscale.errors import InvalidRequestError, ModelNotFoundError
 from blitzscale.serve.config import ServeConfig
 
 MAX_PORT = 65535
@@ -45,11 +45,42 @@ def check_serve_config(cfg: ServeConfig) -> None:
             f"{mode} starts {n_pre + n_dec} instances{of_tp} ({source}) but there are {workers} workers "
             f"(--workers / [cluster] num_workers): use --workers {need} or more{hint}"
         )
-    resolve_model(cfg.model.name)  # ModelNotFoundError names it
+    _check_model_bounds(cfg)
+    for m in cfg.served_models():  # ModelNotFoundError names it
+        try:
+            resolve_model(m.spec)
+        except ModelNotFoundError as e:
+            where = f"[[models]] {m.name!r} source" if cfg.models else "[model] name (--model)"
+            raise ModelNotFoundError(f"{where}: {e}") from e
     if cfg.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise InvalidRequestError(
             "--cluster ray ([cluster] backend = \"ray\") needs Ray: pip install 'blitzscale[ray]'"
         )
+
+
+def _check_model_bounds(cfg: ServeConfig) -> None:
+    """Each model's instance bounds against the workers and the mode."""
+    workers, tp = cfg.cluster.num_workers, cfg.model.tp
+    if cfg.policy.name == "fixed" and len(cfg.models) > 1:
+        n_pre, n_dec = first_instances(cfg)
+        need = len(cfg.models) * (n_pre + n_dec) * tp
+        if need > workers:
+            raise InvalidRequestError(
+                f"policy 'fixed' never scales, so each of the {len(cfg.models)} models needs its "
+                f"first instances at start: {need} workers, there are {workers} (use another policy, "
+                "or more workers)"
+            )
+    for m in cfg.models:
+        if m.min_instances * tp > workers:
+            raise InvalidRequestError(
+                f"[[models]] {m.name!r}: min_instances={m.min_instances} needs {m.min_instances * tp} "
+                f"workers, there are {workers}"
+            )
+        if cfg.router.mode == "pd" and m.max_instances == 1:
+            raise InvalidRequestError(
+                f"[[models]] {m.name!r}: max_instances=1 cannot hold a prefill and a decode instance "
+                "(mode 'pd'): use 2 or more, 0 (no bound), or --mode colocated"
+            )
 
 
 def _check_port(name: str, port: int, lo: int) -> None:

@@ -1,6 +1,7 @@
 """`blitzscale serve` configuration: one TOML file, one typed section per concern.
 
-    [model]    name = "smollm2-135m", tp (ranks per instance)
+    [model]    name = "smollm2-135m", tp (ranks per instance), keep_alive_s (every model's)
+    [[models]] several models on one pool: name, source, tp, min/max_instances, keep_alive_s
     [server]   host, port, api_key
     [cluster]  workers, device, ports, timeouts       (blitzscale.cluster.config.ClusterConfig)
     [router]   mode = "pd" | "colocated", budgets     (blitzscale.serve.router.RouterConfig)
@@ -14,6 +15,7 @@ Unknown sections or keys are errors that name them; command-line flags override 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -33,10 +35,52 @@ class ModelSection:
     name: str = "smollm2-135m"
     cache_dir: str = ""  # where converted models are kept ("" = ~/.cache/blitzscale/models)
     tp: int = 1  # tensor-parallel ranks per instance (consecutive ranks; workers a multiple)
+    # Seconds without a request after which a model scales to zero (inf: never); the
+    # default of every model, `[[models]]` may set its own.
+    keep_alive_s: float = math.inf
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"tp must be at least 1, got {self.tp}")
+        _check_keep_alive("keep_alive_s", self.keep_alive_s)
+
+
+def _check_keep_alive(name: str, value: float) -> None:
+    if not value >= 0:  # (NaN too)
+        raise ValueError(f"{name} must be >= 0 seconds (inf: never scale to zero), got {value}")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One served model (a `[[models]]` table, or `--model NAME=SOURCE`). The same source
+    under two names is two models, each with its own copies."""
+
+    name: str
+    source: str = ""  # what to load ("" = the name)
+    tp: int = 0  # 0: [model] tp (every model has the same tp)
+    min_instances: int = 0  # 0: may scale to zero after keep_alive_s without a request
+    max_instances: int = 0  # 0: no bound
+    keep_alive_s: float | None = None  # None: [model] keep_alive_s
+
+    def __post_init__(self) -> None:
+        if not self.name.strip():
+            raise ValueError(f"a model's name must not be empty, got {self.name!r}")
+        if self.tp < 0 or self.min_instances < 0 or self.max_instances < 0:
+            raise ValueError(
+                f"model {self.name!r}: tp, min_instances and max_instances must be >= 0, got "
+                f"{self.tp}/{self.min_instances}/{self.max_instances}"
+            )
+        if self.max_instances and self.min_instances > self.max_instances:
+            raise ValueError(
+                f"model {self.name!r}: min_instances={self.min_instances} is more than "
+                f"max_instances={self.max_instances}"
+            )
+        if self.keep_alive_s is not None:
+            _check_keep_alive(f"model {self.name!r}: keep_alive_s", self.keep_alive_s)
+
+    @property
+    def spec(self) -> str:
+        return self.source or self.name
 
 
 @dataclass(frozen=True)
@@ -68,9 +112,12 @@ class ServeConfig:
     engine: EngineConfig = field(default_factory=lambda: SERVE_ENGINE)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    models: tuple[ModelEntry, ...] = ()  # [[models]]; none: the one model of [model]
 
     def __post_init__(self) -> None:
-        """What tensor parallelism needs of the other sections (before any worker starts)."""
+        """What several models and tensor parallelism need of the other sections (before
+        any worker starts)."""
+        self._check_models()
         tp = self.model.tp
         if tp == 1:
             return
@@ -80,10 +127,42 @@ class ServeConfig:
                 "(an instance is tp consecutive workers)"
             )
 
-    def with_overrides(self, **sections: dict[str, Any]) -> ServeConfig:
-        """A copy with some keys of some sections replaced (flags over the file)."""
-        changes = {}
+    def _check_models(self) -> None:
+        seen: set[str] = set()
+        for m in self.models:
+            if m.name in seen:
+                raise InvalidRequestError(f"[[models]]: the name {m.name!r} is given twice")
+            seen.add(m.name)
+            if m.tp and m.tp != self.model.tp:
+                raise InvalidRequestError(
+                    f"[[models]] {m.name!r}: tp={m.tp}, but every model has [model] tp={self.model.tp} "
+                    "(one instance size for the whole pool)"
+                )
+
+    def served_models(self) -> tuple[ModelEntry, ...]:
+        """Every model served, first the default one, each with its source, tp and
+        keep-alive filled in (one model: [model] as a one-entry list)."""
+        m = self.model
+        entries = self.models or (ModelEntry(name=m.name),)
+        return tuple(
+            dataclasses.replace(
+                e,
+                source=e.spec,
+                tp=m.tp,
+                keep_alive_s=m.keep_alive_s if e.keep_alive_s is None else e.keep_alive_s,
+            )
+            for e in entries
+        )
+
+    def with_overrides(self, **sections: Any) -> ServeConfig:
+        """A copy with some keys of some sections replaced (flags over the file);
+        `models` (a list of ModelEntry) replaces the file's [[models]]."""
+        changes: dict[str, Any] = {}
         for name, values in sections.items():
+            if name == "models":
+                if values:
+                    changes["models"] = tuple(values)
+                continue
             if values:
                 changes[name] = _section(type(getattr(self, name)), name, values, base=getattr(self, name))
         return dataclasses.replace(self, **changes)
@@ -95,8 +174,16 @@ class ServeConfig:
         """Every section and knob with its value: a complete, loadable cluster file."""
         lines = []
         for name, values in self.to_dict().items():
+            if name == "models":
+                continue
             lines.append(f"[{name}]")
             lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+            lines.append("")
+        for entry in self.models:  # [[models]] tables last (none: one model, [model])
+            lines.append("[[models]]")
+            lines += [
+                f"{k} = {_toml_value(v)}" for k, v in dataclasses.asdict(entry).items() if v is not None
+            ]
             lines.append("")
         return "\n".join(lines)
 
@@ -110,6 +197,7 @@ def _toml_value(v: Any) -> str:
 
 
 _SECTIONS = {f.name for f in dataclasses.fields(ServeConfig)}
+_TABLE_LISTS = {"models"}  # [[models]]: a list of tables, not a section
 
 
 def _section(cls: type[Any], name: str, values: dict[str, Any], base: Any = None) -> Any:
@@ -202,8 +290,41 @@ def load_serve_config(path: Path | None) -> ServeConfig:
             f"--config {path}: unknown section [{unknown[0]}]; known: {sorted(_SECTIONS)}"
         )
     base = ServeConfig()
-    parts = {  # a section sets what it names; the rest keeps serve's defaults
+    parts: dict[str, Any] = {  # a section sets what it names; the rest keeps serve's defaults
         name: _section(type(getattr(base, name)), name, values, base=getattr(base, name))
         for name, values in data.items()
+        if name not in _TABLE_LISTS
     }
-    return dataclasses.replace(base, **parts)
+    if "models" in data:
+        parts["models"] = model_entries(data["models"])
+    try:
+        return dataclasses.replace(base, **parts)
+    except (TypeError, ValueError) as e:
+        raise InvalidRequestError(f"--config {path}: {e}") from e
+
+
+def model_entries(tables: Any) -> tuple[ModelEntry, ...]:
+    """`[[models]]` tables, each key's type checked (and named) before any range check."""
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise InvalidRequestError(
+            f"models must be [[models]] tables (name, source, tp, ...), got {type(tables).__name__}"
+        )
+    out = []
+    for k, table in enumerate(tables):
+        if "name" not in table:
+            raise InvalidRequestError(f"[[models]] number {k + 1} has no name (keys: {sorted(table)})")
+        out.append(_section(ModelEntry, "[models]", table))
+    return tuple(out)
+
+
+def parse_model_flag(value: str) -> ModelEntry:
+    """`--model NAME=SOURCE` (or a bare SOURCE, served under its own name)."""
+    name, sep, source = value.partition("=")
+    if sep and (not name.strip() or not source.strip()):
+        raise InvalidRequestError(f"--model {value!r}: expected NAME=SOURCE (or a bare SOURCE)")
+    if not value.strip():
+        raise InvalidRequestError("--model must not be empty")
+    try:
+        return ModelEntry(name=name.strip(), source=source.strip()) if sep else ModelEntry(name=value)
+    except ValueError as e:
+        raise InvalidRequestError(f"--model {value!r}: {e}") from e

@@ -24,6 +24,7 @@ class Instance:
     id: int  # = its first rank
     ranks: tuple[int, ...]
     state: InstanceState = InstanceState.INACTIVE
+    model: str = ""  # the model it holds or loads ("" while INACTIVE)
     stats: StatsMsg | None = None
     outstanding_tokens: int = 0  # prompt tokens dispatched and not yet prefilled
     num_assigned: int = 0  # requests it is responsible for now
@@ -54,6 +55,7 @@ class Instance:
             id=self.id,
             ranks=self.ranks,
             state=self.state,
+            model=self.model,
             num_running=s.num_running if s else 0,
             num_waiting=(s.num_waiting + s.num_live if s else self.num_assigned),
             used_blocks=s.used_blocks if s else 0,

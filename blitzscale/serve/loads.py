@@ -31,20 +31,21 @@ class Loads:
         self.scaler = scaler
         self.router: Router = scaler.router
         self.cluster: Cluster = scaler.cluster
-        self.model = scaler.model
-        self.source = scaler.source
-        self.disk_source = scaler.disk_source
         self.backoff: LoadBackoff = scaler.backoff
+
+    def _name(self, model: str | None) -> str:
+        return model or self.scaler.model
 
     async def run(self, a: LoadAction) -> None:
         role = "prefill" if self.scaler.pd_mode else "colocated"
-        from_host = a.path == "host" and self.cluster.pool.host_holder(self.model) is not None
+        model = self._name(a.model)
+        from_host = a.path == "host" and self.cluster.pool.host_holder(model) is not None
         ids = self.scaler.instance_ids(a.target_ranks)
         if a.path != "network" and not from_host:
             # Disk loads are independent: each target reads on its own and serves as soon
             # as its own load ends, whatever the others do.
             done = await asyncio.gather(  # (the page cache is dropped once, by the first)
-                *(self._load_disk(self._ranks(t), role, cold=i == 0) for i, t in enumerate(ids)),
+                *(self._load_disk(self._ranks(t), role, model, cold=i == 0) for i, t in enumerate(ids)),
                 return_exceptions=True,
             )
             for t, err in zip(ids, done, strict=True):  # every target ran to its end
@@ -53,39 +54,39 @@ class Loads:
             return
         try:
             if a.path == "network":
-                await self.network(a.sources, a.target_ranks, a.multicast)
+                await self.network(a.sources, a.target_ranks, a.multicast, model)
             else:
-                await self._load_host(a.target_ranks)
+                await self._load_host(a.target_ranks, model)
         except BlitzScaleError as e:
-            self._load_failed(a.target_ranks, e)
-            await self._drop_partial(a.target_ranks)
+            self._load_failed(a.target_ranks, e, model)
+            await self._drop_partial(a.target_ranks, model)
             return
         self._load_succeeded(a.target_ranks)
-        await self.scaler.activate_many(list(ids), role)
+        await self.scaler.activate_many(list(ids), role, model=model)
 
-    async def _drop_partial(self, targets: tuple[int, ...]) -> None:
+    async def _drop_partial(self, targets: tuple[int, ...], model: str) -> None:
         """Shards of a tp > 1 instance that loaded while another did not are released: the
         instance is INACTIVE, and its ranks must hold nothing for the next load."""
-        holders = set(self.cluster.pool.gpu_holders(self.model))
+        holders = set(self.cluster.pool.gpu_holders(model))
         for i in self.scaler.instance_ids(targets):
             ranks = self._ranks(i)
             if len(ranks) > 1 and not holders.issuperset(ranks):
                 for r in holders.intersection(ranks):
                     try:
-                        await self.cluster.release(self.model, r)
+                        await self.cluster.release(model, r)
                     except BlitzScaleError as e:
                         log.error("releasing the shard on rank %d failed: %s", r, e)
 
     def _ranks(self, instance_id: int) -> tuple[int, ...]:
         return tuple(range(instance_id, instance_id + self.scaler.tp))
 
-    def _load_failed(self, targets: tuple[int, ...], e: BlitzScaleError) -> None:
+    def _load_failed(self, targets: tuple[int, ...], e: BlitzScaleError, model: str) -> None:
         """Targets that did not get the model go back to INACTIVE and wait (backing off)
         before a load may pick them again; repeated failures take a rank out of service.
         An instance with any shard missing did not get it."""
         log.error("load onto %s failed: %s", list(targets), e)
         now = clock.now()
-        holders = set(self.cluster.pool.gpu_holders(self.model))
+        holders = set(self.cluster.pool.gpu_holders(model))
         for i in self.scaler.instance_ids(targets):
             if holders.issuperset(self._ranks(i)):
                 continue
@@ -112,7 +113,10 @@ class Loads:
         """ZigZag (design §2.3): targets start serving as soon as their first layers land,
         and `a.partner` (now OLD_PREFILL) relays their tasks when it is idle."""
         role = "prefill" if self.scaler.pd_mode else "colocated"
+        model = self._name(a.model)
         partner = self.scaler.state.get(a.partner)
+        if partner is not None and partner.model != model:
+            partner = None
         if partner is not None and partner.state in (InstanceState.PREFILL, InstanceState.COLOCATED):
             why = f"(relays for {list(a.target_ranks)})"
             self.scaler.state.move(partner.id, InstanceState.OLD_PREFILL, why)
@@ -130,61 +134,79 @@ class Loads:
                 log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
             self.router.wake()
 
-        live = {t: self.scaler.activate_msg(role, live=True) for t in ids}
+        live = {t: self.scaler.activate_msg(role, live=True, model=model) for t in ids}
         t0 = clock.now()
         try:
             report = await self.cluster.transfer(
-                self.model,
-                self.source,
+                model,
+                self.scaler.models[model].source,
                 list(a.sources),
                 list(a.target_ranks),
                 live=live,
                 on_live=on_live,
             )
         except BlitzScaleError as e:
-            self._load_failed(a.target_ranks, e)
-            await self._drop_partial(a.target_ranks)
+            self._load_failed(a.target_ranks, e, model)
+            await self._drop_partial(a.target_ranks, model)
             for t in ids:
                 self.router.live.end(t)
             return
         self._load_succeeded(a.target_ranks)
         nbytes = sum(v["bytes"] for v in report.values())
         self.scaler.record(
-            "up", "network", list(a.target_ranks), clock.now() - t0, nbytes, list(a.sources), report
+            "up",
+            "network",
+            list(a.target_ranks),
+            clock.now() - t0,
+            nbytes,
+            list(a.sources),
+            report,
+            model=model,
         )
         missed = [t for t in ids if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
             for t in missed:
                 self.router.live.end(t)
-            await self.scaler.activate_many(missed, role)
+            await self.scaler.activate_many(missed, role, model=model)
 
-    async def network(self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool) -> None:
+    async def network(
+        self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool, model: str | None = None
+    ) -> None:
         """Sources and targets are whole instances' ranks (shard k to shard k)."""
+        name = self._name(model)
+        source = self.scaler.models[name].source
         ids = self.scaler.instance_ids(targets)
         groups = [targets] if multicast else [self._ranks(i) for i in ids]
         for group in groups:
             t0 = clock.now()
-            report = await self.cluster.transfer(self.model, self.source, list(sources), list(group))
+            report = await self.cluster.transfer(name, source, list(sources), list(group))
             nbytes = sum(v["bytes"] for v in report.values())
-            self.scaler.record("up", "network", list(group), clock.now() - t0, nbytes, list(sources), report)
+            self.scaler.record(
+                "up", "network", list(group), clock.now() - t0, nbytes, list(sources), report, model=name
+            )
 
-    async def _load_host(self, targets: tuple[int, ...]) -> None:
-        holder = self.cluster.pool.host_holder(self.model)
+    async def _load_host(self, targets: tuple[int, ...], model: str) -> None:
+        holder = self.cluster.pool.host_holder(model)
         assert holder is not None
         shards = list(self._ranks(holder))  # (tp > 1: each shard's host memory holds its own)
+        source = self.scaler.models[model].source
         t0 = clock.now()
-        report = await self.cluster.transfer(self.model, self.source, shards, list(targets), from_host=True)
+        report = await self.cluster.transfer(model, source, shards, list(targets), from_host=True)
         nbytes = sum(v["bytes"] for v in report.values())
-        self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, shards, report)
+        self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, shards, report, model=model)
 
-    async def from_disk(self, ranks: tuple[int, ...], cold: bool = False) -> tuple[float, int]:
+    async def from_disk(
+        self, ranks: tuple[int, ...], cold: bool = False, model: str | None = None
+    ) -> tuple[float, int]:
         """Load one instance from disk, every shard at once: (seconds, bytes). Raises if
         any shard failed (the shards that loaded stay in the pool)."""
+        name = self._name(model)
+        folder = self.scaler.models[name].disk_source
         cap = self.cluster.cfg.disk_bytes_per_s
         t0 = clock.now()
         done = await asyncio.gather(
             *(
-                self.cluster.load(self.model, r, self.disk_source, max_bytes_per_s=cap, cold=cold and k == 0)
+                self.cluster.load(name, r, folder, max_bytes_per_s=cap, cold=cold and k == 0)
                 for k, r in enumerate(ranks)
             ),
             return_exceptions=True,
@@ -194,14 +216,14 @@ class Loads:
                 raise err
         return clock.now() - t0, sum(int(r.get("bytes", 0)) for r in done)  # type: ignore[union-attr]
 
-    async def _load_disk(self, target: tuple[int, ...], role: Role, cold: bool) -> None:
+    async def _load_disk(self, target: tuple[int, ...], role: Role, model: str, cold: bool) -> None:
         """`cold`: from the disk itself, as a scale-up from an SSD would."""
         try:
-            seconds, nbytes = await self.from_disk(target, cold)
+            seconds, nbytes = await self.from_disk(target, cold, model)
         except BlitzScaleError as e:
-            self._load_failed(target, e)
-            await self._drop_partial(target)
+            self._load_failed(target, e, model)
+            await self._drop_partial(target, model)
             return
-        self.scaler.record("up", "disk", list(target), seconds, nbytes, [])
+        self.scaler.record("up", "disk", list(target), seconds, nbytes, [], model=model)
         self._load_succeeded(target)
-        await self.scaler.activate_many([target[0]], role)
+        await self.scaler.activate_many([target[0]], role, model=model)

@@ -23,18 +23,37 @@ class _RouterCollector(Collector):
         self.router = router
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        router = self.router
+        models = router.model_names()
         inst = GaugeMetricFamily(
-            "blitzscale_instances", "Instances by role and state", labels=["role", "state"]
+            "blitzscale_instances",
+            'Instances by model, role and state (model "none": ranks holding nothing)',
+            labels=["model", "role", "state"],
         )
-        counts = Counter((i.accepts or "none", i.state.value) for i in self.router.instances.values())
-        for state in InstanceState:  # every state appears, zeros included
-            roles = {r for (r, s) in counts if s == state.value} or {"none"}
-            for role in roles:
-                inst.add_metric([role, state.value], counts.get((role, state.value), 0))
+        counts = Counter(
+            (i.model or "none", i.accepts or "none", i.state.value) for i in router.instances.values()
+        )
+        for model in [*models, "none"]:
+            for state in InstanceState:  # every state of every model appears, zeros included
+                if model == "none" and state is not InstanceState.INACTIVE:
+                    continue
+                roles = {r for (m, r, s) in counts if m == model and s == state.value} or {"none"}
+                for role in sorted(roles):
+                    inst.add_metric([model, role, state.value], counts.get((model, role, state.value), 0))
         yield inst
-        queue = GaugeMetricFamily("blitzscale_queue_requests", "Requests in the global queue")
-        queue.add_metric([], len(self.router.queue))
+        queue = GaugeMetricFamily(
+            "blitzscale_queue_requests", "Requests in the global queue, by model", labels=["model"]
+        )
+        queued = Counter(r.model for r in router.queue)
+        for model in models:
+            queue.add_metric([model], queued.get(model, 0))
         yield queue
+        copies = GaugeMetricFamily(
+            "blitzscale_host_copies", "Host copies of each model in the whole cluster", labels=["model"]
+        )
+        for model in models:
+            copies.add_metric([model], int(router.cluster.pool.host_holder(model) is not None))
+        yield copies
         live = GaugeMetricFamily("blitzscale_requests_in_flight", "Requests accepted and not finished")
         live.add_metric([], len(self.router.reqs))
         yield live
@@ -95,10 +114,13 @@ class ClusterMetrics:
     def __init__(self, registry: CollectorRegistry, router: Router) -> None:
         registry.register(_RouterCollector(router))
         self.scale_events = PromCounter(
-            "blitzscale_scale_events", "Scale operations", ["direction", "path"], registry=registry
+            "blitzscale_scale_events", "Scale operations", ["model", "direction", "path"], registry=registry
         )
         self.transfer_bytes = PromCounter(
-            "blitzscale_transfer_bytes", "Weight bytes moved to new instances", ["path"], registry=registry
+            "blitzscale_transfer_bytes",
+            "Weight bytes moved to new instances",
+            ["model", "path"],
+            registry=registry,
         )
         self.load_failures = PromCounter(
             "blitzscale_load_failures",
@@ -113,7 +135,12 @@ class ClusterMetrics:
         )
         for engine in ("standby", "built"):
             self.activations.labels(engine=engine)
-        for path in ("network", "host", "disk"):  # visible at zero before the first event
-            self.transfer_bytes.labels(path=path)
-            self.scale_events.labels(direction="up", path=path)
-        self.scale_events.labels(direction="down", path="release")
+        for model in router.model_names():
+            self.add_model(model)
+
+    def add_model(self, model: str) -> None:
+        """The model's counters, visible at zero before its first event."""
+        for path in ("network", "host", "disk"):
+            self.transfer_bytes.labels(model=model, path=path)
+            self.scale_events.labels(model=model, direction="up", path=path)
+        self.scale_events.labels(model=model, direction="down", path="release")

@@ -60,7 +60,7 @@ class KVMigrations:
         if self.can_adopt(r):
             await self._adopt(r, rt.instances[r.prefill_rank])  # type: ignore[index]
             return
-        inst = rt._pick("decode")
+        inst = rt._pick("decode", model=r.model)
         if inst is None:
             self.pending.append(r)
             return

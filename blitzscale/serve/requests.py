@@ -15,6 +15,7 @@ class RouterRequest:
     id: str
     prompt: list[int]
     params: SamplingParams
+    model: str = ""  # the model it is for (the router fills in its default)
     out: asyncio.Queue[RequestOutput | Exception] = field(default_factory=asyncio.Queue)
     arrival: float = field(default_factory=clock.now)
     queued_at: float = 0.0  # when it last entered the global queue

@@ -44,6 +44,7 @@ from blitzscale.serve.dataplane import DataPlane
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.live import LiveScaling
 from blitzscale.serve.migration import KVMigrations
+from blitzscale.serve.models import ModelBackend, ServedModel
 from blitzscale.serve.queue import RequestQueue
 from blitzscale.serve.requests import RouterRequest
 from blitzscale.serve.respawn import Respawner
@@ -100,7 +101,9 @@ class Router:
         max_model_len: int,
         tp: int = 1,
     ) -> None:
-        """`tp`: ranks per instance; the router talks to each instance's first rank."""
+        """`tp`: ranks per instance; the router talks to each instance's first rank. The
+        model given here is the default one (requests naming no model); `add_model` adds
+        others, which share the instances' ranks."""
         self.cfg = cfg
         self.cluster = cluster
         self.data = data
@@ -109,7 +112,10 @@ class Router:
         self.model_root: str | None = None  # the checkpoint's Hugging Face id, where known
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.state = ControlState(tp)  # instances, live pairs, relays: one owner
+        self._models: dict[str, ModelBackend] = {}
+        self.add_model(ServedModel(model_name, tokenizer, vocab_size, max_model_len))
+        self.last_request_at: dict[str, float] = {}  # by model: when it last got a request
+        self.state = ControlState(tp, default_model=model_name)  # instances, live pairs, relays: one owner
         self.queue = RequestQueue(cfg.max_queue_tokens, cfg.max_queue_wait_s)
         self.num_refused: Counter[str] = Counter()  # requests refused, by reason
         self.reqs: dict[str, RouterRequest] = {}
@@ -142,35 +148,49 @@ class Router:
         """Run a dispatch round soon (something it waits for may have changed)."""
         self._wake.set()
 
+    # --- models -------------------------------------------------------------------------
+
+    def add_model(self, model: ServedModel) -> None:
+        if model.name in self._models and model.name != self.model_name:
+            raise ValueError(f"model {model.name!r} is served already")
+        self._models[model.name] = ModelBackend(self, model)
+
+    def model_names(self) -> list[str]:
+        """Every model served, the default one first."""
+        return list(self._models)
+
+    def for_model(self, name: str) -> ModelBackend | None:
+        return self._models.get(name)
+
+    def served(self, name: str) -> ServedModel:
+        return self._models[name].model
+
+    def requests_of(self, model: str) -> int:
+        """Requests of `model` queued or in flight."""
+        return sum(1 for r in self.reqs.values() if r.model == model)
+
     # --- ServingBackend -----------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise InvalidRequestError("this model has no tokenizer: send token ids")
-        return list(self.tokenizer(text).input_ids)
+        return self._models[self.model_name].encode(text)
 
     def decode(self, token_ids: list[int]) -> str:
-        if self.tokenizer is None:
-            raise InvalidRequestError("this model has no tokenizer")
-        vocab = self.vocab_size
-        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(f"token {bad} is outside the vocabulary [0, {vocab})", "tokens")
-        return str(self.tokenizer.decode(token_ids))
+        return self._models[self.model_name].decode(token_ids)
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidRequestError("this model has no chat template")
-        try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        except Exception as e:  # jinja errors on malformed messages
-            raise InvalidRequestError(f"messages do not fit the chat template: {e}") from e
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return self._models[self.model_name].encode_chat(messages)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, model: str | None = None
     ) -> AsyncIterator[RequestOutput]:
-        validate_request(prompt_token_ids, params, self.vocab_size, self.max_model_len)
+        """Serve a request of `model` (None: the default one)."""
+        name = model or self.model_name
+        if name not in self._models:
+            raise InvalidRequestError(
+                f"model {name!r} is not served here; served: {self.model_names()}", "model"
+            )
+        served = self._models[name].model
+        validate_request(prompt_token_ids, params, served.vocab_size, served.max_model_len)
         if request_id in self.reqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if not self.queue.can_take(len(prompt_token_ids)):
@@ -180,7 +200,8 @@ class Router:
                 f"(limit {self.cfg.max_queue_tokens}); retry later",
                 self.cfg.retry_after_s,
             )
-        r = RouterRequest(request_id, list(prompt_token_ids), params)
+        r = RouterRequest(request_id, list(prompt_token_ids), params, model=name)
+        self.last_request_at[name] = clock.now()
         self.reqs[request_id] = r
         self.queue.push(r)
         self._wake.set()
@@ -232,11 +253,17 @@ class Router:
     def health(self) -> dict[str, Any]:
         """ "ok", or "degraded" with the reasons when nothing can serve a request end to end
         (the HTTP edge answers 503 then)."""
-        roles = {i.accepts for i in self.instances.values() if i.rank in self.connected}
-        if self.cfg.mode == "colocated" and roles & {"colocated", "prefill"}:
-            roles.add("colocated")  # a live target serves as a prefill-side instance
-        needed = ("prefill", "decode") if self.cfg.mode == "pd" else ("colocated",)
-        problems = [f"no {role} instance is serving" for role in needed if role not in roles]
+        problems = []
+        for name, backend in self._models.items():
+            mine = [i for i in self.instances.values() if i.model == name]
+            if backend.model.may_idle_at_zero and all(i.state is InstanceState.INACTIVE for i in mine):
+                continue  # scaled to zero: its next request brings it back
+            roles = {i.accepts for i in mine if i.rank in self.connected}
+            if self.cfg.mode == "colocated" and roles & {"colocated", "prefill"}:
+                roles.add("colocated")  # a live target serves as a prefill-side instance
+            needed = ("prefill", "decode") if self.cfg.mode == "pd" else ("colocated",)
+            of = f" of {name}" if len(self._models) > 1 else ""
+            problems += [f"no {role} instance{of} is serving" for role in needed if role not in roles]
         return {
             "status": "degraded" if problems else "ok",
             "problems": problems,
@@ -283,10 +310,12 @@ class Router:
             return "colocated"
         return role
 
-    def _pick(self, role: Role, need_tokens: int = 0) -> Instance | None:
+    def _pick(self, role: Role, need_tokens: int = 0, model: str | None = None) -> Instance | None:
+        """The least loaded instance of `model` (None: the default one) taking `role` work."""
+        want = model or self.model_name
         best: Instance | None = None
         for inst in self.instances.values():
-            if self._accepts(inst) != role or inst.rank not in self.connected:
+            if inst.model != want or self._accepts(inst) != role or inst.rank not in self.connected:
                 continue
             if inst.num_assigned >= self.cfg.max_requests_per_instance:
                 continue
@@ -316,14 +345,19 @@ class Router:
             )
             self._finish(late)
         backlog = self.cfg.max_pending_migrations if self.cfg.mode == "pd" else 0
-        while self.queue:
+        waiting: set[str] = set()  # models whose oldest request found no instance this round
+        for r in list(self.queue):
             if backlog and len(self.migrations.pending) >= backlog:
                 return  # decode is the bottleneck: prefilling more would only fail later
-            r = self.queue.head
-            inst = self._pick(role, len(r.prompt))
-            if inst is None:
-                return  # FCFS: the head waits, and so does everyone behind it
-            self.queue.pop()
+            if r.model in waiting:
+                continue
+            inst = self._pick(role, len(r.prompt), r.model)
+            if inst is None:  # FCFS per model: it waits, and so do its model's later ones
+                waiting.add(r.model)
+                if len(waiting) == len(self._models):
+                    return
+                continue
+            self.queue.remove(r)
             r.stage, r.prefill_rank, r.dispatched_at = "prefill", inst.rank, clock.now()
             self.state.assign(inst.rank, len(r.prompt))
             hold = self.cfg.mode == "pd"

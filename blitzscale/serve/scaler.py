@@ -5,6 +5,8 @@ them against the live cluster and keeps instance states truthful. An action whos
 are still busy with an earlier action is skipped this round (the planner will ask again).
 An instance is `tp` consecutive ranks, known by its first (`ControlState.owner`): loads and
 releases go to all its ranks, activation and roles to its first, which leads the others.
+Several models share the ranks: each round every model's view goes to
+`control/models.py`, whose actions name their model.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.config import PlannerConfig, PolicyConfig
-from blitzscale.control.host_cache import HostCacheState
-from blitzscale.control.planner import desired_counts
+from blitzscale.control.host_cache import HostCacheState, host_copy_room
+from blitzscale.control.models import ModelView, pool_actions
 from blitzscale.control.policies import (
     DrainAction,
     LoadAction,
@@ -27,7 +29,6 @@ from blitzscale.control.policies import (
     ReviveAction,
     ScaleAction,
     next_host_cache,
-    scale_actions,
 )
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
 from blitzscale.engine.config import EngineConfig
@@ -35,6 +36,7 @@ from blitzscale.messages import ActivateMsg, Role
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
 from blitzscale.serve.metrics import ClusterMetrics
+from blitzscale.serve.models import ScaledModel
 from blitzscale.serve.router import Router
 from blitzscale.serve.state import ControlState
 
@@ -69,7 +71,11 @@ class Scaler:
         self.disk_source = disk_source  # our-format folder for disk loads
         self.engine = engine
         self.metrics = metrics
-        self.host_cache = HostCacheState(ttl_s=policy.sllm_ttl_s)
+        self.models: dict[str, ScaledModel] = {model: ScaledModel(model, source, disk_source)}
+        self.model_bytes: dict[str, int] = {}  # one instance's weights, by model (from loads)
+        self.started_at = clock.now()
+        cap = self.cluster.cfg.host_memory_bytes
+        self.host_cache = HostCacheState(ttl_s=policy.sllm_ttl_s, capacity_bytes=cap)  # sllm's
         self.backoff = LoadBackoff(base_s=planner.load_retry_s, max_failures=planner.max_load_failures)
         router.on_rank_back.append(self.backoff.fresh)  # a respawned worker starts with a clean slate
         self.busy: set[int] = set()  # instances with an action in flight
@@ -81,48 +87,98 @@ class Scaler:
     def pd_mode(self) -> bool:
         return self.router.cfg.mode == "pd"
 
+    def add_model(self, spec: ScaledModel) -> None:
+        """Another model on the same ranks (the router serves it too); the model given to
+        the constructor keeps its name, but takes `spec`'s bounds if named here."""
+        if spec.name in self.models and spec.name != self.model:
+            raise ValueError(f"model {spec.name!r} is scaled already")
+        self.models[spec.name] = spec
+
+    def _model(self, name: str | None) -> ScaledModel:
+        return self.models[name or self.model]
+
     # --- bring-up -----------------------------------------------------------------------
 
     @property
     def tp(self) -> int:
         return self.state.tp
 
-    async def bootstrap(self, num_prefill: int, num_decode: int, keep_host_copy: bool) -> None:
-        """First instances: instance 0 from disk, the rest over the network from it."""
-        first = tuple(range(self.tp))
-        self.state.move(0, InstanceState.LOADING, "(disk)")
-        seconds, nbytes = await self.loads.from_disk(first)
-        self.record("up", "disk", list(first), seconds, nbytes, [])
+    async def bootstrap(
+        self,
+        num_prefill: int,
+        num_decode: int,
+        keep_host_copy: bool,
+        model: str | None = None,
+        first: int = 0,
+    ) -> None:
+        """A model's first instances from instance `first` on: it from disk, the rest over
+        the network from it."""
+        name = self._model(model).name
+        head = tuple(range(first, first + self.tp))
+        self.state.move(first, InstanceState.LOADING, "(disk)", model=name)
+        seconds, nbytes = await self.loads.from_disk(head, model=name)
+        self.record("up", "disk", list(head), seconds, nbytes, [], model=name)
         if keep_host_copy:  # the cluster's one host copy, for scaling from zero
-            await self.cluster.cache_on_host(self.model, 0)
+            await self.keep_host_copy(name, first)
         roles = (
             ["prefill"] * num_prefill + ["decode"] * num_decode
             if self.pd_mode
             else ["colocated"] * num_prefill
         )
-        await self.activate_many([0], roles[0])
-        others = [k * self.tp for k in range(1, len(roles))]
+        await self.activate_many([first], roles[0], model=name)
+        others = [first + k * self.tp for k in range(1, len(roles))]
         for rank in others:
-            self.state.move(rank, InstanceState.LOADING, "(network)")
+            self.state.move(rank, InstanceState.LOADING, "(network)", model=name)
         if others:
             targets = tuple(r for i in others for r in range(i, i + self.tp))
-            await self.loads.network(first, targets, multicast=True)
+            await self.loads.network(head, targets, multicast=True, model=name)
             for rank, role in zip(others, roles[1:], strict=True):
-                await self.activate_many([rank], role)
+                await self.activate_many([rank], role, model=name)
 
-    def activate_msg(self, role: Role, live: bool = False) -> ActivateMsg:
+    async def keep_host_copy(self, model: str, rank: int) -> bool:
+        """Make `rank`'s device copy the model's one host copy, if it has none and it fits
+        its host's `[cluster] host_memory_bytes` (host copies of models that GPUs hold
+        make room, least recently requested first). False: none was made."""
+        pool = self.cluster.pool
+        if pool.host_holder(model) is not None:
+            return False
+        where = self._host_of
+        copies = {
+            m: (where(r), self.model_bytes.get(m, 0))
+            for m in self.models
+            if (r := pool.host_holder(m)) is not None
+        }
+        last = self.router.last_request_at
+        evictable = sorted(
+            (m for m in copies if pool.gpu_holders(m)), key=lambda m: (last.get(m, self.started_at), m)
+        )
+        cap = self.cluster.cfg.host_memory_bytes
+        drop = host_copy_room(copies, where(rank), self.model_bytes.get(model, 0), cap, evictable)
+        if drop is None:
+            log.warning(
+                "no host copy of %s: host %d has no room in host_memory_bytes=%d", model, where(rank), cap
+            )
+            return False
+        for m in drop:
+            await self.cluster.release_host_copy(m)
+            log.info("dropped the host copy of %s to make room for %s", m, model)
+        await self.cluster.cache_on_host(model, rank)
+        return True
+
+    def activate_msg(self, role: Role, live: bool = False, model: str | None = None) -> ActivateMsg:
+        spec = self._model(model)
         return ActivateMsg(
             op_id=self.cluster.next_op(),
-            model=self.model,
-            source=self.source,
+            model=spec.name,
+            source=spec.source,
             role=role,
             engine=self.engine,
             live=live,
         )
 
-    async def activate_many(self, ranks: list[int], role: Role) -> None:
+    async def activate_many(self, ranks: list[int], role: Role, model: str | None = None) -> None:
         """Start engines on freshly loaded instances, all at once."""
-        results = await self.cluster.activate({rank: self.activate_msg(role) for rank in ranks})
+        results = await self.cluster.activate({rank: self.activate_msg(role, model=model) for rank in ranks})
         for res in results.values():
             self.metrics.activated(res)
         for rank in ranks:
@@ -134,29 +190,48 @@ class Scaler:
 
     # --- the loop -----------------------------------------------------------------------
 
-    def snapshot(self) -> ClusterSnapshot:
+    def snapshot(self, model: str | None = None) -> ClusterSnapshot:
+        """`model`'s picture (None: the default model's); free ranks are the pool's."""
         r = self.router
+        name = self._model(model).name
         now = clock.now()
-        instances = self.state.views()
-        used = {rank for i in instances for rank in i.ranks}
+        used = {rank for i in self.state.views() for rank in i.ranks}
+        instances = self.state.views(name)
+        mine = [i for i in r.instances.values() if i.model == name]
         return ClusterSnapshot(
             now=now,
             instances=instances,
-            queued_prompt_tokens=sum(len(q.prompt) for q in r.queue)
-            + sum(i.outstanding_tokens for i in r.instances.values() if i.rank not in r.live.pairs),
-            live_target_tokens=sum(
-                i.outstanding_tokens for i in r.instances.values() if i.rank in r.live.pairs
-            ),
-            migrating_tokens=r.migrations.waiting_tokens,
+            queued_prompt_tokens=sum(len(q.prompt) for q in r.queue if q.model == name)
+            + sum(i.outstanding_tokens for i in mine if i.rank not in r.live.pairs),
+            live_target_tokens=sum(i.outstanding_tokens for i in mine if i.rank in r.live.pairs),
+            migrating_tokens=sum(len(q.prompt) for q in r.migrations.pending if q.model == name),
             free_ranks=tuple(
                 x for x in r.cluster.alive_ranks() if x not in used and self.backoff.may_load(x, now)
             ),
-            gpu_holders=tuple(self.cluster.pool.gpu_holders(self.model)),
-            host_holder=self.cluster.pool.host_holder(self.model),
+            gpu_holders=tuple(self.cluster.pool.gpu_holders(name)),
+            host_holder=self.cluster.pool.host_holder(name),
             tp=self.tp,
             pd_mode=self.pd_mode,
             host_of_rank=self._hosts(),
+            model=name,
+            model_bytes=self.model_bytes.get(name, 0),
         )
+
+    def model_view(self, name: str) -> ModelView:
+        spec = self.models[name]
+        return ModelView(
+            snapshot=self.snapshot(name),
+            requests=self.router.requests_of(name),
+            last_request_at=self.router.last_request_at.get(name),
+            started_at=self.started_at,
+            min_instances=spec.min_instances,
+            max_instances=spec.max_instances,
+            keep_alive_s=spec.keep_alive_s,
+        )
+
+    def _host_of(self, rank: int) -> int:
+        hosts = self._hosts()
+        return hosts[rank] if rank < len(hosts) else 0
 
     def _hosts(self) -> tuple[int, ...]:
         """Rank -> host id, from the cluster's nodes (numbered in order of first rank)."""
@@ -170,6 +245,7 @@ class Scaler:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def run(self) -> None:
+        self.started_at = clock.now()  # keep-alives count from here (bootstrap is done)
         while True:
             await asyncio.sleep(self.planner.interval_s)
             try:
@@ -179,10 +255,11 @@ class Scaler:
 
     async def step(self) -> list[ScaleAction]:
         self._advance_transitions()
-        snap = self.snapshot()
-        desired = desired_counts(snap, self.planner)
-        actions = scale_actions(snap, desired, self.policy, self.planner, self.host_cache)
-        self.host_cache = next_host_cache(self.host_cache, snap, actions)
+        views = [self.model_view(m) for m in self.models]
+        actions = pool_actions(views, self.policy, self.planner, self.host_cache)
+        for v in views:
+            mine = [a for a in actions if a.model == v.name]
+            self.host_cache = next_host_cache(self.host_cache, v.snapshot, mine)
         for a in actions:
             self._launch(a)
         return actions
@@ -206,11 +283,11 @@ class Scaler:
             state = InstanceState.NEW_PREFILL if live else InstanceState.LOADING
             ids = self.instance_ids(targets)
             for t in ids:
-                self.state.move(t, state, f"({a.path})")
+                self.state.move(t, state, f"({a.path})", model=a.model or self.model)
             self._spawn(ids, self.loads.run_live(a) if live else self.loads.run(a))
             return
         inst = self.state.get(a.instance_id)
-        if inst is None or inst.id in self.busy:
+        if inst is None or inst.id in self.busy or (a.model and inst.model != a.model):
             return
         if isinstance(a, ReviveAction):
             self.state.move(inst.id, ROLE_STATE[a.role], "(revived)")
@@ -253,12 +330,20 @@ class Scaler:
     async def _release(self, inst: Instance) -> None:
         if inst.state is not InstanceState.SHUTTING_NULL or not inst.is_idle:
             return
+        model = inst.model
         await self.cluster.deactivate(inst.rank)
-        res = await asyncio.gather(*(self.cluster.release(self.model, r) for r in inst.ranks))
+        last = set(self.cluster.pool.gpu_holders(model)) <= set(inst.ranks)
+        if last and self.policy.name != "fixed":
+            # its last GPU copy: the model's one host copy keeps it off the disk next time
+            try:
+                await self.keep_host_copy(model, inst.rank)
+            except Exception as e:  # it comes back from disk then
+                log.error("keeping a host copy of %s failed: %s", model, e)
+        res = await asyncio.gather(*(self.cluster.release(model, r) for r in inst.ranks))
         self.state.move(inst.id, InstanceState.INACTIVE, "(released)")
         freed = sum(int(x.get("freed_bytes", 0)) for x in res)
         kept = all(x.get("standby") for x in res)
-        self.record("down", "release", list(inst.ranks), 0.0, freed, [], standby=kept)
+        self.record("down", "release", list(inst.ranks), 0.0, freed, [], standby=kept, model=model)
 
     def record(
         self,
@@ -270,16 +355,22 @@ class Scaler:
         sources: list[int],
         report: dict[int, dict[str, Any]] | None = None,
         standby: bool | None = None,
+        model: str | None = None,
     ) -> None:
         """`seconds` is the whole operation as the scaler saw it; a transfer's `report` adds,
         per target, the link's own time and when its first layer was usable; a release
         says whether the worker kept the buffer and engine as its standby."""
-        self.metrics.scale_events.labels(direction=direction, path=path).inc()
+        name = model or self.model
+        self.metrics.scale_events.labels(direction=direction, path=path, model=name).inc()
         if direction == "up":
-            self.metrics.transfer_bytes.labels(path=path).inc(nbytes)
-            for rank in self.instance_ids(ranks):  # what loading it again would cost (no-thrash)
+            self.metrics.transfer_bytes.labels(path=path, model=name).inc(nbytes)
+            ids = self.instance_ids(ranks)
+            for rank in ids:  # what loading it again would cost (no-thrash)
                 self.state.loaded(rank, seconds)
+            if nbytes and ids:
+                self.model_bytes[name] = nbytes // len(ids)
         event = {
+            "model": name,
             "time": clock.now(),
             "direction": direction,
             "path": path,
@@ -299,7 +390,8 @@ class Scaler:
             event["standby"] = standby
         self.events.append(event)
         log.info(
-            "scale %s via %s: ranks %s (nodes %s) from %s (nodes %s) in %.3f s (%d bytes)",
+            "scale %s %s via %s: ranks %s (nodes %s) from %s (nodes %s) in %.3f s (%d bytes)",
+            name,
             direction,
             path,
             ranks,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -28,9 +29,10 @@ from blitzscale.cluster.local import LocalCluster
 from blitzscale.cluster.spawn import make_spawner
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
-from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.config import ModelEntry, ServeConfig
 from blitzscale.serve.dataplane import ZmqDataPlane
 from blitzscale.serve.metrics import ClusterMetrics
+from blitzscale.serve.models import ScaledModel, ServedModel
 from blitzscale.serve.router import Router
 from blitzscale.serve.scaler import Scaler
 from blitzscale.worker.standby import StandbySpec
@@ -60,6 +62,23 @@ def check_model_tp(name: str, tp: int) -> None:
         check_tp(load_config(resolve_model(name)), tp)
 
 
+def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig) -> ServedModel:
+    """What the router needs of a model: tokenizer, vocabulary, context."""
+    src = resolve_model(folder)
+    mcfg = load_config(src)
+    limit = mcfg.max_position_embeddings
+    keep = m.keep_alive_s if m.keep_alive_s is not None else cfg.model.keep_alive_s
+    return ServedModel(
+        name=m.name,
+        tokenizer=load_tokenizer(src),
+        vocab_size=mcfg.vocab_size,
+        max_model_len=min(cfg.engine.max_model_len or limit, limit),
+        root=hf_id(m.spec),
+        # (several models: one may start at zero, or be reclaimed to it, and still serve)
+        may_idle_at_zero=m.min_instances == 0 and (math.isfinite(keep) or len(cfg.models) > 1),
+    )
+
+
 class ServingCluster:
     def __init__(self, cfg: ServeConfig) -> None:
         self.cfg = cfg
@@ -73,8 +92,14 @@ class ServingCluster:
     async def start(self) -> None:
         cfg = self.cfg
         tp = cfg.model.tp
-        await asyncio.to_thread(check_model_tp, cfg.model.name, tp)
-        folder = await asyncio.to_thread(prepare_model, cfg.model.name, cfg.model.cache_dir, tp)
+        models = cfg.served_models()
+        for m in models:
+            await asyncio.to_thread(check_model_tp, m.spec, tp)
+        folders = {
+            m.name: await asyncio.to_thread(prepare_model, m.spec, cfg.model.cache_dir, tp) for m in models
+        }
+        default = models[0]
+        folder = folders[default.name]
         # The workers' backend (local processes, or Ray actors) says which address they reach
         # this process at: the router's data socket is bound there.
         spawner = make_spawner(cfg.cluster)
@@ -83,7 +108,7 @@ class ServingCluster:
         data.setsockopt(zmq.LINGER, 0)
         port = data.bind_to_random_port(f"tcp://{host}")
         use_standby = cfg.cluster.uses_standby and tp == 1  # (TP instances: not yet)
-        standby = StandbySpec(cfg.model.name, folder, cfg.engine) if use_standby else None
+        standby = StandbySpec(default.name, folder, cfg.engine) if use_standby else None
         addr = f"tcp://{host}:{port}"
         self.cluster = LocalCluster(
             cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby, tp=tp, spawner=spawner
@@ -93,26 +118,31 @@ class ServingCluster:
         except BaseException:
             self.cluster = None  # start() stopped what it began (the spawner's too)
             raise
-        src = resolve_model(folder)
-        mcfg = load_config(src)
-        max_len = min(cfg.engine.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
+        served = [await asyncio.to_thread(_served_model, m, folders[m.name], cfg) for m in models]
         plane = ZmqDataPlane(data, self.cluster.token)
+        first = served[0]
         self.router = Router(
             cfg.router,
             self.cluster,
             plane,
-            load_tokenizer(src),
-            cfg.model.name,
-            mcfg.vocab_size,
-            max_len,
+            first.tokenizer,
+            first.name,
+            first.vocab_size,
+            first.max_model_len,
             tp=tp,
         )
-        self.router.model_root = hf_id(cfg.model.name)
+        for m in served:  # (the default one again: with its root and keep-alive)
+            self.router.add_model(m)
+        self.router.model_root = first.root
         await self.router.start()
         self.metrics = ClusterMetrics(self.registry, self.router)
         self.scaler = Scaler(
-            self.router, cfg.planner, cfg.policy, cfg.model.name, folder, folder, cfg.engine, self.metrics
+            self.router, cfg.planner, cfg.policy, default.name, folder, folder, cfg.engine, self.metrics
         )
+        for m in models:
+            f = folders[m.name]
+            keep = m.keep_alive_s if m.keep_alive_s is not None else cfg.model.keep_alive_s
+            self.scaler.add_model(ScaledModel(m.name, f, f, m.min_instances, m.max_instances, keep))
         fixed = cfg.policy.name == "fixed"
         n_pre, n_dec = first_instances(cfg)
         if (n_pre + n_dec) * tp > self.cluster.world_size:
@@ -121,7 +151,14 @@ class ServingCluster:
                 f"have {self.cluster.world_size}"
             )
         keep_host = cfg.policy.name != "fixed"  # (tp > 1: each shard keeps its own in host memory)
-        await self.scaler.bootstrap(n_pre, n_dec, keep_host_copy=keep_host)
+        start = 0
+        for m in models:  # each model's first instances while ranks last; the rest start at zero
+            need = (n_pre + n_dec) * tp
+            if start + need > self.cluster.world_size:
+                log.info("model %s starts at zero: its first request brings it up", m.name)
+                continue
+            await self.scaler.bootstrap(n_pre, n_dec, keep_host_copy=keep_host, model=m.name, first=start)
+            start += need
         if not fixed:
             self._scale_task = asyncio.create_task(self.scaler.run())
 
@@ -178,7 +215,8 @@ async def _announce(server: Any, cfg: ServeConfig) -> None:
     """ "serving on ..." once uvicorn has taken the (already bound) socket and serves."""
     while not server.started:
         await asyncio.sleep(0.05)
-    log.info("serving %s on http://%s:%d", cfg.model.name, cfg.server.host, cfg.server.port)
+    names = ", ".join(m.name for m in cfg.served_models())
+    log.info("serving %s on http://%s:%d", names, cfg.server.host, cfg.server.port)
 
 
 async def run_server(cfg: ServeConfig, access_log: Any = None) -> None:

@@ -32,9 +32,12 @@ class Relay:
 
 
 class ControlState:
-    def __init__(self, tp: int = 1) -> None:
-        """`tp`: ranks per instance; an instance is ranks [id, id + tp), id a multiple of tp."""
+    def __init__(self, tp: int = 1, default_model: str = "") -> None:
+        """`tp`: ranks per instance; an instance is ranks [id, id + tp), id a multiple of tp.
+        An instance belongs to one model from its load to its release (`default_model`
+        where a move names none)."""
         self.tp = tp
+        self.default_model = default_model
         self._instances: dict[int, Instance] = {}
         self._pairs: dict[int, int | None] = {}  # live target -> its source (None: no source)
         self._relays: dict[str, Relay] = {}  # by wire request id
@@ -52,9 +55,14 @@ class ControlState:
     def __iter__(self) -> Iterator[Instance]:
         return iter(list(self._instances.values()))
 
-    def views(self) -> tuple[InstanceView, ...]:
-        """The instances that hold or get weights, for a snapshot."""
-        return tuple(i.view() for i in self._instances.values() if i.state is not InstanceState.INACTIVE)
+    def views(self, model: str | None = None) -> tuple[InstanceView, ...]:
+        """The instances that hold or get weights (of `model`, None: of every model), for a
+        snapshot."""
+        return tuple(
+            i.view()
+            for i in self._instances.values()
+            if i.state is not InstanceState.INACTIVE and (model is None or i.model == model)
+        )
 
     def owner(self, rank: int) -> int:
         """The id of the instance `rank` belongs to (its first rank)."""
@@ -76,20 +84,26 @@ class ControlState:
             inst = self._instances[rank] = Instance(id=rank, ranks=ranks)
         return inst
 
-    def move(self, rank: int, new: InstanceState, why: str = "") -> Instance:
+    def move(self, rank: int, new: InstanceState, why: str = "", model: str | None = None) -> Instance:
         """Move an instance along the design's state machine (an illegal move raises
-        ValueError). Going INACTIVE forgets its work and its engine's numbers."""
+        ValueError). Leaving INACTIVE it takes `model` (None: the default model); going
+        INACTIVE forgets its work, its engine's numbers and its model."""
         inst = self.instance(rank)
         if new is inst.state:
             return inst
         check_transition(inst.state, new)
-        log.info("instance %d: %s -> %s %s", inst.id, inst.state.value, new.value, why)
+        if inst.state is InstanceState.INACTIVE:
+            inst.model = model or self.default_model
+        elif model is not None and model != inst.model:
+            raise ValueError(f"instance {inst.id} serves {inst.model!r}, not {model!r}")
+        log.info("instance %d (%s): %s -> %s %s", inst.id, inst.model, inst.state.value, new.value, why)
         inst.transitions.append((clock.now(), inst.state.value, new.value))
         inst.state = new
         if new is InstanceState.INACTIVE:  # nothing is on it any more: a reload starts clean
             inst.num_assigned = inst.outstanding_tokens = 0
             inst.stats = None
             inst.live_ready = False
+            inst.model = ""
         if new in (InstanceState.LOADING, InstanceState.NEW_PREFILL):
             inst.live_ready = False
         inst.idle_since = clock.now() if inst.is_idle else None  # a new state: a new clock

@@ -208,6 +208,9 @@ class SimCluster:
         self.pool.add_host_copy(model, rank)
         return {"bytes": self.profile.weight_bytes}
 
+    async def release_host_copy(self, model: str) -> None:
+        self.pool.drop_host_copy(model)
+
     # --- serving ------------------------------------------------------------------------
 
     def _shape(self, msg: ActivateMsg) -> EngineShape:

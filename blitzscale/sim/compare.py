@@ -25,8 +25,10 @@ def run_policies(
     out: Path,
     slo: tuple[float, float],
     show_progress: bool,
+    trace_models: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every policy over the same trace; fixed-* are sized from blitz's peak (run first)."""
+    """Every policy over the same trace; fixed-* are sized from blitz's peak (run first).
+    `trace_models`: each request's model (several models on the pool)."""
     order = sorted(policies, key=lambda p: p != "blitz")
     needs_blitz = any(p.startswith("fixed") for p in policies) and "blitz" not in policies
     if needs_blitz:
@@ -37,7 +39,13 @@ def run_policies(
         for policy in order:
             task = bar.add_task(f"simulating {policy}", total=span)
             s = replace(setup, fixed=fixed_counts(peak, policy)) if policy.startswith("fixed") else setup
-            res = simulate(s, trace, policy, progress=lambda t, task=task: bar.update(task, completed=t))
+            res = simulate(
+                s,
+                trace,
+                policy,
+                progress=lambda t, task=task: bar.update(task, completed=t),
+                trace_models=trace_models,
+            )
             if policy == "blitz":
                 peak = res.peak
             if policy not in policies:
@@ -65,6 +73,9 @@ def run_policies(
                     "slo_attainment": summary.slo_attainment,
                     "gpu_seconds": round(res.gpu_seconds, 1),
                     "scale_ups": sum(1 for e in res.events if e["direction"] == "up"),
+                    "disk_loads": sum(
+                        1 for e in res.events if e["direction"] == "up" and e["path"] == "disk"
+                    ),
                     "peak_instances": list(res.peak),
                     "sim_wall_s": round(res.sim_wall_s, 2),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -27,6 +27,7 @@ from blitzscale.engine.config import EngineConfig
 from blitzscale.engine.request import SamplingParams
 from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.metrics import ClusterMetrics
+from blitzscale.serve.models import ScaledModel, ServedModel
 from blitzscale.serve.router import Router, RouterConfig
 from blitzscale.serve.scaler import Scaler
 from blitzscale.sim import clock as sim_clock
@@ -57,6 +58,16 @@ class SimSetup:
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(block_size=16, max_num_seqs=256))
     router: RouterConfig | None = None
     fixed: tuple[int, int] = (1, 1)  # fixed-*: (prefill, decode) instances
+    # Several models on the pool: `model` under each of these names (empty: one model, its
+    # own name), each scaling to zero after `keep_alive_s` without a request, within
+    # `host_memory_bytes` per host for host copies (0: no bound).
+    models: tuple[str, ...] = ()
+    keep_alive_s: float = math.inf
+    host_memory_bytes: int = 0
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return self.models or (self.model.name,)
 
 
 @dataclass
@@ -94,21 +105,35 @@ def _policy(name: str, fixed: tuple[int, int]) -> PolicyConfig:
 
 
 async def _run(
-    setup: SimSetup, trace: Sequence[TraceRequest], policy: str, progress: Callable[[float], None] | None
+    setup: SimSetup,
+    trace: Sequence[TraceRequest],
+    policy: str,
+    progress: Callable[[float], None] | None,
+    trace_models: Sequence[str] | None = None,
 ) -> SimResult:
     wall0 = time.perf_counter()
     preset, model = setup.preset, setup.model
     profile = preset.instance_profile(model)
     topo = preset.topology
-    cfg = ClusterConfig(num_workers=topo.world_size, ranks_per_host=topo.gpus_per_node)
+    cfg = ClusterConfig(
+        num_workers=topo.world_size,
+        ranks_per_host=topo.gpus_per_node,
+        host_memory_bytes=setup.host_memory_bytes,
+    )
     cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp)
     pcfg = _policy(policy, setup.fixed)
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
     engine = replace(setup.engine, max_model_len=model.max_model_len)
-    router = Router(rcfg, cluster, cluster.data, None, model.name, 1 << 20, model.max_model_len, tp=model.tp)
+    names = setup.model_names
+    router = Router(rcfg, cluster, cluster.data, None, names[0], 1 << 20, model.max_model_len, tp=model.tp)
+    to_zero = math.isfinite(setup.keep_alive_s)
+    for name in names:
+        router.add_model(ServedModel(name, None, 1 << 20, model.max_model_len, may_idle_at_zero=to_zero))
     await router.start()
     metrics = ClusterMetrics(CollectorRegistry(), router)
-    scaler = Scaler(router, planner_for(setup, cluster), pcfg, model.name, "sim", "sim", engine, metrics)
+    scaler = Scaler(router, planner_for(setup, cluster), pcfg, names[0], "sim", "sim", engine, metrics)
+    for name in names:
+        scaler.add_model(ScaledModel(name, "sim", "sim", keep_alive_s=setup.keep_alive_s))
     if pcfg.name == "fixed":
         n_pre, n_dec = setup.fixed
     else:
@@ -120,7 +145,9 @@ async def _run(
             f"{n_pre + n_dec} first instances of tp={model.tp} need {(n_pre + n_dec) * model.tp} GPUs, "
             f"the preset has {topo.world_size}"
         )
-    await scaler.bootstrap(n_pre, n_dec, keep_host_copy=pcfg.name != "fixed")
+    need = (n_pre + n_dec) * model.tp
+    for k, name in enumerate(names[: topo.world_size // need]):  # the rest start at zero
+        await scaler.bootstrap(n_pre, n_dec, keep_host_copy=pcfg.name != "fixed", model=name, first=k * need)
     t0 = clock.now()
     scale_task = asyncio.create_task(scaler.run()) if pcfg.name != "fixed" else None
     records: list[RequestRecord | None] = [None] * len(trace)
@@ -142,12 +169,13 @@ async def _run(
                 progress(clock.now() - t0)
             await asyncio.sleep(SAMPLE_EVERY_S)
 
-    async def client(i: int, tr: TraceRequest) -> None:
+    async def client(i: int, tr: TraceRequest, name: str | None) -> None:
         await asyncio.sleep(max(0.0, t0 + tr.arrival_s - clock.now()))
-        records[i] = await _one(router, cluster, i, tr, t0)
+        records[i] = await _one(router, cluster, i, tr, t0, name)
 
     sampling = asyncio.create_task(sampler())
-    await asyncio.gather(*(client(i, tr) for i, tr in enumerate(trace)))
+    which = list(trace_models) if trace_models is not None else [None] * len(trace)
+    await asyncio.gather(*(client(i, tr, which[i]) for i, tr in enumerate(trace)))
     sample()
     sampling.cancel()
     if scale_task is not None:
@@ -170,7 +198,9 @@ async def _run(
     )
 
 
-async def _one(router: Router, cluster: SimCluster, i: int, tr: TraceRequest, t0: float) -> RequestRecord:
+async def _one(
+    router: Router, cluster: SimCluster, i: int, tr: TraceRequest, t0: float, model: str | None = None
+) -> RequestRecord:
     rid = f"sim-{i}"
     sent = clock.now()
     ttft: float | None = None
@@ -185,7 +215,7 @@ async def _one(router: Router, cluster: SimCluster, i: int, tr: TraceRequest, t0
         requested_output_tokens=tr.output_tokens,
     )
     try:
-        async for out in router.generate(rid, [0] * max(1, tr.input_tokens), params):
+        async for out in router.generate(rid, [0] * max(1, tr.input_tokens), params, model=model):
             if ttft is None and out.new_token_ids:
                 ttft = clock.now() - sent
                 queue_s = router.queue_time_s(rid)
@@ -213,11 +243,15 @@ def simulate(
     trace: Sequence[TraceRequest],
     policy: str,
     progress: Callable[[float], None] | None = None,
+    trace_models: Sequence[str] | None = None,
 ) -> SimResult:
-    """Run one policy over `trace` on a fresh virtual clock."""
+    """Run one policy over `trace` on a fresh virtual clock; `trace_models`: each request's
+    model (one of `setup.model_names`; None: the first)."""
     if policy not in SIM_POLICIES:
         raise BlitzScaleError(f"unknown policy {policy!r}; known: {', '.join(SIM_POLICIES)}")
-    return sim_clock.run(_run(setup, trace, policy, progress))
+    if trace_models is not None and len(trace_models) != len(trace):
+        raise BlitzScaleError(f"{len(trace_models)} models for {len(trace)} requests")
+    return sim_clock.run(_run(setup, trace, policy, progress, trace_models))
 
 
 def fixed_counts(peak: tuple[int, int], policy: str) -> tuple[int, int]:

@@ -196,3 +196,53 @@ def test_death_during_live_scaling_fails_or_retries_with_no_hang_or_leak(mode: s
     finally:
         lt.run(service.stop())
         lt.close()
+
+
+def test_penalized_seeded_requests_through_live_targets_and_relays_equal_one_engine(
+    smollm2_weights: Any, smollm2_tokenizer: Any
+) -> None:
+    """Penalties, logit_bias, min_tokens, a seed and logprobs on requests that run partly on
+    a loading instance and are finished by its partner (relays): each answer equals one local
+    engine's, so a parameter lost on a relay (or applied on one side only) fails."""
+    from blitzscale.engine import EngineConfig, LLMEngine
+
+    params = SamplingParams(
+        max_tokens=6, temperature=0.8, seed=11, frequency_penalty=0.9, presence_penalty=0.4,
+        repetition_penalty=1.3, logit_bias=((28, -100.0),), min_tokens=4, logprobs=2,
+    )  # fmt: skip
+    local = LLMEngine(smollm2_weights, smollm2_tokenizer, EngineConfig(block_size=16, num_kv_blocks=128))
+    lt = LoopThread()
+    service = ServingCluster(live_config("colocated", 2))
+    try:
+        lt.run(service.start())
+        router = service.router
+        assert router is not None
+        ps = prompts(service, 30)
+
+        async def one(rid: str, ids: list[int]) -> tuple[list[int], list[float], bool]:
+            toks: list[int] = []
+            lps: list[float] = []
+            live = False
+            async for o in router.generate(rid, ids, params):
+                toks += o.new_token_ids
+                lps += [lp.logprob for lp in o.logprobs]
+                r = router.reqs.get(rid)
+                live = live or bool(r and r.live)
+            return toks, lps, live
+
+        async def burst() -> list[tuple[list[int], list[float], bool]]:
+            return await asyncio.gather(*(one(f"p{i}", p) for i, p in enumerate(ps)))
+
+        got = lt.run(burst(), timeout=240)
+        assert metric(service, "blitzscale_live_relays_total") >= 1
+        assert metric(service, "blitzscale_live_requests_total") >= 1
+    finally:
+        lt.run(service.stop())
+        lt.close()
+    ran_live = 0
+    for p, (toks, lps, live) in zip(ps, got, strict=True):
+        outs = list(local.stream(p, params))
+        assert toks == outs[-1].token_ids
+        assert lps == pytest.approx([x.logprob for o in outs for x in o.logprobs], abs=1e-4)
+        ran_live += live
+    assert ran_live >= 1  # (some ran layers on the loading instance, some were relayed)

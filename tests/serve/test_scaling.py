@@ -53,7 +53,7 @@ def test_burst_scales_up_over_the_network_and_idle_scales_down(
     assert network and all(e["sources"] for e in network), ups
     assert sum(1 for e in ups if e["path"] == "disk") == disk_loads  # nothing new read from disk
     text = _metrics(service)
-    assert 'blitzscale_transfer_bytes_total{path="network"}' in text
+    assert 'blitzscale_transfer_bytes_total{model="smollm2-135m",path="network"}' in text
 
     # Idle: back down to one instance per role, while a trickle of requests keeps arriving.
     # An instance is released only once idle for reload_cost_factor times its load's own

@@ -131,7 +131,7 @@ def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
         assert 2 in ran_on  # the multicast instance served too
         text = generate_latest(service.registry).decode()
-        assert 'blitzscale_transfer_bytes_total{path="network"}' in text
+        assert f'blitzscale_transfer_bytes_total{{model="{folder}",path="network"}}' in text
 
 
 def test_pd_tp2_migrates_kv_between_tp2_instances(

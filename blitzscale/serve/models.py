@@ -1,0 +1,102 @@
+"""The models a router serves, and one model's face towards the HTTP edge.
+
+Each request names its model (`model` in the body; none: the first, the default one);
+`ModelBackend` is the `ServingBackend` of one model: its tokenizer, vocabulary and
+context, and `generate` tagged with its name. Instances belong to models in
+`ControlState`; copies of weights in the ParameterPool, by model name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from blitzscale.serve.router import Router
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str  # what requests call it (the pool's key for its copies)
+    tokenizer: Any
+    vocab_size: int
+    max_model_len: int
+    root: str | None = None  # the checkpoint's Hugging Face id, where known
+    may_idle_at_zero: bool = False  # with no instance it is at zero (/health ok), not broken
+
+
+@dataclass(frozen=True)
+class ScaledModel:
+    """What the scaler needs of one model."""
+
+    name: str
+    source: str  # a spec every worker resolves (tokenizer, config)
+    disk_source: str  # our-format folder for disk loads
+    min_instances: int = 0  # 0: it may scale to zero (with a finite keep-alive)
+    max_instances: int = 0  # 0: no bound
+    keep_alive_s: float = math.inf  # no request this long: to zero (inf: never)
+
+
+class ModelBackend:
+    """One model of the router, as the HTTP edge sees it (api/backend.py)."""
+
+    def __init__(self, router: Router, model: ServedModel) -> None:
+        self.router = router
+        self.model = model
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model.max_model_len
+
+    @property
+    def model_root(self) -> str | None:
+        return self.model.root
+
+    def encode(self, text: str) -> list[int]:
+        tok = self.model.tokenizer
+        if tok is None:
+            raise InvalidRequestError("this model has no tokenizer: send token ids")
+        return list(tok(text).input_ids)
+
+    def decode(self, token_ids: list[int]) -> str:
+        tok = self.model.tokenizer
+        if tok is None:
+            raise InvalidRequestError("this model has no tokenizer")
+        vocab = self.model.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"token {bad} is outside the vocabulary [0, {vocab})", "tokens")
+        return str(tok.decode(token_ids))
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        tok = self.model.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise InvalidRequestError("this model has no chat template")
+        try:
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as e:  # jinja errors on malformed messages
+            raise InvalidRequestError(f"messages do not fit the chat template: {e}") from e
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        return self.router.generate(request_id, prompt_token_ids, params, model=self.model.name)
+
+    async def abort(self, request_id: str) -> None:
+        await self.router.abort(request_id)
+
+    def health(self) -> dict[str, Any]:
+        return self.router.health()
+
+    def queue_time_s(self, request_id: str) -> float | None:
+        return self.router.queue_time_s(request_id)

@@ -1,0 +1,242 @@
+"""Several models on one pool (control/models.py): per-model planning on shared free ranks,
+scale to zero after the keep-alive, back from zero, reclaim of idle ranks, host memory."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from blitzscale.control.config import PlannerConfig, PolicyConfig
+from blitzscale.control.host_cache import HostCacheState, host_copy_room
+from blitzscale.control.models import ModelView, bounds, pool_actions
+from blitzscale.control.policies import (
+    DrainAction,
+    LoadAction,
+    ReleaseAction,
+    ReviveAction,
+    next_host_cache,
+)
+from blitzscale.control.snapshot import ClusterSnapshot, InstanceView
+from blitzscale.control.snapshot import InstanceState as S
+
+from .builders import NOW, inst, snap
+
+BLITZ = PolicyConfig(name="blitz")
+SLLM = PolicyConfig(name="sllm")
+CFG = PlannerConfig()
+NO_CACHE = HostCacheState()
+
+
+def view(
+    name: str,
+    *instances: InstanceView,
+    free: tuple[int, ...] = (),
+    requests: int = 0,
+    queued: int = 0,
+    idle_for: float | None = None,
+    keep_alive_s: float = 30.0,
+    min_instances: int = 0,
+    host_holder: int | None = None,
+    pd_mode: bool = False,
+    holders: tuple[int, ...] | None = None,
+) -> ModelView:
+    """A model's view; `idle_for`: its last request came that long before NOW."""
+    s = snap(*instances, free=free, queued=queued, pd_mode=pd_mode, host_holder=host_holder, holders=holders)
+    s = dataclasses.replace(s, model=name)
+    last = None if idle_for is None else NOW - idle_for
+    return ModelView(
+        s,
+        requests=requests,
+        last_request_at=last,
+        started_at=0.0,
+        min_instances=min_instances,
+        keep_alive_s=keep_alive_s,
+    )
+
+
+def test_one_model_with_an_endless_keep_alive_plans_as_before() -> None:
+    # a burst on one colocated instance with two free ranks: what scale_actions alone does
+    m = view(
+        "a", inst(0, S.COLOCATED, running=4), free=(1, 2), requests=8, queued=4000, keep_alive_s=float("inf")
+    )
+    actions = pool_actions([m], BLITZ, CFG, NO_CACHE)
+    loads = [a for a in actions if isinstance(a, LoadAction)]
+    assert loads and all(a.model == "a" and a.path == "network" and a.sources == (0,) for a in loads)
+
+
+def test_an_idle_model_past_its_keep_alive_drains_its_last_instance_then_releases_it() -> None:
+    idle = inst(1, S.COLOCATED, idle_for=60.0, loaded_for=100.0)
+    m = view("b", idle, idle_for=31.0)
+    assert pool_actions([m], BLITZ, CFG, NO_CACHE) == [DrainAction(1, model="b")]
+    warm = inst(1, S.SHUTTING_NULL, idle_for=5.0, loaded_for=100.0)
+    assert pool_actions([view("b", warm, idle_for=40.0)], BLITZ, CFG, NO_CACHE) == [
+        ReleaseAction(1, model="b")
+    ]
+    # within its keep-alive it keeps its one instance
+    assert pool_actions([view("b", idle, idle_for=29.0)], BLITZ, CFG, NO_CACHE) == []
+    # a model that must stay up never goes to zero
+    assert pool_actions([view("b", idle, idle_for=1e6, min_instances=1)], BLITZ, CFG, NO_CACHE) == []
+
+
+def test_a_model_at_zero_stays_there_until_a_request_then_comes_back_from_its_host_copy() -> None:
+    assert pool_actions([view("b", free=(0, 1, 2), idle_for=100.0)], BLITZ, CFG, NO_CACHE) == []
+    back = view("b", free=(0, 1, 2), requests=1, queued=10, host_holder=2)
+    assert pool_actions([back], BLITZ, CFG, NO_CACHE) == [
+        LoadAction((0,), "host", (2,), multicast=True, model="b")
+    ]
+    # with no host copy: disk; with a GPU copy (another instance of it): the network
+    assert pool_actions([view("b", free=(0,), requests=1, queued=10)], BLITZ, CFG, NO_CACHE) == [
+        LoadAction((0,), "disk", model="b")
+    ]
+
+
+def test_free_ranks_are_shared_and_a_model_with_requests_takes_them_first() -> None:
+    a = view(
+        "a", inst(0, S.COLOCATED, running=4), free=(2,), requests=9, queued=9000, keep_alive_s=float("inf")
+    )
+    b = view("b", free=(2,), requests=1, queued=10, host_holder=1)
+    actions = pool_actions([a, b], BLITZ, CFG, NO_CACHE)
+    targets = [(x.model, x.target_ranks) for x in actions if isinstance(x, LoadAction)]
+    assert len(targets) == 1  # one free rank: one load, never two onto the same rank
+    assert targets[0][1] == (2,)
+
+
+def test_a_request_to_a_model_with_no_free_rank_reclaims_an_idle_rank_of_another() -> None:
+    # model a holds every rank, all idle (and it has no request); b has one waiting
+    a_insts = [inst(r, S.COLOCATED, idle_for=1.0, loaded_for=100.0) for r in range(3)]
+    a = view("a", *a_insts, idle_for=1.0, keep_alive_s=float("inf"), min_instances=3)
+    b = view("b", requests=1, queued=10, host_holder=0)
+    actions = pool_actions([a, b], BLITZ, CFG, NO_CACHE)
+    assert actions == [DrainAction(0, model="a")]  # the longest idle first (ties: lowest id)
+    # next round it is warm: released at once for b, and a does not revive it meanwhile
+    a_insts[0] = inst(0, S.SHUTTING_NULL, idle_for=0.1, loaded_for=100.0)
+    a = dataclasses.replace(a, snapshot=dataclasses.replace(a.snapshot, instances=tuple(a_insts)))
+    actions = pool_actions([a, b], BLITZ, CFG, NO_CACHE)
+    assert ReleaseAction(0, model="a") in actions
+    assert not any(isinstance(x, ReviveAction | LoadAction) for x in actions if x.model == "a")
+
+
+def test_a_model_in_use_does_not_revive_what_is_reclaimed_for_a_model_without_ranks() -> None:
+    # a has a request and wants its three instances; one was drained for b and is warm
+    a_insts = (
+        inst(0, S.SHUTTING_NULL, idle_for=0.1, loaded_for=100.0),
+        inst(1, S.COLOCATED, running=1),
+        inst(2, S.COLOCATED, idle_for=1.0),
+    )
+    a = view("a", *a_insts, requests=1, keep_alive_s=float("inf"), min_instances=3)
+    b = view("b", requests=1, queued=10, host_holder=0)
+    actions = pool_actions([a, b], BLITZ, CFG, NO_CACHE)
+    assert actions == [ReleaseAction(0, model="a")]  # released for b, not revived for a
+
+
+def test_reclaim_never_takes_the_last_instance_of_a_model_in_use_nor_a_busy_one() -> None:
+    a = view("a", inst(0, S.COLOCATED, idle_for=5.0), requests=1, keep_alive_s=float("inf"))
+    c = view("c", inst(1, S.COLOCATED, running=1), inst(2, S.COLOCATED, idle_for=5.0), requests=1)
+    b = view("b", requests=1, queued=10)
+    actions = pool_actions([a, c, b], BLITZ, CFG, NO_CACHE)
+    assert [x for x in actions if isinstance(x, DrainAction)] == [DrainAction(2, model="c")]
+    # c's only idle one is its last serving one? then nothing can be reclaimed
+    c = view("c", inst(1, S.COLOCATED, idle_for=5.0), requests=1)
+    assert not [x for x in pool_actions([a, c, b], BLITZ, CFG, NO_CACHE) if isinstance(x, DrainAction)]
+
+
+def test_warm_instances_are_reclaimed_before_serving_ones() -> None:
+    a = view(
+        "a",
+        inst(0, S.COLOCATED, idle_for=50.0),
+        inst(1, S.SHUTTING_NULL, idle_for=0.1, loaded_for=100.0),
+        keep_alive_s=float("inf"),
+    )
+    b = view("b", requests=1, queued=10)
+    assert pool_actions([a, b], BLITZ, CFG, NO_CACHE) == [ReleaseAction(1, model="a")]
+
+
+def test_bounds_keep_the_model_within_its_instances() -> None:
+    m = ModelView(ClusterSnapshot(0, (), 0, 0, 0, (), (), None), min_instances=2, max_instances=3)
+    colo = bounds(CFG, m, pd_mode=False)
+    assert (colo.min_prefill, colo.max_prefill) == (2, 3)
+    pd = bounds(CFG, m, pd_mode=True)
+    assert (pd.min_prefill, pd.min_decode, pd.max_prefill, pd.max_decode) == (1, 1, 2, 2)
+
+
+def test_sllm_host_cache_stays_within_each_hosts_budget_lru_beyond_it() -> None:
+    gb = 1 << 30
+    cache = HostCacheState(ttl_s=100.0, capacity_bytes=2 * gb)
+    for t, model in enumerate(["a", "b", "a", "c", "d", "a"]):
+        cache = cache.insert(0, float(t), model, gb)
+        assert cache.host_bytes(0, float(t)) <= 2 * gb
+    assert cache.lookup(0, 6.0, "a") and cache.lookup(0, 6.0, "d")
+    assert not cache.lookup(0, 6.0, "b") and not cache.lookup(0, 6.0, "c")  # least recently used
+
+
+def test_sllm_over_several_models_misses_to_disk_once_evicted_and_the_budget_holds() -> None:
+    """Three models take turns on one host whose DRAM holds two checkpoints: each turn's
+    cache stays within the budget, and the model evicted (least recently used) loads from
+    disk, the ones still cached from host memory."""
+    gb = 1 << 30
+    cache = HostCacheState(ttl_s=1000.0, capacity_bytes=2 * gb)
+    paths = []
+    for t, name in enumerate(["a", "b", "c", "a", "c"]):
+        m = view(name, free=(0,), requests=1, queued=10)
+        m = dataclasses.replace(m, snapshot=dataclasses.replace(m.snapshot, now=float(t), model_bytes=gb))
+        actions = pool_actions([m], SLLM, CFG, cache)
+        load = next(a for a in actions if isinstance(a, LoadAction))
+        paths.append(load.path)
+        cache = next_host_cache(cache, m.snapshot, actions)
+        assert cache.host_bytes(0, float(t)) <= 2 * gb
+    assert paths == ["disk", "disk", "disk", "disk", "host"]  # a was evicted by c (LRU)
+
+
+def test_blitz_host_copies_make_room_within_the_budget_or_none_is_made() -> None:
+    gb = 1 << 30
+    copies = {"a": (0, gb), "b": (0, gb), "c": (1, gb)}
+    assert host_copy_room(copies, 1, gb, 2 * gb, evictable=["a"]) == []  # host 1 has room
+    assert host_copy_room(copies, 0, gb, 2 * gb, evictable=["b", "a"]) == ["b"]
+    assert host_copy_room(copies, 0, gb, 2 * gb, evictable=["c"]) is None  # c is not on host 0
+    assert host_copy_room(copies, 0, 5 * gb, 0, evictable=[]) == []  # no budget: always room
+
+
+def test_pd_mode_reclaim_keeps_one_instance_per_role_of_a_model_that_must_stay_up() -> None:
+    a = view(
+        "a",
+        inst(0, S.PREFILL, idle_for=9.0),
+        inst(1, S.DECODE, idle_for=9.0),
+        inst(2, S.PREFILL, idle_for=5.0),
+        keep_alive_s=float("inf"),
+        pd_mode=True,
+    )
+    b = view("b", requests=1, queued=10, pd_mode=True)  # needs a prefill and a decode instance
+    drains = [x for x in pool_actions([a, b], BLITZ, CFG, NO_CACHE) if isinstance(x, DrainAction)]
+    assert drains == [DrainAction(0, model="a")]  # one of its two prefill ones; never its decode
+    # a model with no request and a keep-alive gives everything idle
+    a = dataclasses.replace(a, keep_alive_s=60.0, last_request_at=NOW - 1.0)
+    drains = [x for x in pool_actions([a, b], BLITZ, CFG, NO_CACHE) if isinstance(x, DrainAction)]
+    assert drains == [DrainAction(0, model="a"), DrainAction(1, model="a")]
+
+
+def test_one_model_that_never_scales_to_zero_gets_exactly_the_single_model_actions() -> None:
+    """The one-entry case is the old path: the same actions as scale_actions, tagged."""
+    from blitzscale.control.planner import desired_counts
+    from blitzscale.control.policies import scale_actions
+
+    cases = [
+        snap(inst(0, S.PREFILL, running=3), inst(1, S.DECODE, used=90, total=100), free=(2, 3), queued=9000),
+        snap(
+            inst(0, S.PREFILL, idle_for=50.0),
+            inst(1, S.DECODE, idle_for=50.0),
+            inst(2, S.PREFILL, idle_for=50.0),
+        ),
+        snap(inst(0, S.COLOCATED, running=8), free=(1, 2), queued=6000, pd_mode=False),
+        snap(
+            inst(0, S.SHUTTING_NULL, idle_for=5.0),
+            inst(1, S.COLOCATED, running=2),
+            pd_mode=False,
+            queued=5000,
+        ),
+        snap(free=(0, 1, 2), queued=100, host_holder=1),
+    ]
+    for policy in (BLITZ, SLLM, PolicyConfig(name="network")):
+        for s in cases:
+            m = ModelView(dataclasses.replace(s, model="m"), requests=1)
+            want = scale_actions(m.snapshot, desired_counts(m.snapshot, CFG), policy, CFG, NO_CACHE)
+            got = pool_actions([m], policy, CFG, NO_CACHE)
+            assert got == [dataclasses.replace(a, model="m") for a in want], (policy.name, s)

@@ -1,0 +1,83 @@
+"""Several models on one simulated pool (the same scaler and policies as the server):
+each model's own slice of the trace, twice; between its rounds it scales to zero. blitz
+brings it back from a GPU copy or its one host copy, never the disk; sllm, whose hosts
+cache what they loaded for a while, reads the disk on a miss."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from blitzscale.client.traces import load_trace, transform
+from blitzscale.demo.workload import model_slices
+from blitzscale.sim.config import load_model, load_preset
+from blitzscale.sim.runner import SimSetup, simulate
+
+TRACE = Path(__file__).parents[2] / "blitzscale" / "data" / "azure_code_2023_slice.csv"
+NAMES = ["m-a", "m-b", "m-c"]
+
+
+@pytest.fixture(scope="module")
+def workload() -> tuple[SimSetup, list, list[str]]:
+    trace = transform(load_trace(TRACE, "azure"), duration=60)
+    pairs = sorted(
+        ((r, n) for n, rs in model_slices(trace, NAMES).items() for r in rs), key=lambda x: x[0].arrival_s
+    )
+    setup = SimSetup(preset=load_preset("paper-a"), model=load_model("llama3-8b"))
+    copy = setup.preset.instance_profile(setup.model).weight_bytes
+    # 5 s keep-alive; room for three copies per host, under both policies
+    setup = replace(setup, models=tuple(NAMES), keep_alive_s=5.0, host_memory_bytes=3 * copy)
+    return setup, [r for r, _ in pairs], [n for _, n in pairs]
+
+
+def _loads(res: object) -> Counter[tuple[str, str]]:
+    events = res.events  # type: ignore[attr-defined]
+    return Counter((e["model"], e["path"]) for e in events if e["direction"] == "up" and e["time"] > 0)
+
+
+def test_blitz_brings_models_back_from_zero_without_reading_the_disk(workload: tuple) -> None:
+    setup, trace, models = workload
+    res = simulate(setup, trace, "blitz", trace_models=models)
+    assert len(res.records) == len(trace) and all(r.is_ok for r in res.records)
+    loads = _loads(res)
+    assert not [k for k in loads if k[1] == "disk"], loads  # after bring-up: never the disk
+    assert {m for m, p in loads if p == "host"} == set(NAMES), loads  # each came back from its host copy
+    releases = Counter(e["model"] for e in res.events if e["direction"] == "down")
+    assert set(releases) == set(NAMES)  # each went to zero (or down) between its rounds
+
+
+def test_sllm_under_the_same_host_memory_misses_to_disk(workload: tuple) -> None:
+    setup, trace, models = workload
+    res = simulate(setup, trace, "sllm", trace_models=models)
+    assert all(r.is_ok for r in res.records)
+    loads = _loads(res)
+    assert {p for _, p in loads} <= {"host", "disk"} and any(p == "disk" for _, p in loads), loads
+
+
+def test_one_model_runs_as_before_and_requests_name_only_served_models(workload: tuple) -> None:
+    from blitzscale.errors import BlitzScaleError
+
+    setup, trace, models = workload
+    single = SimSetup(preset=setup.preset, model=setup.model)
+    assert single.model_names == (setup.model.name,)
+    with pytest.raises(BlitzScaleError, match="2 models for"):
+        simulate(setup, trace, "blitz", trace_models=models[:2])
+
+
+def test_the_cli_simulates_several_models_and_counts_disk_loads(tmp_path: Path) -> None:
+    import json
+
+    from blitzscale.cli.main import main
+
+    out = tmp_path / "sim"
+    argv = ["simulate", "--trace", str(TRACE), "--duration", "60", "--policy", "blitz,sllm", "--quiet"]
+    extra = ["--models", "3", "--keep-alive", "5", "--host-memory-gb", "48.2", "--out", str(out)]
+    assert main([*argv, *extra]) == 0
+    rows = {r["policy"]: r for r in json.loads((out / "comparison.json").read_text())}
+    assert rows["blitz"]["ok"] == rows["blitz"]["requests"] == rows["sllm"]["ok"] > 0
+    assert rows["blitz"]["disk_loads"] == 3  # each model once, at bring-up; never again
+    assert rows["sllm"]["disk_loads"] > 3
+    assert main([*argv, "--models", "9", "--out", str(out)]) == 2
