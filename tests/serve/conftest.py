@@ -4,6 +4,7 @@ so synchronous tests (and the openai client) can drive it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,17 +15,23 @@ from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
 
 
+@contextlib.contextmanager
+def running(cfg: ServeConfig) -> Iterator[tuple[ServingCluster, LoopThread]]:
+    """`cfg`'s serving cluster, started on a loop thread of its own; stopped on exit."""
+    lt = LoopThread()
+    service = ServingCluster(cfg)
+    try:
+        lt.run(service.start())
+        yield service, lt
+    finally:
+        lt.run(service.stop())
+        lt.close()
+
+
 def make_service(**sections: dict[str, Any]) -> Callable[[], Iterator[tuple[ServingCluster, LoopThread]]]:
     def fixture() -> Iterator[tuple[ServingCluster, LoopThread]]:
-        cfg = ServeConfig().with_overrides(**sections)
-        lt = LoopThread()
-        service = ServingCluster(cfg)
-        try:
-            lt.run(service.start())
-            yield service, lt
-        finally:
-            lt.run(service.stop())
-            lt.close()
+        with running(ServeConfig().with_overrides(**sections)) as pair:
+            yield pair
 
     return fixture
 

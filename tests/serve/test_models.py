@@ -22,7 +22,7 @@ from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ModelEntry, ServeConfig
 from blitzscale.serve.server import ServingCluster
 
-from .conftest import start_http, stop_http
+from .conftest import running, start_http, stop_http
 
 PARAMS = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 PROMPT = "The lighthouse keeper counted the ships that passed"
@@ -42,14 +42,8 @@ def two_models() -> Iterator[tuple[ServingCluster, LoopThread]]:
             ModelEntry("b", "smollm2-135m", keep_alive_s=3.0),
         ],
     )
-    lt = LoopThread()
-    service = ServingCluster(cfg)
-    try:
-        lt.run(service.start())
-        yield service, lt
-    finally:
-        lt.run(service.stop())
-        lt.close()
+    with running(cfg) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")

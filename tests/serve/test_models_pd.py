@@ -15,6 +15,7 @@ from blitzscale.engine.request import SamplingParams
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ModelEntry, ServeConfig
 from blitzscale.serve.server import ServingCluster
+from tests.serve.conftest import running
 
 LONG = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
 WAIT_S = 300
@@ -29,14 +30,8 @@ def pd_models() -> Iterator[tuple[ServingCluster, LoopThread]]:
         policy={"name": "blitz"},
         models=[ModelEntry("a", "smollm2-135m"), ModelEntry("b", "smollm2-135m", keep_alive_s=3.0)],
     )
-    lt = LoopThread()
-    service = ServingCluster(cfg)
-    try:
-        lt.run(service.start())
-        yield service, lt
-    finally:
-        lt.run(service.stop())
-        lt.close()
+    with running(cfg) as pair:
+        yield pair
 
 
 def test_each_model_decodes_on_its_own_instances_and_b_comes_back_from_zero(

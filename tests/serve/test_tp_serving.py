@@ -27,7 +27,7 @@ from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
 from tests.conftest import save_tiny_hf_folder
-from tests.serve.conftest import FAST_PLANNER, start_http, stop_http
+from tests.serve.conftest import FAST_PLANNER, running, start_http, stop_http
 from tests.serve.test_cli_serve import CLI, _alive, _children, _start_serve
 
 PARAMS = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
@@ -65,14 +65,8 @@ def _service(
         planner={**FAST_PLANNER, **planner},
         policy={"name": policy},
     )
-    lt = LoopThread()
-    service = ServingCluster(cfg)
-    try:
-        lt.run(service.start())
-        yield service, lt
-    finally:
-        lt.run(service.stop())
-        lt.close()
+    with running(cfg) as pair:
+        yield pair
 
 
 async def _one(service: ServingCluster, rid: str, text: str) -> list[int]:
