@@ -306,34 +306,38 @@ class SimCluster:
 
     def _kv_move(self, src: int, dst: int, rid: str, tokens: int) -> None:
         """A held request's KV from `src` to `dst` over their link, shared fairly."""
-        links = self.topo.path(src, dst)
-        seconds = tokens * self.profile.kv_bytes_per_token / self.links.rate(links) + self.topo.latency_s
 
-        async def move() -> None:
-            with self.links.using(links):
-                await asyncio.sleep(seconds)
+        def done() -> None:
             if src in self.engines:
                 self.engines[src].kv_sent(rid)
             if dst in self.engines:
                 self.engines[dst].kv_arrived(rid)
             self._emit(KVSentMsg(rank=src, request_id=rid))
 
-        asyncio.get_running_loop().create_task(move())
+        self._over_link(src, dst, tokens * self.profile.kv_bytes_per_token, done)
 
     def _relay_move(self, src: int, dst: int, rid: str, tokens: int, layers: int) -> None:
         """A relayed task from live target `src` to source `dst`: its hidden states and the
-        KV of its first `layers` layers, over their link, shared fairly."""
-        links = self.topo.path(src, dst)
+        KV of its first `layers` layers (nothing after no layer)."""
         p = self.profile
         nbytes = tokens * (p.kv_bytes_per_token * layers / p.num_layers + p.hidden_bytes_per_token)
-        seconds = (nbytes / self.links.rate(links) + self.topo.latency_s) if layers else 0.0
 
-        async def move() -> None:
-            with self.links.using(links):
-                await asyncio.sleep(seconds)
+        def done() -> None:
             if src in self.engines:
                 self.engines[src].relay_sent(rid)
             if dst in self.engines:
                 self.engines[dst].relay_arrived(rid)
+
+        self._over_link(src, dst, nbytes if layers else 0.0, done)
+
+    def _over_link(self, src: int, dst: int, nbytes: float, done: Callable[[], None]) -> None:
+        """`nbytes` from `src` to `dst` over their link, shared fairly; then `done()`."""
+        links = self.topo.path(src, dst)
+        seconds = nbytes / self.links.rate(links) + self.topo.latency_s if nbytes else 0.0
+
+        async def move() -> None:
+            with self.links.using(links):
+                await asyncio.sleep(seconds)
+            done()
 
         asyncio.get_running_loop().create_task(move())

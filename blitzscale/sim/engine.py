@@ -285,13 +285,10 @@ class SimEngine:
         n = len(msg.prompt_token_ids)
         total = min(n + msg.params.max_tokens, self.shape.max_model_len)
         r = SimRequest(msg.request_id, n, max(1, total - n), hold_kv=msg.hold_kv)
-        need = self._blocks(total)
-        if self.used_blocks + need > self.shape.kv_blocks:
+        if not self._reserve(r):
             self.emit(RelayFailedMsg(rank=self.rank, request_id=msg.request_id, error="no room"))
             return
-        r.blocks, r.layers_done = need, msg.layer
-        r.left = 1.0 - msg.layer / self.profile.num_layers
-        self.used_blocks += need
+        r.layers_done, r.left = msg.layer, 1.0 - msg.layer / self.profile.num_layers
         self.relayed_in[r.id] = r
         self.emit(RelayReadyMsg(rank=self.rank, request_id=msg.request_id))
 
@@ -330,14 +327,20 @@ class SimEngine:
         total = min(msg.num_prompt_tokens + msg.params.max_tokens, self.shape.max_model_len)
         r = SimRequest(msg.request_id, msg.num_prompt_tokens, max(1, total - msg.num_prompt_tokens))
         r.output = r.emitted = n - msg.num_prompt_tokens
-        need = self._blocks(min(r.prompt + r.max_tokens, self.shape.max_model_len))
-        if self.used_blocks + need > self.shape.kv_blocks:
+        if not self._reserve(r):
             self.emit(KVFailedMsg(rank=self.rank, request_id=msg.request_id, error="no room"))
             return
-        r.blocks = need
-        self.used_blocks += need
         self.importing[msg.request_id] = r
         self.emit(KVReadyMsg(rank=self.rank, request_id=msg.request_id))
+
+    def _reserve(self, r: SimRequest) -> bool:
+        """KV blocks for `r`'s prompt and its output, if there is room."""
+        need = self._blocks(min(r.prompt + r.max_tokens, self.shape.max_model_len))
+        if self.used_blocks + need > self.shape.kv_blocks:
+            return False
+        r.blocks = need
+        self.used_blocks += need
+        return True
 
     def kv_sent(self, rid: str) -> None:
         """Prefill side: the request's KV has left."""
