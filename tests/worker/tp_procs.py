@@ -10,6 +10,18 @@ from typing import Any
 import torch
 
 
+def follow(inbox: Any, follower: Any, weights_of: Any) -> None:
+    """A follower's loop: its leader's commands, until the leader stops."""
+    from blitzscale.messages import TPStopMsg
+
+    while True:
+        cmd = inbox.take()
+        assert cmd is not None, inbox.lost
+        follower.handle(cmd, weights_of)
+        if isinstance(cmd, TPStopMsg):
+            return
+
+
 def shard_main(
     rank: int,
     tp: int,
@@ -57,12 +69,7 @@ def shard_main(
             assert engine.pool.num_free_blocks == engine.pool.num_blocks
         else:
             assert inbox is not None and follower is not None
-            while True:
-                cmd = inbox.take()
-                assert cmd is not None, inbox.lost
-                follower.handle(cmd, {spec: weights}.get)
-                if isinstance(cmd, TPStopMsg):
-                    break
+            follow(inbox, follower, {spec: weights}.get)
     if rank == 0:
         out.put(results)
         out.close()
@@ -140,10 +147,5 @@ def live_shard_main(
         inbox = TPInbox(zmq.Context.instance(), group)
         follower = TPFollower(links, group)
         threading.Thread(target=land, daemon=True).start()
-        while True:
-            cmd = inbox.take()
-            assert cmd is not None, inbox.lost
-            follower.handle(cmd, {spec: weights}.get)
-            if isinstance(cmd, TPStopMsg):
-                break
+        follow(inbox, follower, {spec: weights}.get)
     os._exit(0)
