@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from tests.serve.test_cli_serve import _alive
 from tests.serve.test_http import PROMPTS
 
 CLI = [sys.executable, "-m", "blitzscale.cli.main"]
@@ -115,14 +116,6 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_an_address_where_no_ray_cluster_answers_is_refused_at_once() -> None:
