@@ -77,7 +77,3 @@ class OtherWork:
     @property
     def threads(self) -> float:
         return sum(self._samples) / len(self._samples) if self._samples else 0.0
-
-    @property
-    def samples(self) -> int:
-        return len(self._samples)

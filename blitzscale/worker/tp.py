@@ -307,10 +307,6 @@ class TPFollower:
             self._pending = None
             self._build(cmd, weights)
 
-    @property
-    def waiting(self) -> bool:
-        return self._pending is not None
-
     def weights_lost(self, model: str) -> None:
         """This shard's transfer of `model` failed: a live leader learns it at its next
         question (the answer -1)."""
