@@ -50,7 +50,10 @@ class OpenAIFormat(Protocol):
 
 
 def _wants_chunk(out: RequestOutput) -> bool:
-    return bool(out.text_delta or out.finished or out.logprobs)
+    """A chunk for every step that made tokens, also when their text is held back (a stop
+    string may be starting, a character is incomplete, the model has no tokenizer), so a
+    client sees each token when it is made; vLLM streams the same way."""
+    return bool(out.new_token_ids or out.text_delta or out.finished or out.logprobs)
 
 
 @dataclass

@@ -82,6 +82,12 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     add("--output-len", metavar="N", help="output tokens of --gamma requests without --trace (default 128)")
     add("--skip-failed", action="store_true", help="burstgpt: drop failed rows (Response tokens = 0)")
     add("--model", help="model name sent in each request (openai protocol)")
+    add(
+        "--token-ids",
+        action="store_true",
+        help="send each prompt as token ids of its exact length (openai protocol; for models with "
+        "no tokenizer, such as random:llama3-8b)",
+    )
     add("--api-key", metavar="KEY", help=f"sent as 'Authorization: Bearer KEY' (default ${API_KEY_ENV})")
     add("--timeout", metavar="S", help="per-request limit in seconds, send to last token (default 300)")
     add("--no-progress", action="store_true", help="no progress bar")
@@ -125,6 +131,7 @@ def run_replay(args: argparse.Namespace) -> int:
         api_key=options.api_key,
         timeout_s=options.timeout_s,
         show_progress=options.show_progress,
+        token_ids=options.token_ids,
     )
     _raise_open_file_limit()
     watch = ServerWatch(options.url, options.api_key).start()  # instance counts, if the server says

@@ -46,6 +46,7 @@ class ReplayOptions:
     timeout_s: float
     skip_failed: bool
     show_progress: bool
+    token_ids: bool
 
     def to_json(self) -> dict:
         """The options as recorded next to the results; the API key is never written out."""
@@ -116,6 +117,9 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     rate_scale = _number(args.rate_scale, "--rate-scale") or 1.0
     if gamma is not None and (time_scale != 1.0 or rate_scale != 1.0):
         raise UsageError("--time-scale and --rate-scale do not apply to --gamma arrivals; change RATE")
+    protocol = _choice(args.protocol, "--protocol", PROTOCOLS) or "openai"
+    if args.token_ids and protocol != "openai":
+        raise UsageError(f"--token-ids needs --protocol openai, got {protocol!r}")
     slo_ttft_ms = _number(args.slo_ttft, "--slo-ttft")
     slo_tbt_ms = _number(args.slo_tbt, "--slo-tbt")
     return ReplayOptions(
@@ -128,7 +132,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
         rate_scale=rate_scale,
         max_input=_int(args.max_input, "--max-input"),
         max_output=_int(args.max_output, "--max-output"),
-        protocol=_choice(args.protocol, "--protocol", PROTOCOLS) or "openai",
+        protocol=protocol,
         slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1000.0,
         slo_tbt_s=None if slo_tbt_ms is None else slo_tbt_ms / 1000.0,
         gamma=gamma,
@@ -140,6 +144,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
         timeout_s=_number(args.timeout, "--timeout") or 300.0,
         skip_failed=bool(args.skip_failed),
         show_progress=not args.no_progress,
+        token_ids=bool(args.token_ids),
     )
 
 

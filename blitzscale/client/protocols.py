@@ -13,6 +13,9 @@ PROTOCOLS = ("openai", "tgi")
 # One word that common tokenizers encode as one token, also after a space, so a prompt of
 # N words is close to N tokens whatever the model.
 PROMPT_WORD = "hello"
+# The token of a token-id prompt (`--token-ids`): inside every vocabulary we ship, tiny ones too,
+# and no common tokenizer's BOS/EOS.
+PROMPT_TOKEN_ID = 100
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,10 @@ class StreamEvent:
     completion_tokens: int | None = None
     error: str | None = None
     is_done: bool = False
+    # The event stands for generated tokens: an openai chunk with a choice, also one with no
+    # text (held back, an EOS, a model with no tokenizer), as vLLM's and our server's streams
+    # send one per step; the usage chunk has none. TGI: a token with text.
+    is_token: bool = False
 
 
 def synthetic_prompt(num_tokens: int) -> str:
@@ -31,9 +38,22 @@ def synthetic_prompt(num_tokens: int) -> str:
     return " ".join([PROMPT_WORD] * max(num_tokens, 1))
 
 
-def request_for(protocol: str, model: str | None, input_tokens: int, output_tokens: int) -> tuple[str, dict]:
-    """The (path, JSON body) asking for exactly `output_tokens` tokens after the prompt."""
-    prompt = synthetic_prompt(input_tokens)
+def synthetic_prompt_ids(num_tokens: int) -> list[int]:
+    """A prompt of exactly `num_tokens` token ids (at least one)."""
+    return [PROMPT_TOKEN_ID] * max(num_tokens, 1)
+
+
+def request_for(
+    protocol: str, model: str | None, input_tokens: int, output_tokens: int, *, token_ids: bool = False
+) -> tuple[str, dict]:
+    """The (path, JSON body) asking for exactly `output_tokens` tokens after the prompt.
+    `token_ids`: the prompt goes as a list of token ids (openai only), which models without
+    a tokenizer (random weights) accept and which has exactly `input_tokens` tokens."""
+    if token_ids and protocol != "openai":
+        raise ValueError(f"token-id prompts need the openai protocol, not {protocol!r}")
+    prompt: str | list[int] = (
+        synthetic_prompt_ids(input_tokens) if token_ids else synthetic_prompt(input_tokens)
+    )
     if protocol == "openai":
         body: dict = {
             "prompt": prompt,
@@ -90,6 +110,7 @@ def _openai_event(obj: dict) -> StreamEvent:
         text=text,
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
+        is_token=bool(obj.get("choices")),
     )
 
 
@@ -101,4 +122,5 @@ def _tgi_event(obj: dict) -> StreamEvent:
         text=text,
         completion_tokens=details.get("generated_tokens"),
         is_done=obj.get("generated_text") is not None,
+        is_token=bool(text),
     )

@@ -33,10 +33,13 @@ class ReplayConfig:
     api_key: str | None = None
     timeout_s: float = 300.0
     show_progress: bool = True
+    token_ids: bool = False  # prompts as token ids (openai; models without a tokenizer)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {self.protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+        if self.token_ids and self.protocol != "openai":
+            raise ValueError(f"token-id prompts need the openai protocol, not {self.protocol!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout must be > 0 s, got {self.timeout_s}")
 
@@ -81,7 +84,9 @@ async def _send(
     client: httpx.AsyncClient, config: ReplayConfig, index: int, request: TraceRequest, start: float
 ) -> RequestRecord:
     """One request, start to finish; every failure becomes an error record, never an exception."""
-    path, body = request_for(config.protocol, config.model, request.input_tokens, request.output_tokens)
+    path, body = request_for(
+        config.protocol, config.model, request.input_tokens, request.output_tokens, token_ids=config.token_ids
+    )
     stream = _Stream()
     sent = time.perf_counter()
     try:
@@ -157,7 +162,7 @@ async def _read_stream(response: httpx.Response, protocol: str, stream: _Stream)
         event = parse_event(protocol, data)
         if event.error is not None:
             raise _RequestFailed(event.error)
-        if event.text:
+        if event.is_token:
             stream.token_times.append(now)
         stream.prompt_tokens = event.prompt_tokens or stream.prompt_tokens
         stream.completion_tokens = event.completion_tokens or stream.completion_tokens

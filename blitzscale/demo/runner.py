@@ -54,7 +54,8 @@ def run_policy(
     `by_model`: each model's own requests, sent side by side (`requests` is then unused)."""
     policy = cfg.policy.name
     names = ", ".join(m.name for m in cfg.served_models())
-    starting = f"{policy}: starting {cfg.cluster.num_workers} CPU workers with {names}"
+    kind = "GPU" if cfg.cluster.device == "cuda" else "CPU"
+    starting = f"{policy}: starting {cfg.cluster.num_workers} {kind} workers with {names}"
     if console.is_terminal:
         with console.status(escape(starting)):
             svc = BackgroundService(cfg).__enter__()
@@ -86,7 +87,10 @@ def _replay_live(
     per_model: dict[str, list[RequestRecord]] = {name: [] for name in traces}
 
     def send(name: str) -> None:
-        config = replay.ReplayConfig(url=svc.url, model=name, show_progress=False, timeout_s=300)
+        no_tokenizer = router.served(name).tokenizer is None  # random weights: prompts as token ids
+        config = replay.ReplayConfig(
+            url=svc.url, model=name, show_progress=False, timeout_s=300, token_ids=no_tokenizer
+        )
         per_model[name].extend(replay.run(traces[name], config))
 
     def send_all() -> None:  # every model's requests side by side, on their own clocks

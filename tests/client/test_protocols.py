@@ -2,7 +2,14 @@
 
 import pytest
 
-from blitzscale.client.protocols import StreamEvent, parse_event, request_for, sse_data, synthetic_prompt
+from blitzscale.client.protocols import (
+    PROMPT_TOKEN_ID,
+    StreamEvent,
+    parse_event,
+    request_for,
+    sse_data,
+    synthetic_prompt,
+)
 
 
 def test_prompt_has_one_word_per_requested_token() -> None:
@@ -16,6 +23,14 @@ def test_openai_request_asks_for_exact_length() -> None:
     assert body["max_tokens"] == 7 and body["ignore_eos"] is True and body["temperature"] == 0
     assert body["stream"] is True and body["model"] == "llama"
     assert len(body["prompt"].split()) == 5
+
+
+def test_token_id_prompt_has_exactly_the_requested_length() -> None:
+    _, body = request_for("openai", None, 5, 7, token_ids=True)
+    assert body["prompt"] == [PROMPT_TOKEN_ID] * 5
+    assert request_for("openai", None, 0, 1, token_ids=True)[1]["prompt"] == [PROMPT_TOKEN_ID]
+    with pytest.raises(ValueError, match="token-id prompts need the openai protocol"):
+        request_for("tgi", None, 5, 7, token_ids=True)
 
 
 def test_tgi_request() -> None:
@@ -39,15 +54,19 @@ def test_sse_data_lines_only() -> None:
 
 
 def test_openai_events() -> None:
-    assert parse_event("openai", '{"choices": [{"text": " hi"}]}') == StreamEvent(text=" hi")
+    assert parse_event("openai", '{"choices": [{"text": " hi"}]}') == StreamEvent(text=" hi", is_token=True)
     usage = parse_event("openai", '{"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 7}}')
-    assert (usage.text, usage.prompt_tokens, usage.completion_tokens) == ("", 5, 7)
+    assert (usage.text, usage.prompt_tokens, usage.completion_tokens, usage.is_token) == ("", 5, 7, False)
+    # a token with no text (held back, an EOS, no tokenizer) is still a token
+    held = parse_event("openai", '{"choices": [{"text": "", "finish_reason": null}]}')
+    closing = parse_event("openai", '{"choices": [{"text": "", "finish_reason": "length"}]}')
+    assert (held.is_token, closing.is_token) == (True, True)
     assert parse_event("openai", "[DONE]").is_done
 
 
 def test_tgi_events() -> None:
     token = parse_event("tgi", '{"token": {"id": 1, "text": " a", "special": false}, "generated_text": null}')
-    assert token == StreamEvent(text=" a")
+    assert token == StreamEvent(text=" a", is_token=True)
     special = parse_event("tgi", '{"token": {"id": 2, "text": "</s>", "special": true}}')
     assert special.text == ""
     last = parse_event(

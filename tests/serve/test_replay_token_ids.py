@@ -1,0 +1,40 @@
+"""The replay client against our server with a random-weight model, which has no tokenizer:
+prompts sent as token ids are served with every token timed; text prompts are refused with
+a message that says what to send instead."""
+
+from __future__ import annotations
+
+import asyncio
+
+from blitzscale.client.replay import ReplayConfig, replay
+from blitzscale.client.traces import TraceRequest
+from blitzscale.serve.config import ServeConfig
+from tests.serve.conftest import running, start_http, stop_http
+
+MODEL = "random:tiny-llama3"
+
+
+def test_token_id_prompts_replay_against_a_model_without_a_tokenizer(tmp_path) -> None:
+    cfg = ServeConfig().with_overrides(
+        model={"name": MODEL, "cache_dir": str(tmp_path)},
+        cluster={"num_workers": 1},
+        router={"mode": "colocated"},
+        policy={"name": "fixed"},
+    )
+    requests = [TraceRequest(0.0, 40, 6), TraceRequest(0.05, 9, 1), TraceRequest(0.1, 70, 12)]
+    with running(cfg) as (service, lt):
+        url, server = start_http(service, lt)
+        try:
+            as_ids = ReplayConfig(url=url, show_progress=False, token_ids=True, timeout_s=120)
+            ok = asyncio.run(replay(requests, as_ids))
+            as_text = asyncio.run(replay(requests[:1], ReplayConfig(url=url, show_progress=False)))
+        finally:
+            stop_http(server, lt)
+    assert [r.status for r in ok] == ["ok"] * 3, [r.error for r in ok]
+    assert [r.input_tokens for r in ok] == [40, 9, 70]
+    assert [r.output_tokens for r in ok] == [6, 1, 12]
+    # every token arrived as its own event: one gap between each two of them
+    assert [len(r.tbts_s) for r in ok] == [5, 0, 11]
+    assert all(r.ttft_s is not None and r.ttft_s > 0 for r in ok)
+    [refused] = as_text
+    assert refused.status == "error" and "HTTP 400" in refused.error and "send token ids" in refused.error
