@@ -15,7 +15,6 @@ details have no tokens, as in TGI, so a stream is not slowed by asking) and, wit
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -23,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from blitzscale import __version__
 from blitzscale.api import generation
 from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
@@ -47,7 +47,7 @@ from blitzscale.api.tokenize import off_loop
 from blitzscale.engine.request import RequestOutput, SamplingParams
 
 ABORTED_MESSAGE = "the server aborted the request before it finished"
-VERSION = importlib.metadata.version("blitzscale")
+VERSION = __version__  # also when run from a source tree, with no installed metadata
 
 
 def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:

@@ -98,9 +98,13 @@ class ServerSection:
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
 
 
-# What every instance's engine gets unless the [engine] section says otherwise: small
-# blocks and a fixed KV budget per instance, sized for CPU workers.
-SERVE_ENGINE = EngineConfig(block_size=16, num_kv_blocks=512, max_num_seqs=64, max_model_len=2048)
+# What every instance's engine gets unless the [engine] section says otherwise, on either
+# device: small blocks; the KV cache sized for the device (num_kv_blocks 0): on a GPU from its
+# free memory (gpu_memory_utilization), on CPU from kv_cache_bytes (360 MiB: 512 blocks of
+# SmolLM2 in fp32); the model's own context (max_model_len 0).
+SERVE_ENGINE = EngineConfig(
+    block_size=16, num_kv_blocks=0, kv_cache_bytes=360 << 20, max_num_seqs=64, max_model_len=0
+)
 
 
 @dataclass(frozen=True)
