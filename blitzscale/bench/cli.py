@@ -26,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--prompt-len", type=int, default=128)
     e.add_argument("--decode-steps", type=int, default=32)
     e.add_argument("--prefill-len", type=int, default=2048)
+    e.add_argument("--block-size", type=int, default=64, help="tokens per KV block (serve's default is 16)")
     e.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     e.add_argument("--json", action="store_true", help="(output is always JSON)")
     e.set_defaults(func=_run_engine)
@@ -274,6 +275,10 @@ def _run_engine(args: argparse.Namespace) -> int:
     from blitzscale.cli.common import check_device
 
     check_device(args.device)
+    if args.block_size < 1:
+        from blitzscale.errors import InvalidRequestError
+
+        raise InvalidRequestError(f"--block-size: {args.block_size} is out of range (see --help)")
     cfg = EngineBenchConfig(
         model=args.model,
         device=args.device,
@@ -282,6 +287,7 @@ def _run_engine(args: argparse.Namespace) -> int:
         prompt_len=args.prompt_len,
         decode_steps=args.decode_steps,
         prefill_len=args.prefill_len,
+        block_size=args.block_size,
         with_hf=not args.no_hf,
     )
     print(json.dumps(run_engine_bench(cfg), indent=2))

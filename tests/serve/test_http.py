@@ -74,7 +74,7 @@ def test_pd_mode_with_kv_migration_equals_colocated_and_the_engine(
         (b"{not json", 400, ""),
         (b'{"model": "gpt-4", "prompt": "hi"}', 404, "gpt-4"),
         (b'{"prompt": "hi", "max_tokens": -3}', 400, "max_tokens"),
-        (b'{"prompt": "' + b"word " * 3000 + b'", "max_tokens": 4}', 400, "context"),
+        (b'{"prompt": "' + b"word " * 9000 + b'", "max_tokens": 4}', 400, "context"),
         (b'{"prompt": "", "max_tokens": 4}', 400, "empty"),
     ],
 )
