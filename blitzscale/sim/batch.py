@@ -68,9 +68,9 @@ def _setup(run: RunSpec, preset: SimPreset, model: SimModel) -> tuple[SimSetup, 
         if section in knobs:
             knobs[section][key] = v
     base = SimSetup(preset=preset, model=model)
-    router = replace(cfg.router, max_queue_tokens=0, max_queue_wait_s=0, **{
-        k: v for k, v in knobs["router"].items() if k in ("max_queue_tokens", "max_queue_wait_s")
-    })  # fmt: skip
+    shedding = {"max_queue_tokens": 0, "max_queue_wait_s": 0.0}  # off, unless the template sets it
+    shedding.update({k: v for k, v in knobs["router"].items() if k in shedding})
+    router = replace(cfg.router, **shedding)
     setup = replace(
         base,
         mode=cfg.router.mode,

@@ -76,3 +76,19 @@ def test_cli_runs_a_template_on_the_simulator(tmp_path: Path) -> None:
     assert args.func(args) == 0
     runs = json.loads((out / "batch.json").read_text())["runs"]
     assert len(runs) == 2 and {r["status"] for r in runs} == {"done"}
+
+
+def test_load_shedding_the_template_sets_is_simulated(tmp_path: Path) -> None:
+    """Shedding is off on the simulator unless the template sets it, as serve's defaults do:
+    one fixed instance past saturation then refuses what live serving would refuse."""
+    one = TEMPLATE.replace('"blitz", "fixed"', '"fixed"').replace("prefill_lower = [0.3, 0.5]", "")
+    one = one.replace('mode = "pd"', 'mode = "colocated"').replace("fixed_prefill = 2", "fixed_prefill = 1")
+    shed = one.replace("[planner]", "max_queue_tokens = 131072\nmax_queue_wait_s = 60.0\n[planner]")
+    results = []
+    for name, text in (("unbounded", one), ("bounded", shed)):
+        plan = plan_of(tmp_path / name, text)
+        results += run_batch(plan, tmp_path / name / "out", sim_executor(check_plan(plan, "h200x2")))
+    unbounded, bounded = results
+    assert unbounded.summary is not None and bounded.summary is not None
+    assert unbounded.summary.num_errors == 0
+    assert 0 < bounded.summary.num_errors < bounded.summary.num_requests
