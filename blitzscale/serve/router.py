@@ -429,6 +429,7 @@ class Router:
                 r.prefilled = True
                 self.state.take_tokens(msg.rank, len(r.prompt))
                 self.live.count(r, o.live_layers)
+                self._wake.set()  # its budget is free again: dispatch now, not at the next tick
             if o.finish_reason == "error":  # the request broke its step: never rerun it
                 await r.out.put(RequestFailedError(f"request failed on rank {msg.rank}: {o.error}"))
                 self._finish(r)

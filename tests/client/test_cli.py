@@ -89,6 +89,10 @@ def test_all_requests_failing_exits_1(
         ),
         (["--trace", "TRACE", "--format", "processed", "--protocol", "grpc"], "--protocol expects one of"),
         (["--trace", "TRACE", "--format", "processed", "--slo-ttft", "fast"], "--slo-ttft expects a number"),
+        (
+            ["--trace", "TRACE", "--format", "processed", "--protocol", "tgi", "--token-ids"],
+            "--token-ids needs --protocol openai, got 'tgi'",
+        ),
         (["--trace", "TRACE"], "--format is required with --trace"),
         (["--trace", "missing.csv", "--format", "azure"], "--trace: no such file 'missing.csv'"),
         ([], "give --trace PATH --format FMT, or --gamma RATE,CV --duration S"),
