@@ -126,11 +126,15 @@ class SetRoleMsg(Msg):
 
 class LinkMsg(Msg):
     """`peer` was respawned: build this rank's link to its new incarnation (worker/world.py);
-    the reply comes once one message has gone both ways on it."""
+    the reply comes once one message has gone both ways on it. With `plane`: rebuild only
+    that plane of the link to a live `peer` (a failed transfer broke it), under a
+    `generation` both ends are given."""
 
     op_id: int
     peer: int
     incarnation: int
+    plane: str = ""
+    generation: int = 0
 
 
 class InstanceLinkMsg(Msg):

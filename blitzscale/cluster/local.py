@@ -35,7 +35,7 @@ from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
-from blitzscale.cluster.shards import ShardPlan, transfer_report
+from blitzscale.cluster.shards import ShardPlan, neighbour_pairs, transfer_report
 from blitzscale.cluster.spawn import Spawner, WorkerHandle, make_spawner
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
@@ -562,8 +562,10 @@ class LocalCluster:
         receivers = [t for s in shards for t in s.targets]
         msgs: dict[int, Message] = {}
         chains_of: dict[int, list[list[int]]] = {}
+        every_chain: list[list[int]] = []
         for s in shards:
             chains = s.chains()
+            every_chain += chains
             msg = TransferMsg(
                 op_id=self.next_op(),
                 model=model,
@@ -598,6 +600,8 @@ class LocalCluster:
             except BaseException:
                 self.pool.abort_load(model, receivers)
                 raise
+            if not all(by_op[r, m.op_id].ok for r, m in msgs.items()):  # type: ignore[union-attr]
+                await self._mend_links(every_chain)
         replies = {r: by_op[r, m.op_id] for r, m in msgs.items()}  # type: ignore[union-attr]
         done = [r for r in receivers if replies[r].ok]
         self.pool.commit_load(model, done)
@@ -612,6 +616,33 @@ class LocalCluster:
             entry["senders_done_s"] = max((replies[h].result["done_at"] - t0 for h in heads), default=0.0)
             entry["replied_s"] = time.time() - t0
         return report
+
+    async def _mend_links(self, chains: list[list[int]]) -> None:
+        """After a failed transfer: whichever rank failed broke its weights links to its
+        neighbours in the plan (transfer/executor.py), so the failure reached the others at
+        once. Rebuild every such link whose two ends are alive, on the weights plane only
+        and under a new generation; a dead end's links are rebuilt when it is respawned."""
+        alive = set(self.alive_ranks())
+        msgs: list[tuple[int, Message]] = []
+        for a, b in neighbour_pairs(chains):
+            if a in alive and b in alive:
+                gen = self.next_op()
+                for me, peer in ((a, b), (b, a)):
+                    link = LinkMsg(
+                        op_id=self.next_op(),
+                        peer=peer,
+                        incarnation=self.incarnations[peer],
+                        plane="weights",
+                        generation=gen,
+                    )
+                    msgs.append((me, link))
+        if not msgs:
+            return
+        what = "weights links after a failed transfer"
+        replies = await self._call_ops(msgs, what, self.cfg.startup_timeout_s)
+        failed = {k: m.error for k, m in replies.items() if not m.ok}
+        if failed:  # a transfer over such a link fails at once, naming it (NoLinkError)
+            log.error("rebuilding weights links after a failed transfer failed: %s", failed)
 
     async def load_instance(self, model: str, ranks: list[int], source: str) -> None:
         """Load a tensor-parallel instance: rank k of `ranks` gets shard k."""

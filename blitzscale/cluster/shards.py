@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,11 @@ class ShardPlan:
         """A host-source head that is also a target loads itself and heads the chain."""
         chain_targets = [t for t in self.targets if t not in self.sources]
         return chains_for(self.sources, chain_targets) if chain_targets else [[self.sources[0]]]
+
+
+def neighbour_pairs(chains: list[list[int]]) -> list[tuple[int, int]]:
+    """The links a transfer along `chains` uses (each pair once, lower rank first)."""
+    return sorted({(min(a, b), max(a, b)) for c in chains for a, b in itertools.pairwise(c)})
 
 
 def transfer_report(

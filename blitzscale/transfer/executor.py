@@ -4,13 +4,16 @@ Every participant walks the same piece list in the same order, so each pair of r
 its messages in one agreed order (NCCL and gloo keep per-pair FIFO order). Receives are
 posted up front; a piece is forwarded as soon as it has landed, and each landing bumps the
 receiver's readiness counter for its segment. Every wait is bounded: a dead peer turns
-into a TransferError on every survivor instead of a hang.
+into a TransferError on every survivor instead of a hang, and a rank whose part fails
+breaks its weights links to its neighbours in the plan, so they fail at once too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
@@ -36,6 +39,8 @@ class Links(Protocol):
     def isend(self, t: torch.Tensor, dst: int, plane: str) -> dist.Work: ...
 
     def irecv(self, t: torch.Tensor, src: int, plane: str) -> dist.Work: ...
+
+    def break_plane(self, peer: int, plane: str) -> None: ...
 
 
 @dataclass
@@ -186,14 +191,24 @@ def run_transfer(
                 stats.bytes_sent += p.numel * layout.itemsize
         chan.wait_sends()
     except BaseException:
-        # Receives still posted may land later: keep their buffer alive rather than free it.
-        _ORPHANED.append((list(recvs.values()), buffer))
+        # Break this rank's weights links to its neighbours in the plan: a neighbour still
+        # waiting on this rank fails now instead of at its timeout (and so on down the
+        # chain), and no receive left posted here can take a later transfer's data. The
+        # controller rebuilds the links between the survivors. The ops are let go first
+        # (gloo keeps a connection open while an op on it is referenced).
+        recvs.clear()
+        chan.sends.clear()
+        traceback.clear_frames(sys.exc_info()[2])  # (the failed wait's frame holds its op)
+        if device.type == "cuda":  # an aborted NCCL kernel may not have left the buffer yet
+            _ORPHANED.append(buffer)
+        for peer in {*role.recv_from.values(), *role.send_to.values()}:
+            links.break_plane(peer, "weights")
         raise
     stats.done_at = time.time()
     return stats
 
 
-_ORPHANED: list[tuple[list[dist.Work], torch.Tensor | None]] = []
+_ORPHANED: list[torch.Tensor | None] = []
 
 
 def _view(buf: torch.Tensor | None, p: Piece) -> torch.Tensor:

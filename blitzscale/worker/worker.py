@@ -50,7 +50,7 @@ from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.standby import Standby, StandbySpec, free_device_memory
 from blitzscale.worker.tp import TPFollower, TPInbox
 from blitzscale.worker.warmup import warm_up_compute
-from blitzscale.worker.world import InstanceGroup, Links
+from blitzscale.worker.world import PLANES, InstanceGroup, Links
 
 log = logging.getLogger("blitzscale.worker")
 
@@ -306,14 +306,17 @@ class Worker:
                 self.standby.lost(weights)
 
     def _start_link(self, msg: LinkMsg) -> None:
-        """Build the link to a respawned peer on a thread of its own: building waits for the
-        peer to reach its side, and this worker keeps serving meanwhile."""
-        self.links.drop(msg.peer)  # the old link led to a dead process
+        """Build the link to a respawned peer (or one plane of it, to a live peer) on a
+        thread of its own: building waits for the peer to reach its side, and this worker
+        keeps serving meanwhile."""
+        planes = (msg.plane,) if msg.plane else PLANES
+        if not msg.plane:
+            self.links.drop(msg.peer)  # the old link led to a dead process
 
         def run() -> None:
             t = time.perf_counter()
             try:
-                self.links.connect(msg.peer, msg.incarnation)
+                self.links.connect(msg.peer, msg.incarnation, msg.generation, planes)
                 ok, err = True, ""
             except Exception as e:  # answered, never a dead thread
                 ok, err = False, f"{type(e).__name__}: {e}"

@@ -151,27 +151,52 @@ class Links:
             self.connect(peer, peers[peer])
         return time.perf_counter() - t
 
-    def connect(self, peer: int, peer_incarnation: int) -> None:
-        """Build (or rebuild) the link to `peer`; returns when one message went both ways."""
+    def connect(
+        self, peer: int, peer_incarnation: int, generation: int = 0, planes: tuple[str, ...] = PLANES
+    ) -> None:
+        """Build (or rebuild) the link to `peer`; returns when one message went both ways.
+        `planes`: only these planes of a link that exists (the others keep serving), under
+        a `generation` both ends were given: a plane broken by a failed transfer
+        (`break_plane`) is rebuilt between the same incarnations under a new key."""
         if peer == self.rank:
             raise ValueError(f"rank {self.rank} cannot link to itself")
+        if not planes or not set(planes) <= set(PLANES):
+            raise ValueError(f"planes must be among {PLANES}, got {planes}")
         ends = sorted([(self.rank, self.incarnation), (peer, peer_incarnation)])
-        key = "link/" + "-".join(f"{r}.{i}" for r, i in ends)
+        key = "link/" + "-".join(f"{r}.{i}" for r, i in ends) + (f"/g{generation}" if generation else "")
         me = 0 if ends[0][0] == self.rank else 1
         # A store client of its own: a client waits for a key holding its lock, so a link
         # whose peer never comes must not hold up the next one.
         store = dist.TCPStore(self._addr, self._port, is_master=False, timeout=self.timeout)
-        groups = {plane: self._group(dist.PrefixStore(f"{key}/{plane}", store), me) for plane in PLANES}
-        pair = _Pair(groups, 1 - me)
+        groups = {plane: self._group(dist.PrefixStore(f"{key}/{plane}", store), me) for plane in planes}
         token = torch.zeros(1, device=self.device)
         for g in groups.values():  # the lower rank speaks first
             first, second = (g.send, g.recv) if me == 0 else (g.recv, g.send)
-            first([token], pair.peer_index, 0).wait(self.timeout)
-            second([token], pair.peer_index, 0).wait(self.timeout)
+            first([token], 1 - me, 0).wait(self.timeout)
+            second([token], 1 - me, 0).wait(self.timeout)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         with self._lock:
-            self._pairs[peer] = pair
+            old = self._pairs.get(peer)
+            if old is not None and planes != PLANES:
+                groups = {**old.groups, **groups}
+            self._pairs[peer] = _Pair(groups, 1 - me)
+
+    def break_plane(self, peer: int, plane: str) -> None:
+        """Destroy this end of the link to `peer` on `plane`, after a transfer on it failed:
+        whatever the peer still waits for on it fails at once (gloo: the connection closes;
+        NCCL: the communicator is aborted), and no receive left posted by the failed
+        transfer can take a later transfer's data. Until `connect` rebuilds it (the
+        controller asks both ends), using it raises NoLinkError. The caller must hold no
+        pending op of that group: a gloo op still referenced keeps its connection open."""
+        with self._lock:
+            pair = self._pairs.get(peer)
+            group = pair.groups.pop(plane, None) if pair is not None else None
+        if group is not None and self.device.type == "cuda":
+            abort = getattr(group, "abort", None)
+            if abort is not None:
+                abort()
+        del group  # gloo: the last reference; its connection closes here
 
     def _group(self, store: dist.Store, me: int, size: int = 2) -> dist.ProcessGroup:
         if self.device.type == "cuda":
@@ -220,7 +245,13 @@ class Links:
             pair = self._pairs.get(rank)
         if pair is None:
             raise NoLinkError(f"rank {self.rank} has no link to rank {rank}")
-        return pair.groups[plane], pair.peer_index
+        group = pair.groups.get(plane)
+        if group is None:
+            raise NoLinkError(
+                f"rank {self.rank}'s {plane} link to rank {rank} broke with a failed transfer "
+                "and is not rebuilt yet"
+            )
+        return group, pair.peer_index
 
 
 def interface_of(addr: str) -> str | None:

@@ -121,6 +121,32 @@ def test_killed_target_fails_cleanly_and_a_retry_from_another_source_works(smoll
         assert c.checksum(M, 2) == ref
 
 
+def test_killed_chain_source_fails_every_survivor_at_once_and_leaves_their_link_usable(
+    smollm2_dir: Path,
+) -> None:
+    """The source of a chain 0 -> 1 -> 2 dies: 1 sees it at once, and 2, waiting on 1 (alive),
+    must not wait out the transfer timeout. Their own link then carries the retry."""
+    timeout_s = 120.0  # a survivor that waited it out would take this long
+    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=timeout_s)).blocking as c:
+        c.load(M, 0, str(smollm2_dir))
+        c.transfer(M, str(smollm2_dir), [0], [3])
+        ref = c.checksum(M, 0)
+        killer = threading.Timer(1.0, c.procs[0].kill)
+        killer.start()
+        t = time.monotonic()
+        with pytest.raises(ClusterOpError) as err:  # 540 MB at 100 MB/s: ~5 s without the kill
+            c.transfer(M, str(smollm2_dir), [0], [1, 2], max_bytes_per_s=100e6, piece_bytes=4 << 20)
+        elapsed = time.monotonic() - t
+        replies = err.value.replies
+        assert replies[0].error == "worker died"
+        assert not replies[1].ok and not replies[2].ok
+        assert elapsed < timeout_s / 2, f"the survivors waited {elapsed:.1f} s"
+        assert c.pool.gpu_holders(M) == [3]
+        report = c.transfer(M, str(smollm2_dir), [3], [1, 2])  # the chain 3 -> 1 -> 2: 1 sends to 2 again
+        assert sorted(report) == [1, 2]
+        assert c.checksum(M, 1) == c.checksum(M, 2) == ref
+
+
 def test_tensor_parallel_instances_move_shard_k_to_shard_k(cluster: Blocking) -> None:
     model, spec = "tiny-tp2", "random:tiny-llama3"
     cluster.load_instance(model, [0, 1], spec)
