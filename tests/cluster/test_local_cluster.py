@@ -7,6 +7,7 @@ every survivor within the timeout, and a retry from another source works.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from blitzscale.checkpoint.convert import convert
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import Blocking, ClusterOpError, LocalCluster
 from blitzscale.cluster.pool import PoolError
+from blitzscale.messages import ReplyMsg
 
 M = "smollm2"
 
@@ -101,18 +103,26 @@ def test_release_returns_the_memory(cluster: Blocking, smollm2_dir: Path) -> Non
     assert cluster.pool.models_on(2) == []
 
 
-def test_killed_target_fails_cleanly_and_a_retry_from_another_source_works(smollm2_dir: Path) -> None:
-    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=5)).blocking as c:
+@contextlib.contextmanager
+def _chain_with_a_kill(
+    smollm2_dir: Path, victim: int, timeout_s: float
+) -> Iterator[tuple[Blocking, str, dict[int, ReplyMsg], float]]:
+    """Four workers; 0 and 3 hold the model; the chain 0 -> 1 -> 2 runs at 100 MB/s (540 MB:
+    ~5 s) and `victim` is killed 1 s in. Yields the cluster, the checksum of the model,
+    the failed transfer's replies and the seconds it took to fail."""
+    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=timeout_s)).blocking as c:
         c.load(M, 0, str(smollm2_dir))
         c.transfer(M, str(smollm2_dir), [0], [3])
         ref = c.checksum(M, 0)
-        killer = threading.Timer(1.0, c.procs[1].kill)
-        killer.start()
+        threading.Timer(1.0, c.procs[victim].kill).start()
         t = time.monotonic()
-        with pytest.raises(ClusterOpError) as err:  # 540 MB at 100 MB/s: ~5 s without the kill
+        with pytest.raises(ClusterOpError) as err:
             c.transfer(M, str(smollm2_dir), [0], [1, 2], max_bytes_per_s=100e6, piece_bytes=4 << 20)
-        elapsed = time.monotonic() - t
-        replies = err.value.replies
+        yield c, ref, err.value.replies, time.monotonic() - t
+
+
+def test_killed_target_fails_cleanly_and_a_retry_from_another_source_works(smollm2_dir: Path) -> None:
+    with _chain_with_a_kill(smollm2_dir, victim=1, timeout_s=5) as (c, ref, replies, elapsed):
         assert replies[1].error == "worker died"
         assert not replies[2].ok and not replies[0].ok  # every survivor saw the failure
         assert elapsed < 20, f"took {elapsed:.1f} s"
@@ -127,17 +137,7 @@ def test_killed_chain_source_fails_every_survivor_at_once_and_leaves_their_link_
     """The source of a chain 0 -> 1 -> 2 dies: 1 sees it at once, and 2, waiting on 1 (alive),
     must not wait out the transfer timeout. Their own link then carries the retry."""
     timeout_s = 120.0  # a survivor that waited it out would take this long
-    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=timeout_s)).blocking as c:
-        c.load(M, 0, str(smollm2_dir))
-        c.transfer(M, str(smollm2_dir), [0], [3])
-        ref = c.checksum(M, 0)
-        killer = threading.Timer(1.0, c.procs[0].kill)
-        killer.start()
-        t = time.monotonic()
-        with pytest.raises(ClusterOpError) as err:  # 540 MB at 100 MB/s: ~5 s without the kill
-            c.transfer(M, str(smollm2_dir), [0], [1, 2], max_bytes_per_s=100e6, piece_bytes=4 << 20)
-        elapsed = time.monotonic() - t
-        replies = err.value.replies
+    with _chain_with_a_kill(smollm2_dir, victim=0, timeout_s=timeout_s) as (c, ref, replies, elapsed):
         assert replies[0].error == "worker died"
         assert not replies[1].ok and not replies[2].ok
         assert elapsed < timeout_s / 2, f"the survivors waited {elapsed:.1f} s"
