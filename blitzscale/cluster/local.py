@@ -21,7 +21,6 @@ import secrets
 import socket
 import threading
 import time
-from asyncio import FIRST_COMPLETED
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ import zmq
 
 from blitzscale.checkpoint.native import rank_file
 from blitzscale.cluster.blocking import Blocking
+from blitzscale.cluster.calls import Calls, ClusterOpError
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
@@ -60,15 +60,6 @@ from blitzscale.worker.standby import StandbySpec
 from blitzscale.worker.worker import WorkerConfig
 
 log = logging.getLogger("blitzscale.cluster")
-
-
-class ClusterOpError(BlitzScaleError):
-    """A command failed on one or more workers; `replies` says what each one answered."""
-
-    def __init__(self, what: str, replies: dict[int, ReplyMsg]) -> None:
-        self.replies = replies
-        errors = "; ".join(f"rank {r}: {m.error}" for r, m in sorted(replies.items()) if not m.ok)
-        super().__init__(f"{what} failed: {errors}")
 
 
 def free_port(host: str) -> int:
@@ -112,6 +103,7 @@ class LocalCluster:
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._mail: Mailbox | None = None
+        self._calls: Calls | None = None  # commands and their replies, once started
         self._dist_port = 0
         self._control_port = 0
         self._holding = RankLines().holding  # per rank (and "respawn"): operations in call order
@@ -119,6 +111,12 @@ class LocalCluster:
     @property
     def world_size(self) -> int:
         return len(self.procs)
+
+    @property
+    def calls(self) -> Calls:
+        if self._calls is None:
+            raise BlitzScaleError("the cluster is not started")
+        return self._calls
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -136,6 +134,7 @@ class LocalCluster:
             else:
                 self._control_port = self._sock.bind_to_random_port(f"tcp://{self.host}")
             self._mail = Mailbox(self._sock, self.token, self._on_hello)
+            self._calls = Calls(self._mail, lambda: self.dead, self._check_alive, cfg.op_timeout_s)
             self._dist_port = self._start_store()
             self.incarnations = [0] * n
             for rank in range(n):
@@ -229,6 +228,7 @@ class LocalCluster:
         if self._mail is not None:
             self._mail.close()
             self._mail = None
+            self._calls = None
         if self._sock is not None:
             self._sock.close()
             self._ctx.term()
@@ -333,7 +333,7 @@ class LocalCluster:
         # Each survivor builds its side while the replacement starts; the replacement says
         # hello once it has linked to every one of them.
         what = f"links to respawned rank {rank}"
-        waiting = asyncio.ensure_future(self._call(links, what, max(1.0, deadline - time.monotonic())))
+        waiting = asyncio.ensure_future(self.calls.each(links, what, max(1.0, deadline - time.monotonic())))
         try:
             while rank not in self.hellos:
                 if not self.procs[rank].is_alive():
@@ -358,7 +358,7 @@ class LocalCluster:
             return
         incarnations = {m: self.incarnations[m] for m in members}
         msgs = {m: InstanceLinkMsg(op_id=self.next_op(), incarnations=incarnations) for m in members}
-        replies = await self._call(msgs, f"instance group {members}", self.cfg.startup_timeout_s)
+        replies = await self.calls.each(msgs, f"instance group {members}", self.cfg.startup_timeout_s)
         if not all(m.ok for m in replies.values()):  # the next member's respawn tries again
             log.error("%s", ClusterOpError(f"instance group {members}", replies))
         else:
@@ -368,79 +368,6 @@ class LocalCluster:
         """End a worker's process now (it is then found dead and respawned like any death)."""
         if self.procs[rank].is_alive():
             self.procs[rank].kill()
-
-    # --- waiting for replies ----------------------------------------------------------
-
-    async def _call(
-        self, msgs: dict[int, Message], what: str, timeout_s: float | None = None
-    ) -> dict[int, ReplyMsg]:
-        """Send each rank its message and wait for all replies; a dead rank answers as failed."""
-        replies = await self._call_ops(list(msgs.items()), what, timeout_s)
-        return {rank: replies[rank, msg.op_id] for rank, msg in msgs.items()}  # type: ignore[union-attr]
-
-    async def _call_ops(
-        self,
-        ops: list[tuple[int, Message]],
-        what: str,
-        timeout_s: float | None = None,
-        on_reply: Callable[[ReplyMsg], None] | None = None,
-    ) -> dict[tuple[int, int], ReplyMsg]:
-        """Send every (rank, message) in order (a rank may get several, and one plan's
-        message goes to several ranks under one op id) and wait for all replies, keyed by
-        (rank, op id); `on_reply` sees each as it arrives."""
-        assert self._mail is not None
-        futures: dict[tuple[int, int], asyncio.Future[ReplyMsg]] = {}
-        dead = sorted({rank for rank, _ in ops} & self.dead)
-        if dead:  # before anything is sent: no worker runs half an operation
-            raise BlitzScaleError(f"{what}: worker {dead[0]} is dead")
-        try:
-            for rank, msg in ops:
-                key = (rank, msg.op_id)  # type: ignore[union-attr]
-                futures[key] = asyncio.wrap_future(self._mail.expect(*key))
-                self._send(rank, msg)
-            return await self._replies(futures, timeout_s or self.cfg.op_timeout_s, on_reply)
-        finally:
-            self._mail.forget(list(futures))
-            for f in futures.values():
-                f.cancel()
-
-    async def _replies(
-        self,
-        futures: dict[tuple[int, int], asyncio.Future[ReplyMsg]],
-        timeout_s: float,
-        on_reply: Callable[[ReplyMsg], None] | None,
-    ) -> dict[tuple[int, int], ReplyMsg]:
-        replies: dict[tuple[int, int], ReplyMsg] = {}
-
-        def got(reply: ReplyMsg) -> None:
-            replies[reply.rank, reply.op_id] = reply
-            if on_reply is not None:
-                on_reply(reply)
-
-        deadline = time.monotonic() + timeout_s
-        while len(replies) < len(futures):
-            pending = [k for k in futures if k not in replies]
-            await asyncio.wait([futures[k] for k in pending], timeout=0.05, return_when=FIRST_COMPLETED)
-            for k in pending:
-                if futures[k].done():
-                    got(futures[k].result())
-            pending = [k for k in pending if k not in replies]
-            ranks = {r for r, _ in pending}
-            died = set(self._check_alive(ranks)) | (ranks & self.dead)
-            for r, op in pending:
-                if r in died:
-                    got(ReplyMsg(op_id=op, rank=r, ok=False, error="worker died"))
-            if time.monotonic() > deadline:
-                for r, op in pending:
-                    if (r, op) not in replies:
-                        got(ReplyMsg(op_id=op, rank=r, ok=False, error="no reply in time"))
-        return replies
-
-    async def _call_ok(self, msgs: dict[int, Message], what: str) -> dict[int, ReplyMsg]:
-        replies = await self._call(msgs, what)
-        if not all(m.ok for m in replies.values()):
-            raise ClusterOpError(what, replies)
-        return replies
 
     def next_op(self) -> int:
         return next(self._op_ids)
@@ -475,7 +402,7 @@ class LocalCluster:
         async with self._holding([rank]):
             self.pool.begin_load(model, [rank])
             try:
-                replies = await self._call_ok({rank: msg}, f"load {model} on rank {rank}")
+                replies = await self.calls.each_ok({rank: msg}, f"load {model} on rank {rank}")
             except BaseException:
                 self.pool.abort_load(model, [rank])
                 raise
@@ -596,7 +523,7 @@ class LocalCluster:
         async with self._holding(list(msgs)):
             self.pool.begin_load(model, receivers)
             try:
-                by_op = await self._call_ops([*msgs.items(), *extra], f"transfer {model}", on_reply=seen)
+                by_op = await self.calls.ops([*msgs.items(), *extra], f"transfer {model}", on_reply=seen)
             except BaseException:
                 self.pool.abort_load(model, receivers)
                 raise
@@ -639,7 +566,7 @@ class LocalCluster:
         if not msgs:
             return
         what = "weights links after a failed transfer"
-        replies = await self._call_ops(msgs, what, self.cfg.startup_timeout_s)
+        replies = await self.calls.ops(msgs, what, self.cfg.startup_timeout_s)
         failed = {k: m.error for k, m in replies.items() if not m.ok}
         if failed:  # a transfer over such a link fails at once, naming it (NoLinkError)
             log.error("rebuilding weights links after a failed transfer failed: %s", failed)
@@ -654,7 +581,7 @@ class LocalCluster:
         async with self._holding(ranks):
             self.pool.begin_load(model, ranks)
             try:
-                await self._call_ok(msgs, f"load {model} on ranks {ranks}")
+                await self.calls.each_ok(msgs, f"load {model} on ranks {ranks}")
             except BaseException:
                 self.pool.abort_load(model, ranks)
                 raise
@@ -671,13 +598,13 @@ class LocalCluster:
         async with self._holding(ranks):
             self.pool.add_host_copy(model, rank)  # refuses a second host copy
             try:
-                replies = await self._call_ok(msgs, f"host cache of {model} on ranks {ranks}")
+                replies = await self.calls.each_ok(msgs, f"host cache of {model} on ranks {ranks}")
             except BaseException:
                 self.pool.drop_host_copy(model)
                 if len(ranks) > 1:  # shards that made theirs let them go (best effort)
                     drop = [(r, HostCacheMsg(op_id=self.next_op(), model=model, keep=False)) for r in ranks]
                     with contextlib.suppress(BlitzScaleError):
-                        await self._call_ops(drop, f"drop host copy of {model}")
+                        await self.calls.ops(drop, f"drop host copy of {model}")
                 raise
         return {
             "bytes": sum(int(m.result["bytes"]) for m in replies.values()),
@@ -694,7 +621,7 @@ class LocalCluster:
         }
         async with self._holding(ranks):
             if self.pool.drop_host_copy(model) is not None:
-                await self._call_ok(msgs, f"drop host copy of {model}")
+                await self.calls.each_ok(msgs, f"drop host copy of {model}")
 
     async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
         """Free `rank`'s device copy (and with `host_copy` its share of the host copy: with
@@ -704,7 +631,7 @@ class LocalCluster:
             self.pool.release(model, rank)
             if host_copy and self.pool.host_holder(model) == self.group_of(rank).start:
                 self.pool.drop_host_copy(model)
-            replies = await self._call_ok({rank: msg}, f"release {model} on rank {rank}")
+            replies = await self.calls.each_ok({rank: msg}, f"release {model} on rank {rank}")
         return replies[rank].result
 
     async def command(self, rank: int, msg: Message) -> dict[str, Any]:
@@ -715,7 +642,7 @@ class LocalCluster:
         """Commands to several workers at once (they run concurrently)."""
         what = f"{type(next(iter(msgs.values()))).__name__} on ranks {sorted(msgs)}"
         async with self._holding(list(msgs)):
-            replies = await self._call_ok(msgs, what)
+            replies = await self.calls.each_ok(msgs, what)
         return {r: m.result for r, m in replies.items()}
 
     async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]:
@@ -741,7 +668,7 @@ class LocalCluster:
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         msg = ChecksumMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
         async with self._holding([rank]):
-            replies = await self._call_ok({rank: msg}, f"checksum {model} on rank {rank}")
+            replies = await self.calls.each_ok({rank: msg}, f"checksum {model} on rank {rank}")
         return replies[rank].result["checksum"]
 
 

@@ -121,7 +121,7 @@ def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
             assert time.monotonic() < deadline, service.scaler.events
             time.sleep(0.1)
         ups = [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "network"]
-        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], ups
+        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], service.scaler.events
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
         assert 2 in ran_on  # the multicast instance served too
         text = generate_latest(service.registry).decode()
