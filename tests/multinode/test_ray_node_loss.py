@@ -23,6 +23,7 @@ from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
 from tests.multinode.test_ray_serving import _exists, _one, _until
+from tests.serve.conftest import running
 
 PARAMS = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
@@ -34,14 +35,8 @@ def service(ray_cluster: Any) -> Iterator[tuple[ServingCluster, LoopThread]]:
         router={"mode": "colocated"},
         policy={"name": "fixed", "fixed_prefill": 4},
     )
-    lt = LoopThread()
-    svc = ServingCluster(cfg)
-    try:
-        lt.run(svc.start())
-        yield svc, lt
-    finally:
-        lt.run(svc.stop())
-        lt.close()
+    with running(cfg) as pair:
+        yield pair
 
 
 def test_a_lost_node_is_detected_and_the_other_node_keeps_serving(

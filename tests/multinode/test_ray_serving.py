@@ -22,7 +22,7 @@ from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster
-from tests.serve.conftest import FAST_PLANNER, start_http, stop_http
+from tests.serve.conftest import FAST_PLANNER, running, start_http, stop_http
 from tests.serve.test_http import PROMPTS
 
 PARAMS = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
@@ -132,14 +132,8 @@ def test_tokens_equal_the_local_backends(served: Served) -> None:
         cluster={"num_workers": 1}, router={"mode": "colocated"}, policy={"name": "fixed"}
     )
     assert local_cfg.cluster.backend == "local"
-    lt = LoopThread()
-    local = ServingCluster(local_cfg)
-    try:
-        lt.run(local.start())
+    with running(local_cfg) as (local, lt):
         on_local = [lt.run(_one(local, f"cmp{k}", x)) for k, x in enumerate(ids)]
-    finally:
-        lt.run(local.stop())
-        lt.close()
     assert all(len(t) == PARAMS.max_tokens for t in on_ray)
     assert on_ray == on_local
 

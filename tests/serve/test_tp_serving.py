@@ -82,6 +82,17 @@ def _serving(service: ServingCluster) -> list[tuple[int, ...]]:
     return sorted(i.ranks for i in service.router.instances.values() if i.accepts is not None)
 
 
+def _second_instance_ups(service: ServingCluster, path: str) -> list[dict[str, Any]]:
+    """Once instance (2, 3) serves beside (0, 1) (it may come up after the burst on a loaded
+    machine): the scale-up events by `path`."""
+    assert service.scaler is not None
+    deadline = time.monotonic() + 180
+    while _serving(service) != [(0, 1), (2, 3)]:
+        assert time.monotonic() < deadline, service.scaler.events
+        time.sleep(0.1)
+    return [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == path]
+
+
 def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
     folder: Path, reference: dict[str, list[int]], tmp_path: Path
 ) -> None:
@@ -115,12 +126,7 @@ def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
             return [t.result() for t in tasks]
 
         assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
-        # The new instance may come up after the burst (a loaded machine): wait for it.
-        deadline = time.monotonic() + 180
-        while _serving(service) != [(0, 1), (2, 3)]:
-            assert time.monotonic() < deadline, service.scaler.events
-            time.sleep(0.1)
-        ups = [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "network"]
+        ups = _second_instance_ups(service, "network")
         assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], service.scaler.events
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
         assert 2 in ran_on  # the multicast instance served too
@@ -217,11 +223,7 @@ def test_allcache_tp2_scales_up_from_the_host_copy_of_every_shard(
             return await asyncio.gather(*(_one(service, f"h{n}.{i}", TEXTS[i % 3]) for i in range(n)))
 
         assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
-        deadline = time.monotonic() + 180
-        while _serving(service) != [(0, 1), (2, 3)]:
-            assert time.monotonic() < deadline, service.scaler.events
-            time.sleep(0.1)
-        ups = [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "host"]
+        ups = _second_instance_ups(service, "host")
         assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], service.scaler.events
         assert pool.host_holder(str(folder)) == 0  # still the one host copy
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
