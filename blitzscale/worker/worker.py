@@ -48,7 +48,7 @@ from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker.disk_source import load_local
 from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.standby import Standby, StandbySpec, free_device_memory
-from blitzscale.worker.tp import TPFollower, TPInbox
+from blitzscale.worker.tp_follower import TPFollower, TPInbox
 from blitzscale.worker.warmup import warm_up_compute
 from blitzscale.worker.world import PLANES, InstanceGroup, Links
 

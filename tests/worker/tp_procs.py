@@ -37,7 +37,8 @@ def shard_main(
     from blitzscale.checkpoint import load_weights, resolve_model
     from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
     from blitzscale.messages import TPSetupMsg, TPStopMsg
-    from blitzscale.worker.tp import TPFollower, TPInbox, TPLeader
+    from blitzscale.worker.tp import TPLeader
+    from blitzscale.worker.tp_follower import TPFollower, TPInbox
     from blitzscale.worker.world import Links
 
     torch.set_num_threads(1)
@@ -93,7 +94,8 @@ def live_shard_main(
     from blitzscale.checkpoint import load_weights, resolve_model
     from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
     from blitzscale.messages import TPSetupMsg, TPStopMsg
-    from blitzscale.worker.tp import InstanceReadiness, TPFollower, TPInbox, TPLeader
+    from blitzscale.worker.tp import InstanceReadiness, TPLeader
+    from blitzscale.worker.tp_follower import TPFollower, TPInbox
     from blitzscale.worker.world import Links
 
     torch.set_num_threads(1)
