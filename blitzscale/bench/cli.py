@@ -87,6 +87,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     k.set_defaults(func=_run_soak)
 
+    r = bsub.add_parser("runs", help="finished runs (their requests.jsonl) side by side, one pair of SLOs")
+    r.add_argument("dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    r.add_argument("--slo-ttft-ms", type=float, required=True)
+    r.add_argument("--slo-tbt-ms", type=float, required=True)
+    r.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+    r.set_defaults(func=_run_runs)
+
     d = bsub.add_parser("steady", help="closed-loop steady load: scale-ups and releases once settled")
     d.add_argument("--streams", type=int, default=16)
     d.add_argument("--seconds", type=float, default=60.0)
@@ -99,6 +106,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--reload-cost-factor", type=float, default=None, help="override [planner] (0: old rule)")
     d.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     d.set_defaults(func=_run_steady)
+
+
+def _run_runs(args: argparse.Namespace) -> int:
+    from blitzscale.bench.runs import compare_runs
+
+    _check_flags(
+        "fixed",
+        ("--slo-ttft-ms", args.slo_ttft_ms, args.slo_ttft_ms > 0),
+        ("--slo-tbt-ms", args.slo_tbt_ms, args.slo_tbt_ms > 0),
+    )
+    _emit(compare_runs(args.dirs, args.slo_ttft_ms / 1000, args.slo_tbt_ms / 1000), args.out)
+    return 0
 
 
 def _run_standby(args: argparse.Namespace) -> int:
