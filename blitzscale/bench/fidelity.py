@@ -22,12 +22,12 @@ from blitzscale.bench.machine_load import OtherWork
 from blitzscale.client import replay
 from blitzscale.client.summary import summarize
 from blitzscale.client.traces import TraceRequest
+from blitzscale.control.costmodel import load_profile
 from blitzscale.demo.workload import Workload
 from blitzscale.serve.background import BackgroundService
 from blitzscale.serve.config import ServeConfig
 from blitzscale.sim.config import SimPreset, load_model
 from blitzscale.sim.links import Topology
-from blitzscale.sim.profile import load_profile
 from blitzscale.sim.runner import SimSetup, simulate
 
 MODEL = "smollm2-135m"

@@ -1,5 +1,5 @@
 """`blitzscale profile`: our engine's prefill and decode step times on this machine, as the
-simulator's cost model (blitzscale/sim/profile.py).
+simulator's cost model (blitzscale/control/costmodel.py).
 
 Prefill: one prompt of n tokens, prefilled in one step. Decode: b sequences at context c,
 the mean of a few steps after all are prefilled. Random prompts; greedy.
@@ -14,11 +14,11 @@ import torch
 
 from blitzscale.bench.engine_bench import _timed
 from blitzscale.checkpoint import load_weights, resolve_model
+from blitzscale.control.costmodel import Profile
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.engine.engine import default_dtype
 from blitzscale.engine.request import RequestStatus
 from blitzscale.kvcache.cache import KVCache
-from blitzscale.sim.profile import Profile
 
 
 @dataclass(frozen=True)

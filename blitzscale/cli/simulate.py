@@ -127,7 +127,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def _derive(args: argparse.Namespace) -> int:
-    from blitzscale.sim.profile import load_profile
+    from blitzscale.control.costmodel import load_profile
 
     need = ("bandwidth_factor", "flops_factor", "memory_bytes", "name", "device_name")
     missing = [f"--{n.replace('_', '-')}" for n in need if getattr(args, n) is None]

@@ -18,12 +18,12 @@ from typing import Any
 from blitzscale import clock
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
+from blitzscale.control.costmodel import Profile
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import ActivateMsg, HelloMsg, KVSentMsg, Message, ReplyMsg, Role
 from blitzscale.sim.cores import HostCores
 from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
 from blitzscale.sim.links import Links, Topology
-from blitzscale.sim.profile import Profile
 
 
 class SimDataPlane:

@@ -6,9 +6,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from blitzscale.control.costmodel import Profile, load_profile
 from blitzscale.errors import BlitzScaleError
 from blitzscale.sim.links import Topology
-from blitzscale.sim.profile import Profile, load_profile
 from blitzscale.tomlfile import read_toml
 
 PRESETS_DIR = Path(__file__).parent / "presets"

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from blitzscale import clock
+from blitzscale.control.costmodel import Profile
 from blitzscale.messages import (
     AbortMsg,
     AdoptKVMsg,
@@ -52,7 +53,6 @@ from blitzscale.messages import (
     StatsMsg,
 )
 from blitzscale.sim.cores import HostCores
-from blitzscale.sim.profile import Profile
 
 STATS_EVERY_S = 0.1  # at most this often a changed instance reports its numbers
 

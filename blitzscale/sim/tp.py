@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from blitzscale.checkpoint.presets import PRESETS
+from blitzscale.control.costmodel import Profile
 from blitzscale.model.config import ModelConfig
 from blitzscale.model.layout import build_layout
-from blitzscale.sim.profile import Profile
 
 BF16 = 2
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from blitzscale import clock
+from blitzscale.control.costmodel import Profile, ProfileError, load_profile
 from blitzscale.sim.clock import SimulationStalled, run
-from blitzscale.sim.profile import Profile, ProfileError, load_profile
 
 
 def test_virtual_time_jumps_to_the_next_event_and_timeouts_run_on_it() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from blitzscale.control.costmodel import Profile
 from blitzscale.messages import AbortMsg, GenerateMsg, Message, OutputsMsg, SamplingMsg
 from blitzscale.sim.clock import run
 from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
 from blitzscale.sim.links import Links, Topology
-from blitzscale.sim.profile import Profile
 
 PROFILE = Profile(
     name="t",

@@ -23,7 +23,7 @@ from typing import Any
 
 from blitzscale.errors import BlitzScaleError
 
-PROFILES_DIR = Path(__file__).parent / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
 
 
 class ProfileError(BlitzScaleError, ValueError):
@@ -178,7 +178,7 @@ class Profile:
 
 
 def load_profile(name_or_path: str) -> Profile:
-    """A shipped profile by name (`blitzscale/sim/profiles/<name>.json`) or a JSON file."""
+    """A shipped profile by name (`blitzscale/data/profiles/<name>.json`) or a JSON file."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PROFILES_DIR / f"{name_or_path}.json"
