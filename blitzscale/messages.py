@@ -96,6 +96,19 @@ class ChecksumMsg(Msg):
     host_copy: bool = False
 
 
+class ProfileMsg(Msg):
+    """Measure (or read back from `cache_dir`) the cost model of `model` served with
+    `engine` on this rank's device (worker/costprobe.py); `measure=False` only names the
+    device. The reply's result: `device_name`, and `profile` (a Profile's JSON)."""
+
+    op_id: int
+    model: str
+    source: str  # where its config comes from
+    engine: EngineConfig
+    cache_dir: str = ""  # "" = don't keep it
+    measure: bool = True
+
+
 class ShutdownMsg(Msg):
     op_id: int = 0
 
@@ -374,6 +387,7 @@ Message = (
     | HostCacheMsg
     | ReleaseMsg
     | ChecksumMsg
+    | ProfileMsg
     | ShutdownMsg
     | ActivateMsg
     | DeactivateMsg

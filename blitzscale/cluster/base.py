@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
-from blitzscale.messages import ActivateMsg, Message, ReplyMsg, Role
+from blitzscale.control.costmodel import CostReport
+from blitzscale.messages import ActivateMsg, Message, ProfileMsg, ReplyMsg, Role
 
 
 class Cluster(Protocol):
@@ -80,6 +81,10 @@ class Cluster(Protocol):
     async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]: ...
 
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str: ...
+
+    async def cost_report(self, rank: int, msg: ProfileMsg) -> CostReport:
+        """What `msg.model` costs on `rank`'s device (measured there, or read back)."""
+        ...
 
     async def respawn(self, rank: int) -> dict[str, Any]: ...
 

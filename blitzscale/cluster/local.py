@@ -37,6 +37,7 @@ from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.shards import ShardPlan, neighbour_pairs, transfer_report
 from blitzscale.cluster.spawn import Spawner, WorkerHandle, make_spawner
+from blitzscale.control.costmodel import CostReport
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     ActivateMsg,
@@ -48,6 +49,7 @@ from blitzscale.messages import (
     LinkMsg,
     LoadMsg,
     Message,
+    ProfileMsg,
     ReleaseMsg,
     ReplyMsg,
     Role,
@@ -145,9 +147,7 @@ class LocalCluster:
             raise
         return self
 
-    def _spawn(
-        self, rank: int, n: int, incarnation: int, peers: tuple[tuple[int, int], ...]
-    ) -> WorkerHandle:
+    def _spawn(self, rank: int, n: int, incarnation: int, peers: tuple[tuple[int, int], ...]) -> WorkerHandle:
         cfg = self.cfg
         wcfg = WorkerConfig(
             rank=rank,
@@ -670,6 +670,9 @@ class LocalCluster:
         async with self._holding([rank]):
             replies = await self.calls.each_ok({rank: msg}, f"checksum {model} on rank {rank}")
         return replies[rank].result["checksum"]
+
+    async def cost_report(self, rank: int, msg: ProfileMsg) -> CostReport:
+        return CostReport.from_result(await self.command(rank, msg))
 
 
 def check_tp_workers(num_workers: int, tp: int) -> None:

@@ -54,9 +54,9 @@ class PlannerConfig:
     decode_upper: float = 0.95
     migration_lower: float = 0.4
     migration_upper: float = 0.8
-    # Prompt tokens one instance prefills per second. The prototype used 12000-13000 for
-    # 8B/24B on GPUs; 2000 is a small CPU SmolLM2-135M figure: measure and override.
-    tokens_prefilled_per_sec: float = 2000.0
+    # Prompt tokens one instance prefills per second; 0: the model's measured cost model
+    # (control/costmodel.py; the prototype typed 12000-13000 for 8B/24B on its GPUs).
+    tokens_prefilled_per_sec: float = 0.0
     # KV tokens one decode instance can receive by migration per second (inbound link).
     # Our guess for CPU workers over gloo (SmolLM2 fp32 KV is ~46 KB a token): override.
     tokens_transferred_per_sec: float = 20000.0
@@ -79,8 +79,11 @@ class PlannerConfig:
         _check_band("prefill", self.prefill_lower, self.prefill_upper)
         _check_band("decode", self.decode_lower, self.decode_upper)
         _check_band("migration", self.migration_lower, self.migration_upper)
-        if self.tokens_prefilled_per_sec <= 0 or self.tokens_transferred_per_sec <= 0:
-            raise ValueError("tokens_prefilled_per_sec and tokens_transferred_per_sec must be > 0")
+        if self.tokens_prefilled_per_sec < 0 or self.tokens_transferred_per_sec <= 0:
+            raise ValueError(
+                "tokens_prefilled_per_sec must be >= 0 (0: measured) and tokens_transferred_per_sec > 0, "
+                f"got {self.tokens_prefilled_per_sec}/{self.tokens_transferred_per_sec}"
+            )
         if self.max_blocks_per_instance < 0:
             raise ValueError(f"max_blocks_per_instance must be >= 0, got {self.max_blocks_per_instance}")
         for role in ("prefill", "decode"):

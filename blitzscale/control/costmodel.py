@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,49 @@ class Profile:
         per_batch = [_interp(ctx, list(row), context) for row in self.decode_ms]
         return _interp(list(self.decode_batch), per_batch, batch) / 1000
 
+    def prefill_rate(self, tokens: int | None = None) -> float:
+        """Prompt tokens prefilled per second in steps of `tokens` (None: the largest
+        measured step), the rate the planner and the router's budgets count in."""
+        n = tokens or self.prefill_tokens[-1]
+        return n / max(self.prefill_s(n), 1e-9)
+
+    def prefill_tokens_in(self, seconds: float, step_tokens: int | None = None) -> int:
+        """Prompt tokens one instance prefills in `seconds` (steps of `step_tokens`)."""
+        return max(1, int(seconds * self.prefill_rate(step_tokens)))
+
+    def summary(self) -> dict[str, Any]:
+        """What `/health` and the start-up log show of it."""
+        big = self.prefill_tokens[-1]
+        return {
+            "name": self.name,
+            "device": self.device,
+            "note": self.note,
+            "prefill_ms": {str(n): round(1000 * self.prefill_s(n), 2) for n in self.prefill_tokens},
+            "prefill_tokens_per_s": round(self.prefill_rate(big)),
+            "decode_ms": {
+                f"batch {b}": round(1000 * self.decode_s(b, self.decode_context[0]), 2)
+                for b in self.decode_batch
+            },
+        }
+
+    def check_fits(self, weight_bytes: int, kv_bytes_per_token: int, num_layers: int, where: str) -> None:
+        """Refuse, naming both, a profile of another model shape than the one served."""
+        mine = (self.weight_bytes, self.kv_bytes_per_token, self.num_layers)
+        theirs = (weight_bytes, kv_bytes_per_token, num_layers)
+        if mine != theirs:
+            raise ProfileError(
+                f"{where}: profile {self.name!r} is of another model (weight bytes, KV bytes a token, "
+                f"layers: {mine}); the served model has {theirs}"
+            )
+
+    def check_device(self, device_name: str, where: str) -> None:
+        """Refuse, naming both, a profile measured on another kind of device."""
+        if _device_kind(self.device) != _device_kind(device_name):
+            raise ProfileError(
+                f"{where}: profile {self.name!r} was measured on {self.device!r}; the workers run on "
+                f"{device_name!r}"
+            )
+
     @property
     def hidden_bytes_per_token(self) -> int:
         """A token's residual stream (what a relay carries besides KV). Profiles do not
@@ -149,6 +192,23 @@ class Profile:
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
+    def scaled(self, name: str, weight_bytes: int, kv_bytes_per_token: int, num_layers: int) -> Profile:
+        """An estimate for a model of another size on this device: every step takes as
+        much longer as the weights are larger (decode reads them all, prefill's FLOPs grow
+        with them). For models that were not measured themselves."""
+        f = weight_bytes / self.weight_bytes
+        return replace(
+            self,
+            name=name,
+            note=f"scaled from {self.name!r} by its weight bytes (x{f:.3g})",
+            weight_bytes=weight_bytes,
+            kv_bytes_per_token=kv_bytes_per_token,
+            num_layers=num_layers,
+            prefill_ms=tuple(round(x * f, 4) for x in self.prefill_ms),
+            decode_ms=tuple(tuple(round(x * f, 4) for x in row) for row in self.decode_ms),
+            derived_from={"profile": self.name, "weight_factor": f},
+        )
+
     def derive(
         self, name: str, device: str, bandwidth_factor: float, flops_factor: float, memory_bytes: int
     ) -> Profile:
@@ -175,6 +235,43 @@ class Profile:
                 "flops_factor": flops_factor,
             },
         )
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """A worker's answer to "what does this model cost on your device" (`ProfileMsg`)."""
+
+    device_name: str
+    weight_bytes: int  # the served model's shape, to check a profile file against
+    kv_bytes_per_token: int
+    num_layers: int
+    profile: Profile | None = None  # None: not asked to measure
+    cached: bool = False  # read back from the cache folder, not measured now
+    probe_s: float = 0.0
+
+    @classmethod
+    def from_result(cls, d: dict[str, Any]) -> CostReport:
+        p = d.get("profile")
+        return cls(
+            device_name=str(d["device_name"]),
+            weight_bytes=int(d["weight_bytes"]),
+            kv_bytes_per_token=int(d["kv_bytes_per_token"]),
+            num_layers=int(d["num_layers"]),
+            profile=Profile.from_json(p, "the worker's cost model") if p else None,
+            cached=bool(d.get("cached", False)),
+            probe_s=float(d.get("probe_s", 0.0)),
+        )
+
+    def check(self, profile: Profile, where: str) -> None:
+        """`profile` must be of this model and this kind of device (names both if not)."""
+        profile.check_fits(self.weight_bytes, self.kv_bytes_per_token, self.num_layers, where)
+        profile.check_device(self.device_name, where)
+
+
+def _device_kind(name: str) -> str:
+    """ "cpu (1 threads)" and "cpu" are one kind of device; GPUs by their name."""
+    name = name.strip().lower()
+    return "cpu" if name.startswith("cpu") else name
 
 
 def load_profile(name_or_path: str) -> Profile:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.host_cache import HostCacheState
-from blitzscale.control.planner import Desired, desired_counts
+from blitzscale.control.planner import FALLBACK_PREFILL_RATE, Desired, desired_counts
 from blitzscale.control.policies import (
     DrainAction,
     LoadAction,
@@ -54,6 +54,7 @@ class ModelView:
     min_instances: int = 0  # 0: it may scale to zero
     max_instances: int = 0  # 0: no bound
     keep_alive_s: float = math.inf
+    prefill_rate: float = 0.0  # prompt tokens/s one instance prefills, from its cost model (0: unknown)
 
     @property
     def name(self) -> str:
@@ -77,7 +78,11 @@ class ModelView:
 
 
 def bounds(cfg: PlannerConfig, m: ModelView, pd_mode: bool) -> PlannerConfig:
-    """The planner's role bounds within the model's [min_instances, max_instances]."""
+    """The planner for model `m`: its prefill rate (the config's, else its cost model's)
+    and the role bounds within its [min_instances, max_instances]."""
+    if not cfg.tokens_prefilled_per_sec:
+        rate = m.prefill_rate or FALLBACK_PREFILL_RATE
+        cfg = dataclasses.replace(cfg, tokens_prefilled_per_sec=rate)
     lo, hi = m.min_instances, m.max_instances
     if not pd_mode:
         min_p = max(cfg.min_prefill, lo)

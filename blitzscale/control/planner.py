@@ -57,6 +57,11 @@ def current_counts(snapshot: ClusterSnapshot) -> Current:
     return Current(sum(counts_as_prefill(s) for s in states), sum(counts_as_decode(s) for s in states))
 
 
+# A model with no cost model and no [planner] tokens_prefilled_per_sec: a CPU worker's rate
+# (SmolLM2-135M, one thread). Served models have a cost model; this is for the rest.
+FALLBACK_PREFILL_RATE = 2000.0
+
+
 def band_range(demand: float, rate: float, lower: float, upper: float) -> tuple[int, int]:
     """Instances that keep each one between `lower` and `upper` of `rate` busy."""
     if demand <= 0 or rate <= 0:
@@ -99,7 +104,8 @@ def desired_counts(snapshot: ClusterSnapshot, cfg: PlannerConfig) -> Desired:
     blocks = sum(i.used_blocks for i in snapshot.instances if holds_decode_kv(i.state, snapshot.pd_mode))
     memory = band_range(blocks, _max_blocks(snapshot, cfg), cfg.decode_lower, cfg.decode_upper)
     prompt_tokens = snapshot.queued_prompt_tokens + snapshot.live_target_tokens
-    prefill = band_range(prompt_tokens, cfg.tokens_prefilled_per_sec, cfg.prefill_lower, cfg.prefill_upper)
+    rate = cfg.tokens_prefilled_per_sec or FALLBACK_PREFILL_RATE
+    prefill = band_range(prompt_tokens, rate, cfg.prefill_lower, cfg.prefill_upper)
     if not snapshot.pd_mode:
         lo, hi, target = decide(cur.prefill, *_merge(prefill, memory), cfg.min_prefill, cfg.max_prefill)
         return Desired(lo, hi, 0, 0, target, 0)

@@ -79,7 +79,7 @@ class LLMEngine:
         self, weights: ModelWeights, tokenizer: Any | None, config: EngineConfig, tp_group: Any = None
     ) -> None:
         """`tp_group`: a tensor-parallel shard's group (LlamaModel's; model/tp.py)."""
-        self.config = config
+        self.config = config.for_device(weights.device.type)
         self.tp_group = tp_group
         self.tokenizer = tokenizer
         self.model_config = weights.config

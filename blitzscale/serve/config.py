@@ -38,6 +38,9 @@ class ModelSection:
     # Seconds without a request after which a model scales to zero (inf: never); the
     # default of every model, `[[models]]` may set its own.
     keep_alive_s: float = math.inf
+    # The model's cost model on the workers' device (a JSON file from `blitzscale profile`);
+    # "" = measured by a worker at start (and kept under the cache folder's profiles/).
+    profile: str = ""
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -102,9 +105,8 @@ class ServerSection:
 # device: small blocks; the KV cache sized for the device (num_kv_blocks 0): on a GPU from its
 # free memory (gpu_memory_utilization), on CPU from kv_cache_bytes (360 MiB: 512 blocks of
 # SmolLM2 in fp32); the model's own context (max_model_len 0).
-SERVE_ENGINE = EngineConfig(
-    block_size=16, num_kv_blocks=0, kv_cache_bytes=360 << 20, max_num_seqs=64, max_model_len=0
-)
+# Step limits (max_num_batched_tokens, max_num_seqs) are the device's (engine/config.py).
+SERVE_ENGINE = EngineConfig(block_size=16, num_kv_blocks=0, kv_cache_bytes=360 << 20, max_model_len=0)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class LiveScaling:
     def budget(self, inst: Instance) -> int:
         """Prompt tokens an instance may have outstanding; a loading live target with a
         source holds the queue of both (the source takes none meanwhile)."""
-        budget = self.router.cfg.prefill_budget_tokens
+        budget = self.router.budget_tokens(inst.model)
         if self.pairs.get(inst.rank) is not None and self.loading_target(inst.rank):
             return 2 * budget
         return budget

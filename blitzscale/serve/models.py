@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from blitzscale.control.costmodel import Profile
 from blitzscale.engine.request import RequestOutput, SamplingParams
 from blitzscale.errors import InvalidRequestError
 
@@ -28,6 +29,8 @@ class ServedModel:
     max_model_len: int
     root: str | None = None  # the checkpoint's Hugging Face id, where known
     may_idle_at_zero: bool = False  # with no instance it is at zero (/health ok), not broken
+    cost: Profile | None = None  # its cost model on the workers' device (None: unknown)
+    max_num_seqs: int = 0  # sequences one of its engines runs at once (0: unknown)
 
 
 @dataclass(frozen=True)

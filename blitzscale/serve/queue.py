@@ -4,7 +4,7 @@ rather than left to wait without end."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 
 from blitzscale import clock
@@ -18,6 +18,7 @@ class RequestQueue:
         self.max_wait_s = max_wait_s
         self._q: deque[RouterRequest] = deque()
         self.num_tokens = 0  # prompt tokens of the queued requests
+        self._tokens_of: Counter[str] = Counter()  # the same, by model
 
     def __len__(self) -> int:
         return len(self._q)
@@ -27,6 +28,10 @@ class RequestQueue:
 
     def __bool__(self) -> bool:
         return bool(self._q)
+
+    def tokens_of(self, model: str) -> int:
+        """Prompt tokens queued for `model`."""
+        return self._tokens_of[model]
 
     @property
     def head(self) -> RouterRequest:
@@ -40,23 +45,27 @@ class RequestQueue:
     def push(self, r: RouterRequest) -> None:
         r.queued_at = clock.now()
         self._q.append(r)
-        self.num_tokens += len(r.prompt)
+        self._count(r, 1)
 
     def push_front(self, r: RouterRequest) -> None:
         """Back to the head (a request its instance lost before any output); its wait
         starts again."""
         r.queued_at = clock.now()
         self._q.appendleft(r)
-        self.num_tokens += len(r.prompt)
+        self._count(r, 1)
 
     def pop(self) -> RouterRequest:
         r = self._q.popleft()
-        self.num_tokens -= len(r.prompt)
+        self._count(r, -1)
         return r
 
     def remove(self, r: RouterRequest) -> None:
         self._q.remove(r)
-        self.num_tokens -= len(r.prompt)
+        self._count(r, -1)
+
+    def _count(self, r: RouterRequest, sign: int) -> None:
+        self.num_tokens += sign * len(r.prompt)
+        self._tokens_of[r.model] += sign * len(r.prompt)
 
     def pop_expired(self, now: float) -> list[RouterRequest]:
         """Requests that have waited longer than `max_wait_s` (oldest first), taken out."""

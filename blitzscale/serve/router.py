@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from blitzscale import clock
 from blitzscale.cluster.base import Cluster
+from blitzscale.control.costmodel import Profile
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.engine.engine import validate_request
 from blitzscale.engine.request import RequestOutput, SamplingParams
@@ -57,15 +58,27 @@ T = TypeVar("T")
 MAX_RERUNS = 1
 
 
+# Where a model has no cost model (a tensor-parallel one with no profile file).
+FALLBACK_BUDGET_TOKENS = 4096
+FALLBACK_MAX_REQUESTS = 64
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     mode: str = "pd"  # "pd" (prefill/decode disaggregation) or "colocated"
-    prefill_budget_tokens: int = 4096  # prompt tokens outstanding at one prefill instance
-    max_requests_per_instance: int = 64
+    # Unprefilled work one prefill instance may hold, in seconds of its model's measured
+    # prefill (control/costmodel.py): enough that its device never waits for the next
+    # dispatch, little enough that a burst stays in the queue for new instances to take.
+    prefill_budget_s: float = 0.5
+    prefill_budget_tokens: int = 0  # an explicit budget in prompt tokens instead (0: from seconds)
+    max_requests_per_instance: int = 0  # 0: the engine's max_num_seqs
     health_check_s: float = 0.5
-    # Load shedding: beyond these a request is refused with 429 and Retry-After (0: no bound).
-    max_queue_tokens: int = 131072  # prompt tokens waiting in the global queue
-    max_queue_wait_s: float = 60.0  # a queued request that waited this long is refused
+    # Load shedding: a request that could not start within max_queue_wait_s, given the
+    # prompt tokens ahead of it and what the model's instances (serving, loading, or free to
+    # load) prefill a second, is refused with 429 and Retry-After, and so is one that waited
+    # that long. 0: no bound.
+    max_queue_wait_s: float = 60.0
+    max_queue_tokens: int = 0  # an explicit bound on prompt tokens queued as well (0: none)
     retry_after_s: float = 2.0  # what a refused client is told to wait
     max_migration_wait_s: float = 30.0  # a prefilled request no decode instance took fails
     # pd mode: no new prompt is prefilled while this many prefilled requests wait for a
@@ -76,9 +89,11 @@ class RouterConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("pd", "colocated"):
             raise ValueError(f"mode must be 'pd' or 'colocated', got {self.mode!r}")
-        if self.prefill_budget_tokens < 1 or self.max_requests_per_instance < 1:
-            raise ValueError("prefill_budget_tokens and max_requests_per_instance must be >= 1")
+        if not self.prefill_budget_s > 0:
+            raise ValueError(f"prefill_budget_s must be > 0 seconds, got {self.prefill_budget_s}")
         for name in (
+            "prefill_budget_tokens",
+            "max_requests_per_instance",
             "max_queue_tokens",
             "max_queue_wait_s",
             "retry_after_s",
@@ -86,7 +101,7 @@ class RouterConfig:
             "max_pending_migrations",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0: no bound), got {getattr(self, name)}")
+                raise ValueError(f"{name} must be >= 0 (0: derived or no bound), got {getattr(self, name)}")
 
 
 class Router:
@@ -200,6 +215,15 @@ class Router:
                 f"(limit {self.cfg.max_queue_tokens}); retry later",
                 self.cfg.retry_after_s,
             )
+        wait = self.expected_start_s(name, len(prompt_token_ids))
+        if self.cfg.max_queue_wait_s and wait > self.cfg.max_queue_wait_s:
+            self.num_refused["queue_full"] += 1
+            raise OverloadedError(
+                f"the server is overloaded: the request could start in about {wait:.1f} s "
+                f"({self.queue.tokens_of(name)} prompt tokens are queued for {name}), more than "
+                f"max_queue_wait_s={self.cfg.max_queue_wait_s:g}; retry later",
+                self.cfg.retry_after_s,
+            )
         r = RouterRequest(request_id, list(prompt_token_ids), params, model=name)
         self.last_request_at[name] = clock.now()
         self.reqs[request_id] = r
@@ -271,7 +295,56 @@ class Router:
             "mode": self.cfg.mode,
             "queue": len(self.queue),
             "instances": {i.id: i.state.value for i in self.instances.values()},
+            "models": self.costs(),
         }
+
+    # --- budgets in seconds of each model's measured work --------------------------------
+
+    def cost(self, model: str) -> Profile | None:
+        backend = self._models.get(model)
+        return backend.model.cost if backend is not None else None
+
+    def budget_tokens(self, model: str) -> int:
+        """Prompt tokens one prefill instance of `model` may have outstanding."""
+        if self.cfg.prefill_budget_tokens:
+            return self.cfg.prefill_budget_tokens
+        cost = self.cost(model)
+        return cost.prefill_tokens_in(self.cfg.prefill_budget_s) if cost else FALLBACK_BUDGET_TOKENS
+
+    def max_requests(self, model: str) -> int:
+        """Requests one instance of `model` may have at once (its engine's batch)."""
+        if self.cfg.max_requests_per_instance:
+            return self.cfg.max_requests_per_instance
+        backend = self._models.get(model)
+        seqs = backend.model.max_num_seqs if backend is not None else 0
+        return seqs or FALLBACK_MAX_REQUESTS
+
+    def expected_start_s(self, model: str, num_tokens: int) -> float:
+        """When a new prompt of `num_tokens` could start, in seconds: the prompt tokens
+        ahead of it (queued, and outstanding at the model's instances) over what the
+        instances that serve it, load it or could load it prefill a second. 0: unknown."""
+        cost = self.cost(model)
+        if cost is None:
+            return 0.0
+        mine = [
+            i for i in self.instances.values() if i.model == model and i.state is not InstanceState.INACTIVE
+        ]
+        prefilling = sum(1 for i in mine if i.accepts != "decode")
+        free = sum(1 for i in self.instances.values() if i.state is InstanceState.INACTIVE)
+        ahead = self.queue.tokens_of(model) + sum(i.outstanding_tokens for i in mine) + num_tokens
+        return ahead / (cost.prefill_rate() * max(1, prefilling + free))
+
+    def costs(self) -> dict[str, Any]:
+        """Each model's cost model and the budgets it gives (`/health`)."""
+        out: dict[str, Any] = {}
+        for name, backend in self._models.items():
+            cost = backend.model.cost
+            out[name] = {
+                "cost_model": cost.summary() if cost is not None else None,
+                "prefill_budget_tokens": self.budget_tokens(name),
+                "max_requests_per_instance": self.max_requests(name),
+            }
+        return out
 
     # --- dispatch -----------------------------------------------------------------------
 
@@ -317,7 +390,7 @@ class Router:
         for inst in self.instances.values():
             if inst.model != want or self._accepts(inst) != role or inst.rank not in self.connected:
                 continue
-            if inst.num_assigned >= self.cfg.max_requests_per_instance:
+            if inst.num_assigned >= self.max_requests(want):
                 continue
             if (
                 role != "decode"

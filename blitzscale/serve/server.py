@@ -27,9 +27,11 @@ from blitzscale.checkpoint.native import is_native_folder
 from blitzscale.checkpoint.resolve import hf_id
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.cluster.spawn import make_spawner
+from blitzscale.control.costmodel import Profile
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
 from blitzscale.serve.config import ModelEntry, ServeConfig
+from blitzscale.serve.costs import cost_models, profile_file
 from blitzscale.serve.dataplane import ZmqDataPlane
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.models import ScaledModel, ServedModel
@@ -62,8 +64,8 @@ def check_model_tp(name: str, tp: int) -> None:
         check_tp(load_config(resolve_model(name)), tp)
 
 
-def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig) -> ServedModel:
-    """What the router needs of a model: tokenizer, vocabulary, context."""
+def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig, cost: Profile | None = None) -> ServedModel:
+    """What the router needs of a model: tokenizer, vocabulary, context, cost model."""
     src = resolve_model(folder)
     mcfg = load_config(src)
     limit = mcfg.max_position_embeddings
@@ -76,6 +78,8 @@ def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig) -> ServedModel:
         root=hf_id(m.spec),
         # (several models: one may start at zero, or be reclaimed to it, and still serve)
         may_idle_at_zero=m.min_instances == 0 and (math.isfinite(keep) or len(cfg.models) > 1),
+        cost=cost,
+        max_num_seqs=cfg.engine.for_device(cfg.cluster.device).max_num_seqs,
     )
 
 
@@ -100,6 +104,8 @@ class ServingCluster:
         }
         default = models[0]
         folder = folders[default.name]
+        given = profile_file(cfg)  # (a bad file is refused before any worker starts)
+        engine = cfg.engine.for_device(cfg.cluster.device)  # what every worker is told
         # The workers' backend (local processes, or Ray actors) says which address they reach
         # this process at: the router's data socket is bound there.
         spawner = make_spawner(cfg.cluster)
@@ -108,7 +114,7 @@ class ServingCluster:
         data.setsockopt(zmq.LINGER, 0)
         port = data.bind_to_random_port(f"tcp://{host}")
         use_standby = cfg.cluster.uses_standby and tp == 1  # (TP instances: not yet)
-        standby = StandbySpec(default.name, folder, cfg.engine) if use_standby else None
+        standby = StandbySpec(default.name, folder, engine) if use_standby else None
         addr = f"tcp://{host}:{port}"
         self.cluster = LocalCluster(
             cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby, tp=tp, spawner=spawner
@@ -118,7 +124,15 @@ class ServingCluster:
         except BaseException:
             self.cluster = None  # start() stopped what it began (the spawner's too)
             raise
-        served = [await asyncio.to_thread(_served_model, m, folders[m.name], cfg) for m in models]
+        try:
+            costs = await cost_models(self.cluster, cfg, models, folders, engine, given)
+        except BaseException:
+            await asyncio.to_thread(self.cluster.stop)
+            self.cluster = None
+            raise
+        served = [
+            await asyncio.to_thread(_served_model, m, folders[m.name], cfg, costs[m.name]) for m in models
+        ]
         plane = ZmqDataPlane(data, self.cluster.token)
         first = served[0]
         self.router = Router(
@@ -137,7 +151,7 @@ class ServingCluster:
         await self.router.start()
         self.metrics = ClusterMetrics(self.registry, self.router)
         self.scaler = Scaler(
-            self.router, cfg.planner, cfg.policy, default.name, folder, folder, cfg.engine, self.metrics
+            self.router, cfg.planner, cfg.policy, default.name, folder, folder, engine, self.metrics
         )
         for m in models:
             f = folders[m.name]

@@ -18,9 +18,9 @@ from typing import Any
 from blitzscale import clock
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
-from blitzscale.control.costmodel import Profile
+from blitzscale.control.costmodel import CostReport, Profile
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, HelloMsg, KVSentMsg, Message, ReplyMsg, Role
+from blitzscale.messages import ActivateMsg, HelloMsg, KVSentMsg, Message, ProfileMsg, ReplyMsg, Role
 from blitzscale.sim.cores import HostCores
 from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
 from blitzscale.sim.links import Links, Topology
@@ -279,6 +279,11 @@ class SimCluster:
 
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         return "simulated"
+
+    async def cost_report(self, rank: int, msg: ProfileMsg) -> CostReport:
+        """A simulated GPU costs what its profile says."""
+        p = self.profile
+        return CostReport(p.device, p.weight_bytes, p.kv_bytes_per_token, p.num_layers, p, cached=True)
 
     async def respawn(self, rank: int) -> dict[str, Any]:
         raise BlitzScaleError("simulated workers do not die")

@@ -90,7 +90,9 @@ class Standby:
     def take_engine(self, weights: ModelWeights, engine: EngineConfig) -> LLMEngine | None:
         """The standby engine, if `weights` is its buffer and the activation asks for the
         engine it was built as; it is the activated instance's from now on."""
-        if self.handed_out is not weights or self.engine is None or engine != self.engine.config:
+        if self.handed_out is not weights or self.engine is None:
+            return None
+        if engine.for_device(self.device.type) != self.engine.config:
             return None
         built, self.engine, self.handed_out = self.engine, None, None
         return built
@@ -124,7 +126,7 @@ class Standby:
             return False
         if engine is None or engine.model.weights is not weights or not engine.is_idle:
             return False
-        if engine.config != spec.engine or weights.layout.tp_size != 1:
+        if engine.config != spec.engine.for_device(self.device.type) or weights.layout.tp_size != 1:
             return False
         weights.readiness.reset()
         self.weights, self.engine = weights, engine

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("blitzscale.worker")
 LIVE_SETUP_WAIT_S = 60.0  # a live shard's own transfer must have begun by then
 
+
 class TPInbox:
     """A follower's reader of its instance's control group: a thread that takes each command
     off the group and passes its bytes to the main loop's poller (`socket`)."""
@@ -278,5 +279,3 @@ class TPFollower:
     @property
     def busy(self) -> bool:
         return bool(self._sends or self._dropped)
-
-

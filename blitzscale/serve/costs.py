@@ -1,0 +1,114 @@
+"""The cost model of every served model on the workers' device, found once at start.
+
+The default model's is measured by its first worker (worker/costprobe.py; kept in the cache
+folder's `profiles/`, so a restart reads it back) or read from `[model] profile`, which must
+be of this model and of this kind of device. A model of the same shape shares it; another
+shape gets it scaled by weight bytes (an estimate until it is measured itself). A
+tensor-parallel instance is not probed yet: without a profile file its budgets fall back to
+token counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from blitzscale.cluster.base import Cluster
+from blitzscale.control.costmodel import CostReport, Profile, ProfileError, load_profile
+from blitzscale.engine.config import EngineConfig
+from blitzscale.messages import ProfileMsg
+from blitzscale.serve.config import ModelEntry, ServeConfig
+
+log = logging.getLogger("blitzscale.serve")
+
+
+def profiles_dir(cfg: ServeConfig) -> Path:
+    root = cfg.model.cache_dir or os.environ.get("BLITZSCALE_CACHE", "~/.cache/blitzscale")
+    return Path(root).expanduser() / "profiles"
+
+
+def profile_file(cfg: ServeConfig) -> Profile | None:
+    """`[model] profile`, read and checked against the device type (before any worker
+    starts; the GPU's name and the model's shape are checked once a worker says them)."""
+    path = cfg.model.profile
+    if not path:
+        return None
+    profile = load_profile(path)
+    if cfg.cluster.device == "cpu":
+        profile.check_device("cpu", f"[model] profile {path}")
+    elif profile.device.lower().startswith("cpu"):
+        raise ProfileError(
+            f"[model] profile {path}: measured on {profile.device!r}, "
+            f"but the workers run on {cfg.cluster.device}"
+        )
+    return profile
+
+
+async def _report(
+    cluster: Cluster, model: ModelEntry, folder: str, engine: EngineConfig, cache: Path, measure: bool
+) -> CostReport:
+    msg = ProfileMsg(
+        op_id=cluster.next_op(),
+        model=model.name,
+        source=folder,
+        engine=engine,
+        cache_dir=str(cache),
+        measure=measure,
+    )
+    return await cluster.cost_report(0, msg)
+
+
+async def cost_models(
+    cluster: Cluster,
+    cfg: ServeConfig,
+    models: Sequence[ModelEntry],
+    folders: Mapping[str, str],
+    engine: EngineConfig,
+    given: Profile | None = None,
+) -> dict[str, Profile | None]:
+    """Each model's cost model (None: unknown; its budgets count tokens). `given`: the
+    `[model] profile` file, read before the workers started (`profile_file`)."""
+    cache = profiles_dir(cfg)
+    default = models[0]
+    measure = given is None and cfg.model.tp == 1
+    first = await _report(cluster, default, folders[default.name], engine, cache, measure)
+    if given is not None:
+        first.check(given, f"[model] profile {cfg.model.profile}")
+    base = given or first.profile
+    if base is None:
+        log.warning(
+            "no cost model for tp=%d instances (give [model] profile): budgets count tokens", cfg.model.tp
+        )
+        return {m.name: None for m in models}
+    how = f"from {cfg.model.profile}" if given else ("read back" if first.cached else "measured")
+    log.info(
+        "cost model of %s on %s (%s, %.2f s): %s",
+        default.name,
+        first.device_name,
+        how,
+        first.probe_s,
+        describe(base),
+    )
+    out: dict[str, Profile | None] = {default.name: base}
+    for m in models[1:]:
+        r = await _report(cluster, m, folders[m.name], engine, cache, measure=False)
+        shape = (r.weight_bytes, r.kv_bytes_per_token, r.num_layers)
+        if shape == (base.weight_bytes, base.kv_bytes_per_token, base.num_layers):
+            out[m.name] = base
+        else:
+            out[m.name] = base.scaled(m.name, *shape)
+            log.info("cost model of %s: %s", m.name, out[m.name].note)  # type: ignore[union-attr]
+    return out
+
+
+def describe(p: Profile) -> str:
+    """One line: the prefill rate and decode step times at the smallest and largest batch."""
+    lo, hi = p.decode_batch[0], p.decode_batch[-1]
+    ctx = p.decode_context[0]
+    return (
+        f"prefill {p.prefill_rate():,.0f} tokens/s ({p.prefill_tokens[-1]} a step), decode "
+        f"{1000 * p.decode_s(lo, ctx):.2f} ms at batch {lo}, "
+        f"{1000 * p.decode_s(hi, ctx):.2f} ms at batch {hi}"
+    )

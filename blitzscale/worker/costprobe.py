@@ -1,0 +1,242 @@
+"""A worker measures the cost model of the model it serves on its own device.
+
+A few timed engine steps (prefill of a few prompt lengths, decode at a few batch sizes and
+contexts) become a `Profile` (control/costmodel.py): the one definition of "how long does
+this model take here" that the router's budgets, the planner's rates and the simulator read.
+On a GPU it runs on the standby engine before any weights arrive (zeroed weights: the time
+of a step does not depend on their values), on CPU on a scratch engine that is dropped
+after; either way it is measured once per model shape, device and engine setting and kept
+in the cache folder, so a restart reads it back in milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from blitzscale.control.costmodel import Profile
+
+__all__ = ["ProbePoints", "Profile", "measure", "scratch_engine", "zeroed"]
+from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
+from blitzscale.kvcache.cache import KVCache
+from blitzscale.model.config import ModelConfig
+from blitzscale.model.weights import ModelWeights
+
+log = logging.getLogger("blitzscale.worker")
+
+
+@dataclass(frozen=True)
+class ProbePoints:
+    """Where the step times are measured; beyond the last point the profile extends with
+    the last slope."""
+
+    prefill_tokens: tuple[int, ...]
+    decode_batch: tuple[int, ...]
+    decode_context: tuple[int, ...]
+    repeats: int
+
+    @property
+    def tokens_needed(self) -> int:
+        """KV tokens the probe holds at most at once."""
+        steps = self.repeats + 4
+        return max(
+            max(self.prefill_tokens) + 1,
+            max(self.decode_batch) * (max(self.decode_context) + steps + 2),
+        )
+
+
+def probe_points(device: torch.device, engine: EngineConfig) -> ProbePoints:
+    """A GPU measures up to the engine's own step limits (a second or two); a CPU worker,
+    whose steps take a thousand times longer, only small shapes (a few seconds)."""
+    step, seqs = engine.max_num_batched_tokens, engine.max_num_seqs
+    if device.type == "cuda":
+        prefill = (128, 512, 2048, step)
+        batch = (1, 8, 32, 64, seqs)
+        context = (128, 1024)
+        repeats = 3
+    else:
+        prefill = (16, 128, 256)
+        batch = (1, 4)
+        context = (32,)
+        repeats = 1
+    return ProbePoints(
+        prefill_tokens=_upto(prefill, step),
+        decode_batch=_upto(batch, seqs),
+        decode_context=context,
+        repeats=repeats,
+    )
+
+
+def _upto(points: tuple[int, ...], limit: int) -> tuple[int, ...]:
+    return tuple(sorted({min(p, limit) for p in points}))
+
+
+def fit(points: ProbePoints, engine: LLMEngine) -> ProbePoints:
+    """`points` within what `engine` holds: its context and its KV cache (a batch that
+    would not fit would queue, and its step would not be the batch measured)."""
+    room = engine.pool.num_blocks * engine.config.block_size
+    steps = points.repeats + 8
+    batch = tuple(b for b in points.decode_batch if b * (max(points.decode_context) + steps) <= room)
+    return ProbePoints(
+        prefill_tokens=_upto(points.prefill_tokens, min(engine.max_model_len - 2, room - 1)),
+        decode_batch=batch or (1,),
+        decode_context=_upto(points.decode_context, engine.max_model_len - steps),
+        repeats=points.repeats,
+    )
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def cache_key(config: ModelConfig, dtype: torch.dtype, device: torch.device, engine: EngineConfig) -> str:
+    """What a measurement depends on: the model's shapes, dtype, the device, the engine's
+    step limits, block size and overlap, and torch."""
+    parts = {
+        "model": asdict(config),
+        "dtype": str(dtype),
+        "device": device_name(device),
+        "engine": [engine.block_size, engine.max_num_batched_tokens, engine.max_num_seqs, engine.overlap],
+        "torch": torch.__version__,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cached_profile(folder: Path, key: str) -> Profile | None:
+    path = folder / f"{key}.json"
+    if not path.is_file():
+        return None
+    try:
+        return Profile.from_json(json.loads(path.read_text()), str(path))
+    except (ValueError, OSError) as e:  # a broken cache entry is measured again
+        log.warning("ignoring the cached cost model %s: %s", path, e)
+        return None
+
+
+def save_profile(folder: Path, key: str, profile: Profile) -> None:
+    """Written whole or not at all (another worker may be writing the same key)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"{key}.json.tmp{os.getpid()}"
+    profile.save(tmp)
+    tmp.replace(folder / f"{key}.json")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(engine: LLMEngine, steps: int) -> float:
+    device = engine.model.weights.device
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    _sync(device)
+    return (time.perf_counter() - t) / steps
+
+
+def _drain(engine: LLMEngine, ids: list[str]) -> None:
+    for rid in ids:
+        engine.abort(rid)
+    while engine.has_unfinished():
+        engine.step()
+
+
+def _prompts(n: int, length: int, vocab: int, gen: torch.Generator) -> list[list[int]]:
+    return torch.randint(0, vocab, (n, length), generator=gen).tolist()
+
+
+def measure(engine: LLMEngine, points: ProbePoints, name: str) -> Profile:
+    """Time `engine`'s steps at `points` (it must be idle; it is idle again after)."""
+    if not engine.is_idle:
+        raise ValueError("the cost probe needs an idle engine")
+    points = fit(points, engine)
+    weights = engine.model.weights
+    mc, device = weights.config, weights.device
+    gen = torch.Generator().manual_seed(0)
+    one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    engine.generate(_prompts(1, 16, mc.vocab_size, gen), one)  # warm-up
+    prefill_ms = []
+    for n in points.prefill_tokens:
+        best = float("inf")
+        for _ in range(points.repeats):
+            ids = [engine.add_request(p, one) for p in _prompts(1, n, mc.vocab_size, gen)]
+            best = min(best, _timed(engine, 1))  # the whole prompt in one step
+            _drain(engine, ids)
+        prefill_ms.append(round(1000 * best, 3))
+    decode_ms = []
+    steps = points.repeats + 2
+    for b in points.decode_batch:
+        row = []
+        for c in points.decode_context:
+            params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
+            ids = [engine.add_request(p, params) for p in _prompts(b, c, mc.vocab_size, gen)]
+            while any((r := engine.request(i)) is not None and r.num_output_tokens == 0 for i in ids):
+                engine.step()
+            engine.step()  # every request decoding
+            row.append(round(1000 * _timed(engine, steps), 3))
+            _drain(engine, ids)
+        decode_ms.append(tuple(row))
+    per_token = KVCache.bytes_per_block(mc, 1, weights.dtype, weights.layout.tp_size)
+    if device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory
+    else:
+        memory = weights.layout.nbytes + engine.pool.num_blocks * engine.config.block_size * per_token
+    return Profile(
+        name=name,
+        device=device_name(device),
+        note=f"measured by the worker at start (torch {torch.__version__})",
+        weight_bytes=weights.layout.nbytes,
+        kv_bytes_per_token=per_token,
+        device_memory_bytes=int(memory),
+        memory_utilization=engine.config.gpu_memory_utilization,
+        num_layers=mc.num_layers,
+        prefill_tokens=points.prefill_tokens,
+        prefill_ms=tuple(prefill_ms),
+        decode_batch=points.decode_batch,
+        decode_context=points.decode_context,
+        decode_ms=tuple(decode_ms),
+    )
+
+
+@contextmanager
+def zeroed(weights: ModelWeights) -> Iterator[None]:
+    """The buffer zeroed and marked whole while the probe runs (a standby's buffer is
+    marked missing again after: no weights have arrived)."""
+    weights.buffer.zero_()
+    weights.readiness.mark_all_ready()
+    try:
+        yield
+    finally:
+        weights.readiness.reset()
+
+
+def scratch_engine(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device, engine: EngineConfig, points: ProbePoints
+) -> LLMEngine:
+    """An engine on zeroed weights with just the KV cache the probe needs."""
+    weights = ModelWeights.empty(config, dtype, device)
+    weights.buffer.zero_()
+    weights.readiness.mark_all_ready()
+    blocks = -(-points.tokens_needed // engine.block_size) + max(points.decode_batch) + 1
+    cfg = EngineConfig(
+        block_size=engine.block_size,
+        num_kv_blocks=blocks,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_seqs=engine.max_num_seqs,
+        max_model_len=max(points.prefill_tokens) + max(points.decode_context) + 64,
+        overlap=engine.overlap,
+    )
+    return LLMEngine(weights, None, cfg)
