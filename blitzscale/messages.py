@@ -377,6 +377,12 @@ class StatsMsg(Msg):
     used_blocks: int
     total_blocks: int
     num_live: int = 0  # tasks in a live target's queue
+    # Where the worker's time goes (cumulative since it started): engine steps run, seconds
+    # inside them (with overlap: launch, sampling and the wait for the step before), and
+    # seconds of its loop while it had work (steps plus messages, polling, outputs).
+    num_steps: int = 0
+    step_s: float = 0.0
+    busy_s: float = 0.0
 
 
 Message = (

@@ -31,6 +31,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--json", action="store_true", help="(output is always JSON)")
     e.set_defaults(func=_run_engine)
 
+    s = bsub.add_parser("serve", help="serve's default configuration against its engine alone, same mixes")
+    s.add_argument("--model", default="", help="default: random:llama3-8b on cuda, smollm2-135m on cpu")
+    s.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    s.add_argument("--streams", type=_int_list, default=None, help="closed-loop streams (default 64,256)")
+    s.add_argument("--prompt-len", type=int, default=0, help="closed-loop prompt tokens (default 512)")
+    s.add_argument("--max-tokens", type=int, default=0, help="closed-loop output tokens (default 256)")
+    s.add_argument("--window", type=float, default=0.0, help="measured seconds of each closed loop")
+    s.add_argument("--warmup", type=float, default=-1.0, help="unmeasured seconds before it")
+    s.add_argument("--burst", type=int, default=0, help="prompts sent at once (default 128)")
+    s.add_argument("--burst-len", type=int, default=0, help="their tokens (default 2048)")
+    s.add_argument("--single-len", type=int, default=0, help="one prompt at a time: its tokens")
+    s.add_argument("--no-engine", action="store_true", help="skip the engine-alone half")
+    s.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+    s.set_defaults(func=_run_serve)
+
     t = bsub.add_parser("transfer", help="weight loading by network, host cache and disk paths")
     t.add_argument("--model", default="smollm2-135m")
     t.add_argument("--workers", type=int, default=2)
@@ -286,6 +301,51 @@ def _run_live(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
     )
     print(json.dumps(run_live_bench(cfg), indent=2))
+    return 0
+
+
+# bench serve's mixes on a CPU worker with SmolLM2 (its steps take a thousand times longer)
+CPU_MIX = {
+    "streams": (4, 16),
+    "prompt_len": 64,
+    "max_tokens": 32,
+    "window_s": 30.0,
+    "warmup_s": 5.0,
+    "burst": 16,
+    "burst_len": 128,
+    "single_len": 256,
+    "stream_tokens": 32,
+}
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from blitzscale.bench.mixes import Mix
+    from blitzscale.bench.serve_bench import ServeBenchConfig, run_serve_bench
+    from blitzscale.cli.common import check_device
+    from blitzscale.errors import InvalidRequestError
+
+    check_device(args.device)
+    cpu = args.device == "cpu"
+    base = Mix(**CPU_MIX) if cpu else Mix()  # type: ignore[arg-type]
+    flags = {
+        "streams": tuple(args.streams) if args.streams else None,
+        "prompt_len": args.prompt_len or None,
+        "max_tokens": args.max_tokens or None,
+        "window_s": args.window or None,
+        "warmup_s": args.warmup if args.warmup >= 0 else None,
+        "burst": args.burst or None,
+        "burst_len": args.burst_len or None,
+        "single_len": args.single_len or None,
+    }
+    try:
+        mix = dataclasses.replace(base, **{k: v for k, v in flags.items() if v is not None})
+    except ValueError as e:
+        raise InvalidRequestError(f"bench serve: {e}") from e
+    model = args.model or ("smollm2-135m" if cpu else "random:llama3-8b")
+    cfg = ServeBenchConfig(model=model, device=args.device, mix=mix, engine_alone=not args.no_engine)
+    _emit(run_serve_bench(cfg), args.out)
     return 0
 
 

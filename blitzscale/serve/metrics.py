@@ -22,6 +22,32 @@ class _RouterCollector(Collector):
     def __init__(self, router: Router) -> None:
         self.router = router
 
+    def _worker_time(self) -> Iterator[CounterMetricFamily]:
+        """Where each serving instance's worker spends its time (its first rank's loop)."""
+        steps = CounterMetricFamily(
+            "blitzscale_engine_steps", "Engine steps run by each serving instance", labels=["instance"]
+        )
+        step_s = CounterMetricFamily(
+            "blitzscale_engine_step_seconds",
+            "Seconds inside engine steps (launch, sampling, waiting for the device)",
+            labels=["instance"],
+        )
+        busy_s = CounterMetricFamily(
+            "blitzscale_worker_busy_seconds",
+            "Seconds of the worker loop while it had work (steps plus messages and outputs)",
+            labels=["instance"],
+        )
+        for i in self.router.instances.values():
+            s = i.stats
+            if s is None or i.state is InstanceState.INACTIVE:
+                continue
+            steps.add_metric([str(i.id)], s.num_steps)
+            step_s.add_metric([str(i.id)], s.step_s)
+            busy_s.add_metric([str(i.id)], s.busy_s)
+        yield steps
+        yield step_s
+        yield busy_s
+
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         router = self.router
         models = router.model_names()
@@ -74,6 +100,7 @@ class _RouterCollector(Collector):
             usage.add_metric([str(i.id)], s.used_blocks / s.total_blocks)
         yield kv
         yield usage
+        yield from self._worker_time()
         refused = CounterMetricFamily(
             "blitzscale_requests_refused", "Requests refused by load shedding", labels=["reason"]
         )

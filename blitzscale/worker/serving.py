@@ -86,6 +86,11 @@ class ServingLoop:
         self._last_stats = 0.0
         self._was_idle = True
         self._failed_steps = 0  # in a row
+        self.num_steps = 0  # where the loop's time goes (StatsMsg)
+        self.step_s = 0.0
+        self.busy_s = 0.0
+        self._last_tick = 0.0
+        self._had_work = False
         self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
 
     @property
@@ -241,7 +246,12 @@ class ServingLoop:
     def tick(self) -> bool:
         """Advance migrations, run one engine step; True if there was anything to do."""
         e = self.engine
+        now = time.perf_counter()
+        if self._had_work:  # the time since the last tick was spent on work
+            self.busy_s += now - self._last_tick
+        self._last_tick = now
         if e is None:
+            self._had_work = False
             return False
         self._poll_migrations(e)
         self.live.poll(e)
@@ -252,7 +262,10 @@ class ServingLoop:
                 return False
         busy = e.has_unfinished()
         if busy:
+            t = time.perf_counter()
             outs = self._step(e)
+            self.step_s += time.perf_counter() - t
+            self.num_steps += 1
             if outs:
                 self.send(OutputsMsg(rank=self.rank, outputs=[self._output(e, o) for o in outs]))
         self._check_when_idle(e)
@@ -260,7 +273,8 @@ class ServingLoop:
         if now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self.send(self.stats())
-        return busy or bool(self._recvs or self._sends or self.live.busy)
+        self._had_work = busy or bool(self._recvs or self._sends or self.live.busy)
+        return self._had_work
 
     def _ask_shards(self, e: LLMEngine) -> None:
         """A live TP target: how far every shard's weights are, before each step (idle:
@@ -324,6 +338,9 @@ class ServingLoop:
             used_blocks=c["used_blocks"],
             total_blocks=c["total_blocks"],
             num_live=c["live"],
+            num_steps=self.num_steps,
+            step_s=self.step_s,
+            busy_s=self.busy_s,
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:
