@@ -141,3 +141,41 @@ def test_a_failed_step_drops_the_tokens_in_flight(tiny_weights: Any) -> None:
     again = e.generate([[5, 6, 7]], params)[0]
     ref = _engine(w, None, "off").generate([[5, 6, 7]], params)[0]
     assert again.token_ids == ref.token_ids
+
+
+def test_a_closed_loop_keeps_overlapping_as_requests_end_and_arrive(tiny_weights: Any) -> None:
+    """Streams that each send their next prompt as the last one ends (what a serving
+    engine sees under load): every step some request ends by max_tokens and another
+    arrives. New prompts join the step in flight and a request whose pending token is its
+    last is not scheduled again, so nearly every step overlaps, with the same tokens."""
+    w = tiny_weights("tiny-llama3")
+    prompts = [[(7 * i + j) % 200 + 1 for j in range(5 + i % 4)] for i in range(24)]
+
+    def loop(mode: str) -> tuple[dict[str, list[int]], LLMEngine, int]:
+        e = _engine(w, None, mode, max_num_seqs=8)
+        nxt, done, steps = 0, {}, 0
+
+        def add() -> None:
+            nonlocal nxt
+            params = SamplingParams(max_tokens=3 + nxt % 5, temperature=0, ignore_eos=True)
+            e.add_request(prompts[nxt], params, request_id=f"q{nxt}")
+            nxt += 1
+
+        for _ in range(4):
+            add()
+        while e.has_unfinished():
+            for o in e.step():
+                assert PENDING not in o.token_ids, o
+                if o.finished:
+                    done[o.request_id] = o.token_ids
+                    if nxt < len(prompts):
+                        add()
+            e.check_integrity()
+            steps += 1
+            assert steps < 1000, "the engine never finished"
+        return done, e, steps
+
+    off, _, _ = loop("off")
+    on, e, steps = loop("on")
+    assert on == off and len(on) == len(prompts)
+    assert e.overlap is not None and e.overlap.steps >= 0.7 * steps, (e.overlap.steps, steps)

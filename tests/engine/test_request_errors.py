@@ -106,9 +106,20 @@ def test_aborting_unknown_or_finished_requests_is_a_no_op(engine: LLMEngine) -> 
 
 
 def test_bad_engine_config() -> None:
-    for kw in ({"block_size": 0}, {"max_num_batched_tokens": 0}, {"max_num_seqs": -1}):
-        with pytest.raises(ValueError, match="must be positive"):
+    with pytest.raises(ValueError, match="must be positive"):
+        EngineConfig(block_size=0)
+    for kw in ({"max_num_batched_tokens": -1}, {"max_num_seqs": -1}):
+        with pytest.raises(ValueError, match=r"must be >= 0 \(0: sized for the device\), got -?\d+/-?\d+"):
             EngineConfig(**kw)
+
+
+def test_step_limits_left_at_zero_are_the_devices() -> None:
+    """0 is "sized for the device": a GPU takes vLLM's large-GPU limits, a CPU smaller ones;
+    a value given is kept."""
+    assert EngineConfig().for_device("cuda") == EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256)
+    assert EngineConfig().for_device("cuda:1").max_num_seqs == 256
+    assert EngineConfig().for_device("cpu") == EngineConfig(max_num_batched_tokens=2048, max_num_seqs=64)
+    assert EngineConfig(max_num_seqs=8).for_device("cuda").max_num_seqs == 8
 
 
 def test_generate_with_one_bad_prompt_queues_none_of_them(engine: LLMEngine) -> None:
