@@ -330,7 +330,8 @@ class Router:
             i for i in self.instances.values() if i.model == model and i.state is not InstanceState.INACTIVE
         ]
         prefilling = sum(1 for i in mine if i.accepts != "decode")
-        free = sum(1 for i in self.instances.values() if i.state is InstanceState.INACTIVE)
+        tp = self.state.tp
+        free = sum(1 for r in self.cluster.alive_ranks() if r % tp == 0 and self.state.is_free(r))
         ahead = self.queue.tokens_of(model) + sum(i.outstanding_tokens for i in mine) + num_tokens
         return ahead / (cost.prefill_rate() * max(1, prefilling + free))
 
