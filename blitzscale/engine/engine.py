@@ -113,11 +113,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_cache, self.config.max_num_seqs, self.max_model_len)
         self.table = RequestTable(self.pool)  # every request here, with its status
         self.scheduler = Scheduler(
-            self.pool,
-            self.config.max_num_batched_tokens,
-            self.config.max_num_seqs,
-            self.table,
-            self.max_model_len,
+            self.pool, self.config.max_num_batched_tokens, self.config.max_num_seqs, self.table
         )
         eos = set(weights.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:

@@ -10,15 +10,11 @@ with N+1), runs its stop checks and emits its outputs. A request that stopped at
 got one more token computed in N+1; that row is dropped. SGLang's overlap scheduler works
 the same way.
 
-Only plain requests overlap (the engine checks before it launches a step with pending
-tokens): no live or relayed work, no aborted output to send, no request, running or
-waiting to be admitted, that holds its KV for migration or draws from its own seeded
-generator, none with logits processors or logprobs (they read their own tokens every
-step), and KV blocks for every running request without preemption. New prompts are
-admitted into an overlapped step (it runs eagerly, their prefill beside the pending
-decodes), and a request whose pending token is its last is simply not scheduled again: a
-closed loop of streams, where every step some request ends and another arrives, overlaps
-as a fixed batch does.
+Only plain decoding overlaps (the engine checks before it launches a step with pending
+tokens): nothing waiting to be admitted, no live or relayed work, no aborted output to
+send, no request that holds its KV for migration or draws from its own seeded generator,
+none with logits processors or logprobs (they read their own tokens every step), none at
+its length limit, and KV blocks for every running request without preemption.
 Anything else reads the step in flight first and goes on as without overlap, so a request
 never reaches a queue, an output or another instance with a pending token.
 """
@@ -30,12 +26,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from blitzscale.engine.request import PENDING, Request, RequestStatus
+from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.sampler import sample_async
 from blitzscale.engine.scheduler import Scheduler
 from blitzscale.engine.sync import wait_for_event
 from blitzscale.kvcache.pool import BlockPool
 
+PENDING = -2  # a token id still on the device (never a real id, nor the sampler's NO_TOKEN)
 Emit = Callable[[Request, int], None]
 
 
@@ -140,18 +137,20 @@ class Overlap:
                 req.token_ids.pop()
 
     def can_continue(self) -> bool:
-        """Can the next step launch before the one in flight is read, as far as the batch
-        goes (the engine checks the rest)? Every running and waiting request is plain, and
-        blocks and token budget suffice for the running ones without preemption (one whose
-        pending token is its last needs nothing: it is not scheduled again)."""
-        if not all(map(plain, self.scheduler.waiting)):
+        """Can the next step launch before the one in flight is read, as far as the running
+        batch goes (the engine checks the rest)? Every running request is plain, none is at
+        its length limit with its pending token, there is nothing to admit, and blocks
+        and token budget suffice for all without preemption."""
+        if self.scheduler.waiting:
             return False
         need = tokens = 0
         for r in self.scheduler.running:
             if not plain(r):
                 return False
-            if r.stops_on_pending(self.max_model_len):
-                continue
+            if r.token_ids[-1] == PENDING and (
+                r.num_output_tokens >= r.params.max_tokens or r.num_tokens >= self.max_model_len
+            ):
+                return False  # it stops there: read it first
             tokens += r.num_tokens - r.num_computed_tokens
             need += max(0, self.pool.blocks_for_tokens(r.num_tokens) - len(r.block_ids))
         return tokens <= self.max_num_batched_tokens and self.pool.can_allocate(need)

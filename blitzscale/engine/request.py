@@ -11,8 +11,6 @@ import torch
 
 from blitzscale.errors import InvalidRequestError
 
-PENDING = -2  # a token id still on the device (overlap.py; never a real id, nor the sampler's NO_TOKEN)
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -180,13 +178,6 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    def stops_on_pending(self, max_model_len: int) -> bool:
-        """Its last token is still on the device (an overlapped step) and is its last one
-        (its max_tokens, or the context): it stops there, so nothing more is scheduled."""
-        if not self.token_ids or self.token_ids[-1] != PENDING:
-            return False
-        return self.num_output_tokens >= self.params.max_tokens or 0 < max_model_len <= self.num_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -46,11 +46,8 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         table: RequestTable | None = None,
-        max_model_len: int = 0,
     ) -> None:
-        """`max_model_len`: a request at it stops (0: none given)."""
         self.pool = pool
-        self.max_model_len = max_model_len
         self.table = table if table is not None else RequestTable(pool)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -73,9 +70,6 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.stops_on_pending(self.max_model_len):  # its last token is in flight
-                i += 1
-                continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             need = self._blocks_needed(req, n)
             while not self.pool.can_allocate(need) and self.running[-1] is not req:
