@@ -1,0 +1,72 @@
+"""A worker's cost probe (worker/costprobe.py): timed steps of an idle engine become a
+Profile of the served model's shape, kept per shape, device and engine limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from blitzscale.checkpoint.presets import PRESETS
+from blitzscale.engine import EngineConfig, SamplingParams
+from blitzscale.worker import costprobe
+
+CONFIG = PRESETS["tiny-llama3"]
+ENGINE = EngineConfig(block_size=16).for_device("cpu")
+
+
+def test_a_probe_of_a_scratch_engine_is_a_profile_of_the_model() -> None:
+    cpu = torch.device("cpu")
+    points = costprobe.probe_points(cpu, ENGINE)
+    assert points.prefill_tokens == (16, 128, 256) and points.decode_batch == (1, 4)
+    engine = costprobe.scratch_engine(CONFIG, torch.float32, cpu, ENGINE, points)
+    p = costprobe.measure(engine, points, "tiny")
+    assert engine.is_idle  # what it ran is gone
+    engine.check_integrity()
+    assert (p.name, p.num_layers, p.weight_bytes) == (
+        "tiny",
+        CONFIG.num_layers,
+        engine.model.weights.layout.nbytes,
+    )
+    assert p.device.startswith("cpu") and p.prefill_tokens == points.prefill_tokens
+    assert all(ms > 0 for ms in p.prefill_ms) and all(ms > 0 for row in p.decode_ms for ms in row)
+    assert p.prefill_rate() > 0 and p.kv_bytes_per_token > 0
+
+
+def test_points_fit_what_the_engine_holds() -> None:
+    """A small KV cache or context drops the batches and prompts it could not hold at once
+    (they would queue, and the step timed would not be the one named)."""
+    cuda_points = costprobe.probe_points(torch.device("cuda"), EngineConfig().for_device("cuda"))
+    assert cuda_points.prefill_tokens[-1] == 8192 and cuda_points.decode_batch[-1] == 256
+    small = costprobe.scratch_engine(
+        CONFIG, torch.float32, torch.device("cpu"), ENGINE, costprobe.ProbePoints((16,), (1,), (32,), 1)
+    )
+    fitted = costprobe.fit(cuda_points, small)
+    room = small.pool.num_blocks * small.config.block_size
+    assert max(fitted.prefill_tokens) < room
+    assert all(b * max(fitted.decode_context) <= room for b in fitted.decode_batch)
+
+
+def test_the_cache_keeps_a_profile_per_shape_device_and_engine_limits(tmp_path: Path) -> None:
+    cpu = torch.device("cpu")
+    key = costprobe.cache_key(CONFIG, torch.float32, cpu, ENGINE)
+    assert key == costprobe.cache_key(CONFIG, torch.float32, cpu, ENGINE)
+    assert key != costprobe.cache_key(CONFIG, torch.bfloat16, cpu, ENGINE)
+    other = EngineConfig(block_size=16, max_num_seqs=8).for_device("cpu")
+    assert key != costprobe.cache_key(CONFIG, torch.float32, cpu, other)
+    assert costprobe.cached_profile(tmp_path, key) is None
+    points = costprobe.ProbePoints((16, 32), (1, 2), (16,), 1)
+    p = costprobe.measure(costprobe.scratch_engine(CONFIG, torch.float32, cpu, ENGINE, points), points, "t")
+    costprobe.save_profile(tmp_path, key, p)
+    assert costprobe.cached_profile(tmp_path, key) == p
+    (tmp_path / f"{key}.json").write_text("{not json")
+    assert costprobe.cached_profile(tmp_path, key) is None  # broken: measured again, not trusted
+
+
+def test_a_busy_engine_is_not_probed() -> None:
+    points = costprobe.ProbePoints((16,), (1,), (16,), 1)
+    engine = costprobe.scratch_engine(CONFIG, torch.float32, torch.device("cpu"), ENGINE, points)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="idle engine"):
+        costprobe.measure(engine, points, "t")
