@@ -26,6 +26,7 @@ from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.engine.config import EngineConfig
 from blitzscale.engine.request import SamplingParams
 from blitzscale.errors import BlitzScaleError
+from blitzscale.serve.config import SERVE_ENGINE
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.models import ScaledModel, ServedModel
 from blitzscale.serve.router import Router, RouterConfig
@@ -55,7 +56,7 @@ class SimSetup:
     mode: str = "pd"
     planner: PlannerConfig | None = None  # None: rates from the profile, the defaults otherwise
     planner_overrides: dict[str, Any] = field(default_factory=dict)  # over those
-    engine: EngineConfig = field(default_factory=lambda: EngineConfig(block_size=16, max_num_seqs=256))
+    engine: EngineConfig = field(default_factory=lambda: SERVE_ENGINE)  # sized for the preset's device
     router: RouterConfig | None = None
     fixed: tuple[int, int] = (1, 1)  # fixed-*: (prefill, decode) instances
     # Several models on the pool: `model` under each of these names (empty: one model, its
@@ -85,16 +86,13 @@ class SimResult:
 
 
 def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
-    """The planner's per-instance rates from the profile (a 2048-token prefill; the KV
-    link between two GPUs of a node)."""
+    """The planner's KV migration rate from the profile and the link between two GPUs of
+    a node; its prefill rate is the cost model's, as on a live server (the scaler's)."""
     if setup.planner is not None:
         return setup.planner
     p = setup.preset.instance_profile(setup.model)
     link = cluster.links.rate(cluster.topo.path(0, min(1, cluster.world_size - 1)))
-    rates = {
-        "tokens_prefilled_per_sec": 2048 / p.prefill_s(2048),
-        "tokens_transferred_per_sec": link / p.kv_bytes_per_token,
-    }
+    rates = {"tokens_transferred_per_sec": link / p.kv_bytes_per_token}
     return PlannerConfig.from_dict({**rates, **setup.planner_overrides})
 
 
@@ -123,12 +121,15 @@ async def _run(
     cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp)
     pcfg = _policy(policy, setup.fixed)
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
-    engine = replace(setup.engine, max_model_len=model.max_model_len)
+    device = "cpu" if preset.device.startswith("cpu") else "cuda"
+    engine = replace(setup.engine, max_model_len=model.max_model_len).for_device(device)
     names = setup.model_names
     router = Router(rcfg, cluster, cluster.data, None, names[0], 1 << 20, model.max_model_len, tp=model.tp)
     to_zero = math.isfinite(setup.keep_alive_s)
     for name in names:
-        router.add_model(ServedModel(name, None, 1 << 20, model.max_model_len, may_idle_at_zero=to_zero))
+        served = ServedModel(name, None, 1 << 20, model.max_model_len, may_idle_at_zero=to_zero)
+        # the same cost model as a live server's, and its engines' batch
+        router.add_model(replace(served, cost=profile, max_num_seqs=engine.max_num_seqs))
     await router.start()
     metrics = ClusterMetrics(CollectorRegistry(), router)
     scaler = Scaler(router, planner_for(setup, cluster), pcfg, names[0], "sim", "sim", engine, metrics)
