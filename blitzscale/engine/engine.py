@@ -15,20 +15,16 @@ from typing import Any
 
 import torch
 
-from blitzscale.engine.config import EngineConfig
+from blitzscale.core.config import EngineConfig
+from blitzscale.core.outputs import RequestOutput, TokenLogprob
+from blitzscale.core.sampling import SamplingParams
+from blitzscale.core.validate import validate_request
 from blitzscale.engine.live import LiveQueue, finish_relayed
 from blitzscale.engine.logits import History, logprobs_of
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
 from blitzscale.engine.overlap import Overlap, plain
-from blitzscale.engine.request import (
-    Handoff,
-    Request,
-    RequestOutput,
-    RequestStatus,
-    SamplingParams,
-    TokenLogprob,
-)
+from blitzscale.engine.request import Handoff, Request, RequestStatus
 from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
 from blitzscale.engine.table import STEPPED, RequestTable
@@ -42,31 +38,6 @@ from blitzscale.model.weights import ModelWeights
 S = RequestStatus
 # Check the KV block books after every step (the test suite sets this; workers inherit it).
 CHECK_EVERY_STEP = os.environ.get("BLITZSCALE_CHECK_INTEGRITY", "") == "1"
-
-
-def validate_request(
-    prompt_token_ids: list[int], params: SamplingParams, vocab: int, max_model_len: int
-) -> None:
-    """The checks any front end can make without an engine (the router makes them too)."""
-    params.validate()
-    n = len(prompt_token_ids)
-    if n == 0:
-        raise InvalidRequestError("prompt is empty", "prompt")
-    bad = next(((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise InvalidRequestError(
-            f"prompt token {bad[1]} at position {bad[0]} is outside the vocabulary [0, {vocab})"
-        )
-    if n >= max_model_len:
-        raise InvalidRequestError(
-            f"prompt has {n} tokens but the context is {max_model_len} tokens "
-            "(prompt plus at least one generated token must fit)"
-        )
-    bad_bias = next((t for t, _ in params.logit_bias if t >= vocab), None)
-    if bad_bias is not None:
-        raise InvalidRequestError(
-            f"logit_bias token {bad_bias} is outside the vocabulary [0, {vocab})", "logit_bias"
-        )
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:

@@ -14,8 +14,9 @@ from blitzscale.cluster.base import Cluster
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
+from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ReplyMsg, Role
+from blitzscale.messages import ReplyMsg
 from blitzscale.serve.router import Router
 
 if TYPE_CHECKING:

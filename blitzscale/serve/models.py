@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from blitzscale.control.costmodel import Profile
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import InvalidRequestError
 
 if TYPE_CHECKING:

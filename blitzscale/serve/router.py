@@ -21,8 +21,10 @@ from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.costmodel import Profile
 from blitzscale.control.snapshot import InstanceState
-from blitzscale.engine.engine import validate_request
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.roles import Role
+from blitzscale.core.sampling import SamplingParams
+from blitzscale.core.validate import validate_request
 from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFailedError, UnavailableError
 from blitzscale.messages import (
     RELAY_EVENTS,
@@ -38,7 +40,6 @@ from blitzscale.messages import (
     RelayedMsg,
     RelayNoneMsg,
     RequestEvent,
-    Role,
     StatsMsg,
 )
 from blitzscale.serve.dataplane import DataPlane

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from blitzscale.core.outputs import RequestOutput
 from blitzscale.engine import LLMEngine
 from blitzscale.engine.engine import CHECK_EVERY_STEP
-from blitzscale.engine.request import RequestOutput, RequestStatus
+from blitzscale.engine.request import RequestStatus
 from blitzscale.errors import BlitzScaleError, KVIntegrityError
 from blitzscale.messages import (
     AbortMsg,

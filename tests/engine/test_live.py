@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from blitzscale.checkpoint import load_weights, resolve_model
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.engine import EngineConfig, LLMEngine
-from blitzscale.engine.request import SamplingParams
 
 CFG = EngineConfig(block_size=16, num_kv_blocks=64, max_num_batched_tokens=512, max_model_len=256)
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import blitzscale
-from blitzscale.engine.request import Request, RequestStatus, SamplingParams
+from blitzscale.core.sampling import SamplingParams
+from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.table import TRANSITIONS, RequestStateError, RequestTable
 from blitzscale.errors import InvalidRequestError, KVIntegrityError
 from blitzscale.kvcache import BlockPool
