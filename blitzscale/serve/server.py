@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.convert import convert
-from blitzscale.checkpoint.native import is_native_folder
+from blitzscale.checkpoint.folders import is_native_folder
 from blitzscale.checkpoint.resolve import hf_id
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.cluster.spawn import make_spawner
