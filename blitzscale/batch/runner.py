@@ -25,7 +25,7 @@ from blitzscale.batch.plan import BatchPlan, RunSpec
 from blitzscale.batch.plot import write_comparison_png
 from blitzscale.batch.report import write_comparison_csv
 from blitzscale.client.summary import Summary
-from blitzscale.demo.runner import RunResult
+from blitzscale.demo.result import RunResult
 from blitzscale.errors import InvalidRequestError
 
 Execute = Callable[[RunSpec, Path, Summary | None], RunResult]
