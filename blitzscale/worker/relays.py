@@ -4,11 +4,14 @@ As a live target: report progress (first layers in, fully loaded, drained), hand
 over (`RelayMsg`) and send its hidden states and KV of layers [0, k) once told to. As a
 source: reserve blocks and post the receives for a relayed task, then let the engine
 finish it. Every stream between two ranks is posted in the order the router sequenced.
+It reaches the engine, the links and the outbox through `LiveSideLoop`, what it uses of
+the serving loop.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from blitzscale.engine import LLMEngine
 from blitzscale.engine.request import RequestStatus
@@ -20,6 +23,7 @@ from blitzscale.messages import (
     LiveLoadedMsg,
     LiveReadyMsg,
     LostMsg,
+    Message,
     RelayedMsg,
     RelayInMsg,
     RelayLostMsg,
@@ -34,16 +38,31 @@ from blitzscale.messages import (
     TPKVSendMsg,
 )
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_all
+from blitzscale.worker.tp import TPLeader
+from blitzscale.worker.world import Links
 
-if TYPE_CHECKING:
-    from blitzscale.worker.serving import ServingLoop
+
+class LiveSideLoop(Protocol):
+    """What the live side uses of the serving loop that composes it."""
+
+    rank: int
+    links: Links
+    engine: LLMEngine | None
+    tp: TPLeader | None  # the engine leads a tensor-parallel instance
+    waiters: ThreadPoolExecutor  # threads that wait on point-to-point moves
+    orphans: list[Move]  # failed moves: a receive may still land in their buffers
+
+    def send(self, msg: Message) -> None:
+        """To the router (the worker's outbox)."""
+        ...
+
+    def drop_engine(self) -> None: ...
 
 
 class LiveSide:
-    """Composed into the serving loop (`ServingLoop.live`); it reaches the engine, the
-    links and the outbox through the loop."""
+    """Composed into the serving loop (`ServingLoop.live`)."""
 
-    def __init__(self, loop: ServingLoop) -> None:
+    def __init__(self, loop: LiveSideLoop) -> None:
         self.loop = loop
         self.relay_recvs: dict[str, Move] = {}  # source side
         self.relay_sends: dict[str, Move] = {}  # target side
@@ -93,7 +112,7 @@ class LiveSide:
                 self.loop.links.irecv(hidden, msg.src_rank, "kv"),
                 self.loop.links.irecv(buf, msg.src_rank, "kv"),
             ]
-            done = self.loop._waiters.submit(wait_all, works, buf.device)
+            done = self.loop.waiters.submit(wait_all, works, buf.device)
             self.relay_recvs[msg.request_id] = Move(done, buf, hidden=hidden)
             if self.loop.tp is not None:  # each shard: its heads' KV, from the same shard there
                 self.loop.tp.send(
@@ -126,7 +145,7 @@ class LiveSide:
             self.loop.links.isend(hidden, msg.dst_rank, "kv"),
             self.loop.links.isend(buf, msg.dst_rank, "kv"),
         ]
-        done = self.loop._waiters.submit(wait_all, works, buf.device)
+        done = self.loop.waiters.submit(wait_all, works, buf.device)
         self.relay_sends[msg.request_id] = Move(done, buf, hidden=hidden)
         if self.loop.tp is not None:  # the hidden states go once (every shard has them)
             self.loop.tp.send(
@@ -139,7 +158,7 @@ class LiveSide:
             )
 
     def poll(self, e: LLMEngine) -> None:
-        for rid, m, err in finished(self.relay_recvs, self.loop._orphans):
+        for rid, m, err in finished(self.relay_recvs, self.loop.orphans):
             req = e.request(rid, RequestStatus.RELAYED_IN)
             if err is None and not m.aborted and req is not None and req.handoff is not None:
                 if self._shards_landed(rid, req.block_ids, req.handoff.layer):
@@ -153,7 +172,7 @@ class LiveSide:
             if err is not None:
                 text = f"relay from a live target failed: {short_error(err)}"
                 self.loop.send(RelayLostMsg(rank=self.loop.rank, request_id=rid, error=text))
-        for rid, _m, err in finished(self.relay_sends, self.loop._orphans):
+        for rid, _m, err in finished(self.relay_sends, self.loop.orphans):
             e.relay_sent(rid)
             if err is None:
                 self.loop.send(RelaySentMsg(rank=self.loop.rank, request_id=rid))

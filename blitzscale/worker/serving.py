@@ -82,7 +82,7 @@ class ServingLoop:
         self.role = ""
         self._recvs: dict[str, Move] = {}
         self._sends: dict[str, Move] = {}
-        self._orphans: list[Move] = []  # timed-out receives: their buffers must stay alive
+        self.orphans: list[Move] = []  # timed-out receives: their buffers must stay alive
         self.live = LiveSide(self)  # its live-scaling side: relays, live-target events
         self._last_stats = 0.0
         self._was_idle = True
@@ -92,7 +92,7 @@ class ServingLoop:
         self.busy_s = 0.0
         self._last_tick = 0.0
         self._had_work = False
-        self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
+        self.waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
 
     @property
     def is_idle(self) -> bool:
@@ -221,7 +221,7 @@ class ServingLoop:
         except (RuntimeError, BlitzScaleError):  # the sender is gone: give the blocks back
             e.cancel_import(msg.request_id)
             raise
-        done = self._waiters.submit(wait_one, work, buf.device)
+        done = self.waiters.submit(wait_one, work, buf.device)
         self._recvs[msg.request_id] = Move(done, buf)
         if self.tp is not None:  # every shard receives its heads from the same shard there
             self.tp.send(
@@ -239,7 +239,7 @@ class ServingLoop:
             self.tp.send(
                 TPKVSendMsg(request_id=msg.request_id, block_ids=list(held.block_ids), dst_rank=msg.dst_rank)
             )
-        done = self._waiters.submit(wait_one, work, buf.device)
+        done = self.waiters.submit(wait_one, work, buf.device)
         self._sends[msg.request_id] = Move(done, buf)
 
     # --- the loop -----------------------------------------------------------------------
@@ -345,7 +345,7 @@ class ServingLoop:
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:
-        for rid, m, err in finished(self._recvs, self._orphans):
+        for rid, m, err in finished(self._recvs, self.orphans):
             if m.aborted:
                 continue  # its blocks went back when it was aborted
             if err is None and self._shards_landed(e, rid):
@@ -360,7 +360,7 @@ class ServingLoop:
                 if self.tp is not None:
                     self.tp.send(TPKVDropMsg(request_id=rid))
                 self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=f"receive: {err}"))
-        for rid, _m, err in finished(self._sends, self._orphans):
+        for rid, _m, err in finished(self._sends, self.orphans):
             e.release_held(rid)
             if err is None:
                 self.send(KVSentMsg(rank=self.rank, request_id=rid))
