@@ -83,7 +83,7 @@ class LiveSide:
         has posted its receives (SendRelayMsg), so every stream between the two stays in order."""
         e = self.loop.engine
         assert e is not None
-        r = e.relay_out()
+        r = e.handoffs.relay_out()
         if r is None:
             self.loop.send(RelayNoneMsg(rank=self.loop.rank))
             return
@@ -100,14 +100,14 @@ class LiveSide:
     def start_recv(self, msg: RelayInMsg) -> None:
         e = self.loop.engine
         assert e is not None
-        req = e.reserve_relay(
+        req = e.handoffs.reserve_relay(
             msg.request_id, msg.prompt_token_ids, to_params(msg.params), msg.layer, msg.hold_kv
         )
         if msg.layer == 0:  # nothing computed there: this instance runs the whole prompt
-            e.commit_relay(msg.request_id, None)
+            e.handoffs.commit_relay(msg.request_id, None)
         else:
-            hidden = e.hidden_buffer(req.num_tokens)
-            buf = e.kv_buffer(len(req.block_ids), msg.layer)
+            hidden = e.handoffs.hidden_buffer(req.num_tokens)
+            buf = e.handoffs.kv_buffer(len(req.block_ids), msg.layer)
             works = [
                 self.loop.links.irecv(hidden, msg.src_rank, "kv"),
                 self.loop.links.irecv(buf, msg.src_rank, "kv"),
@@ -129,17 +129,17 @@ class LiveSide:
         e = self.loop.engine
         assert e is not None
         if msg.dst_rank < 0:
-            e.relay_cancelled(msg.request_id)
+            e.handoffs.relay_cancelled(msg.request_id)
             return
         r = e.request(msg.request_id, RequestStatus.RELAYING)
         if r is None or r.handoff is None:
             raise BlitzScaleError(f"request {msg.request_id!r} is not being relayed here")
         if r.handoff.layer == 0:
-            e.relay_sent(msg.request_id)
+            e.handoffs.relay_sent(msg.request_id)
             self.loop.send(RelaySentMsg(rank=self.loop.rank, request_id=msg.request_id))
             return
         assert r.handoff.hidden is not None
-        buf = e.kv_out(msg.request_id, (0, r.handoff.layer))
+        buf = e.handoffs.kv_out(msg.request_id, (0, r.handoff.layer))
         hidden = r.handoff.hidden.contiguous()
         works = [
             self.loop.links.isend(hidden, msg.dst_rank, "kv"),
@@ -162,18 +162,18 @@ class LiveSide:
             req = e.request(rid, RequestStatus.RELAYED_IN)
             if err is None and not m.aborted and req is not None and req.handoff is not None:
                 if self._shards_landed(rid, req.block_ids, req.handoff.layer):
-                    e.kv_in(rid, m.buf, (0, req.handoff.layer))
-                    e.commit_relay(rid, m.hidden)
+                    e.handoffs.kv_in(rid, m.buf, (0, req.handoff.layer))
+                    e.handoffs.commit_relay(rid, m.hidden)
                     continue
                 err = RuntimeError("another shard's KV did not arrive")
             elif err is not None and self.loop.tp is not None:
                 self.loop.tp.send(TPKVDropMsg(request_id=rid))
-            e.cancel_relay(rid)
+            e.handoffs.cancel_relay(rid)
             if err is not None:
                 text = f"relay from a live target failed: {short_error(err)}"
                 self.loop.send(RelayLostMsg(rank=self.loop.rank, request_id=rid, error=text))
         for rid, _m, err in finished(self.relay_sends, self.loop.orphans):
-            e.relay_sent(rid)
+            e.handoffs.relay_sent(rid)
             if err is None:
                 self.loop.send(RelaySentMsg(rank=self.loop.rank, request_id=rid))
             else:

@@ -162,7 +162,7 @@ class ServingLoop:
             elif isinstance(msg, SendKVMsg):
                 self._start_send(msg)
             elif isinstance(msg, AdoptKVMsg):
-                e.adopt_held(msg.request_id)
+                e.handoffs.adopt_held(msg.request_id)
             elif isinstance(msg, RelayMsg):
                 self.live.relay_out(msg)
             elif isinstance(msg, RelayInMsg):
@@ -172,7 +172,7 @@ class ServingLoop:
         except BlitzScaleError as err:
             event: type[RequestEvent]
             if isinstance(msg, RelayInMsg):
-                e.cancel_relay(rid)  # reserved, then its receives could not be posted
+                e.handoffs.cancel_relay(rid)  # reserved, then its receives could not be posted
                 event = RelayFailedMsg
             elif isinstance(msg, SendRelayMsg):
                 event = RelayLostMsg
@@ -183,7 +183,7 @@ class ServingLoop:
             self.send(event(rank=self.rank, request_id=rid, error=str(err)))
         except RuntimeError as err:  # torch.distributed: the peer is gone
             if isinstance(msg, RelayInMsg):
-                e.cancel_relay(rid)
+                e.handoffs.cancel_relay(rid)
             event = RelayLostMsg if isinstance(msg, RelayInMsg | SendRelayMsg) else KVFailedMsg
             self.send(event(rank=self.rank, request_id=rid, error=short_error(err)))
 
@@ -194,32 +194,32 @@ class ServingLoop:
         # dropped when it arrives (the stream stays in order).
         if request_id in self.live.relay_recvs:
             self.live.relay_recvs[request_id].aborted = True
-            e.cancel_relay(request_id)
+            e.handoffs.cancel_relay(request_id)
             if self.tp is not None:
                 self.tp.send(TPKVDropMsg(request_id=request_id))
         elif request_id in self._recvs:
             self._recvs[request_id].aborted = True
-            e.cancel_import(request_id)
+            e.handoffs.cancel_import(request_id)
             if self.tp is not None:
                 self.tp.send(TPKVDropMsg(request_id=request_id))
         elif not e.abort(request_id) and request_id not in self._sends:  # a held one: free it
-            e.release_held(request_id)
+            e.handoffs.release_held(request_id)
 
     def _start_recv(self, msg: RecvKVMsg) -> None:
         e = self.engine
         assert e is not None
-        req = e.reserve_import(
+        req = e.handoffs.reserve_import(
             msg.request_id, msg.token_ids, msg.num_prompt_tokens, to_params(msg.params), msg.num_emitted_chars
         )
         if msg.rng_state and req.generator is not None:
             req.generator.set_state(torch.frombuffer(bytearray(msg.rng_state), dtype=torch.uint8))
         # The sender holds exactly the blocks of the computed tokens; we may have one more
         # (room for the next token), which stays as it is.
-        buf = e.kv_buffer(e.blocks_for_tokens(req.num_computed_tokens))
+        buf = e.handoffs.kv_buffer(e.handoffs.blocks_for_tokens(req.num_computed_tokens))
         try:
             work = self.links.irecv(buf, msg.src_rank, "kv")
         except (RuntimeError, BlitzScaleError):  # the sender is gone: give the blocks back
-            e.cancel_import(msg.request_id)
+            e.handoffs.cancel_import(msg.request_id)
             raise
         done = self.waiters.submit(wait_one, work, buf.device)
         self._recvs[msg.request_id] = Move(done, buf)
@@ -232,7 +232,7 @@ class ServingLoop:
     def _start_send(self, msg: SendKVMsg) -> None:
         e = self.engine
         assert e is not None
-        buf = e.kv_out(msg.request_id)  # (InvalidRequestError if it holds none here)
+        buf = e.handoffs.kv_out(msg.request_id)  # (InvalidRequestError if it holds none here)
         work = self.links.isend(buf, msg.dst_rank, "kv")
         held = e.request(msg.request_id, RequestStatus.HELD)
         if self.tp is not None and held is not None:
@@ -349,19 +349,19 @@ class ServingLoop:
             if m.aborted:
                 continue  # its blocks went back when it was aborted
             if err is None and self._shards_landed(e, rid):
-                e.kv_in(rid, m.buf)
-                e.commit_import(rid)  # its outputs tell the router it decodes here
+                e.handoffs.kv_in(rid, m.buf)
+                e.handoffs.commit_import(rid)  # its outputs tell the router it decodes here
             elif err is None:
-                e.cancel_import(rid)
+                e.handoffs.cancel_import(rid)
                 why = "receive: another shard's KV did not arrive"
                 self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=why))
             else:
-                e.cancel_import(rid)
+                e.handoffs.cancel_import(rid)
                 if self.tp is not None:
                     self.tp.send(TPKVDropMsg(request_id=rid))
                 self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=f"receive: {err}"))
         for rid, _m, err in finished(self._sends, self.orphans):
-            e.release_held(rid)
+            e.handoffs.release_held(rid)
             if err is None:
                 self.send(KVSentMsg(rank=self.rank, request_id=rid))
             else:
