@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from blitzscale.engine.config import EngineConfig
-
-Role = Literal["prefill", "decode", "colocated"]  # what a serving instance does
+from blitzscale.core.config import EngineConfig
+from blitzscale.core.roles import Role
 
 
 class Msg(msgspec.Struct, tag=True, kw_only=True, frozen=True):
@@ -162,7 +161,7 @@ class InstanceLinkMsg(Msg):
 
 
 class SamplingMsg(Msg):
-    """`blitzscale.engine.request.SamplingParams` on the wire (same field names)."""
+    """`blitzscale.core.sampling.SamplingParams` on the wire (same field names)."""
 
     max_tokens: int
     temperature: float = 1.0
@@ -266,7 +265,7 @@ class SendRelayMsg(Msg):
 
 
 class TokenLogprobMsg(msgspec.Struct, frozen=True, array_like=True):
-    """`blitzscale.engine.request.TokenLogprob` on the wire."""
+    """`blitzscale.core.outputs.TokenLogprob` on the wire."""
 
     logprob: float
     top: list[tuple[int, float]] = []

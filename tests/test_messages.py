@@ -29,7 +29,7 @@ def test_every_sampling_parameter_and_logprob_crosses_the_wire() -> None:
     migration and live relays send), and output logprobs survive the codec."""
     import dataclasses
 
-    from blitzscale.engine.request import SamplingParams
+    from blitzscale.core.sampling import SamplingParams
     from blitzscale.messages import GenerateMsg, OutputMsg, OutputsMsg, TokenLogprobMsg, sampling_msg
     from blitzscale.worker.p2p import to_params
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.sampling import SamplingParams
 
 
 class ServingBackend(Protocol):

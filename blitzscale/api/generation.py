@@ -22,7 +22,8 @@ from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ClientDisconnected
 from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.timing import Timing
-from blitzscale.engine.request import RequestOutput, SamplingParams, TokenLogprob
+from blitzscale.core.outputs import RequestOutput, TokenLogprob
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import InvalidRequestError
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from blitzscale.api.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
-from blitzscale.engine.request import TokenLogprob
+from blitzscale.core.outputs import TokenLogprob
 
 Decode = Callable[[list[int]], str]
 

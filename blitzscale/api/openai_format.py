@@ -28,7 +28,7 @@ from blitzscale.api.protocol import (
     Usage,
 )
 from blitzscale.api.sse import DONE_EVENT, sse_event
-from blitzscale.engine.request import RequestOutput, TokenLogprob
+from blitzscale.core.outputs import RequestOutput, TokenLogprob
 
 
 def usage_of(outs: Sequence[RequestOutput]) -> Usage:

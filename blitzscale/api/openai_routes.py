@@ -38,7 +38,7 @@ from blitzscale.api.protocol import (
 )
 from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Chat has no default in OpenAI's API ("until the context is full"); a cap keeps a request

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from blitzscale.engine.request import MAX_LOGPROBS
+from blitzscale.core.sampling import MAX_LOGPROBS
 
 # Fields that change nothing a client gets back: accepted and ignored.
 HARMLESS_FIELDS = frozenset(

@@ -44,7 +44,8 @@ from blitzscale.api.protocol import (
 )
 from blitzscale.api.sse import EventStreamResponse, sse_event
 from blitzscale.api.tokenize import off_loop
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.sampling import SamplingParams
 
 ABORTED_MESSAGE = "the server aborted the request before it finished"
 VERSION = __version__  # also when run from a source tree, with no installed metadata

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from blitzscale.engine.request import RequestOutput
+from blitzscale.core.outputs import RequestOutput
 
 
 @dataclass

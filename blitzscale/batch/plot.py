@@ -7,15 +7,12 @@ on a headless machine needs no display and leaves no global backend state behind
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from blitzscale.batch.outcome import RunOutcome
 from blitzscale.batch.report import row_of
-
-if TYPE_CHECKING:
-    from blitzscale.batch.runner import RunOutcome
 
 _GAP = 0.8  # blank space between two policies' groups, in bar widths
 

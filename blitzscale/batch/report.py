@@ -10,15 +10,12 @@ import csv
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich import box
 from rich.table import Table
 
+from blitzscale.batch.outcome import RunOutcome
 from blitzscale.batch.plan import BatchPlan
-
-if TYPE_CHECKING:
-    from blitzscale.batch.runner import RunOutcome
 
 SCALE_PATHS = ("network", "host", "disk")
 

@@ -14,39 +14,23 @@ import shutil
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from blitzscale.batch import store
+from blitzscale.batch.outcome import RunOutcome, read_outcome
 from blitzscale.batch.plan import BatchPlan, RunSpec
 from blitzscale.batch.plot import write_comparison_png
 from blitzscale.batch.report import write_comparison_csv
 from blitzscale.client.summary import Summary
-from blitzscale.demo.runner import RunResult
+from blitzscale.demo.result import RunResult
 from blitzscale.errors import InvalidRequestError
 
 Execute = Callable[[RunSpec, Path, Summary | None], RunResult]
 """(run, its folder, the SLO reference's summary or None) -> the replay's result."""
 Log = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How one run of the batch ended, read back from its folder."""
-
-    run: RunSpec
-    status: str  # store.DONE | store.FAILED | store.PLANNED
-    error: str | None = None
-    resumed: bool = False
-    summary: Summary | None = None
-    events: tuple[dict[str, Any], ...] = field(default=())
-
-    @property
-    def is_done(self) -> bool:
-        return self.status == store.DONE
 
 
 def write_plan(plan: BatchPlan, out: Path) -> None:
@@ -91,19 +75,6 @@ def run_batch(
     write_comparison_csv(plan, outcomes, out / "comparison.csv")
     write_comparison_png(outcomes, out / "comparison.png")
     return outcomes
-
-
-def read_outcome(run: RunSpec, run_dir: Path) -> RunOutcome:
-    status = store.read_status(run_dir)
-    state = status.get("status", store.PLANNED)
-    return RunOutcome(
-        run=run,
-        status=state if state in (store.DONE, store.FAILED) else store.PLANNED,
-        error=status.get("error"),
-        resumed="resumed_from" in status,
-        summary=store.read_summary(run_dir) if state == store.DONE else None,
-        events=tuple(store.read_events(run_dir)) if state == store.DONE else (),
-    )
 
 
 def _adopt(run: RunSpec, prior: Path, run_dir: Path) -> dict[str, Any]:

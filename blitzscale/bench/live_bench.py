@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from blitzscale.control.policies import LoadAction
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.server import ServingCluster

@@ -17,8 +17,9 @@ import torch
 from blitzscale.checkpoint import native, resolve_model
 from blitzscale.checkpoint.loader import load_weights
 from blitzscale.checkpoint.pack import hf_state_dict
+from blitzscale.cluster.blocking import Blocking
 from blitzscale.cluster.config import ClusterConfig
-from blitzscale.cluster.local import Blocking, LocalCluster
+from blitzscale.cluster.local import LocalCluster
 from blitzscale.errors import BlitzScaleError
 from blitzscale.transfer.disk import drop_page_cache
 

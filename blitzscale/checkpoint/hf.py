@@ -12,10 +12,6 @@ from blitzscale.errors import CheckpointError
 from blitzscale.model.config import ModelConfig
 
 
-def is_hf_folder(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors"))
-
-
 def read_hf_config(folder: Path) -> ModelConfig:
     try:
         d = json.loads((folder / "config.json").read_text())

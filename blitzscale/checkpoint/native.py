@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
+from blitzscale.checkpoint.folders import INDEX_FILE
 from blitzscale.errors import CheckpointError
 from blitzscale.model.config import ModelConfig
 from blitzscale.model.layout import SEGMENT_ALIGN
 from blitzscale.model.weights import ModelWeights
 
-INDEX_FILE = "blitzscale.json"
 MAGIC = b"BLTZWGT1"
 FORMAT_VERSION = 2
 PREAMBLE = struct.Struct("<III")  # header length, data offset, header CRC32
@@ -42,10 +42,6 @@ def parse_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise CheckpointError(f"unsupported dtype {name!r}; use one of {', '.join(_DTYPES)}")
     return _DTYPES[name]
-
-
-def is_native_folder(path: Path) -> bool:
-    return path.is_dir() and (path / INDEX_FILE).is_file()
 
 
 def rank_file(folder: Path, rank: int) -> Path:

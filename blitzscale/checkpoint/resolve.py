@@ -7,8 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from blitzscale.checkpoint.hf import is_hf_folder
-from blitzscale.checkpoint.native import is_native_folder
+from blitzscale.checkpoint.folders import is_hf_folder, is_native_folder
 from blitzscale.checkpoint.presets import PRESETS
 from blitzscale.errors import ModelNotFoundError
 

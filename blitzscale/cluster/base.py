@@ -16,7 +16,8 @@ from typing import Any, Protocol
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.control.costmodel import CostReport
-from blitzscale.messages import ActivateMsg, Message, ProfileMsg, ReplyMsg, Role
+from blitzscale.core.roles import Role
+from blitzscale.messages import ActivateMsg, Message, ProfileMsg, ReplyMsg
 
 
 class Cluster(Protocol):

@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from blitzscale.cluster.local import LocalCluster
+
+class Startable(Protocol):
+    """What Blocking needs of the cluster it wraps, besides its async operations."""
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
 
 
 class Blocking:
-    """A LocalCluster whose async operations block instead (`LocalCluster.blocking`); any
-    other attribute is the cluster's own."""
+    """A cluster (`LocalCluster.blocking`) whose async operations block instead; any other
+    attribute is the cluster's own."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: Startable) -> None:
         self._cluster = cluster
 
     def __enter__(self) -> Blocking:

@@ -36,8 +36,10 @@ from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.shards import ShardPlan, neighbour_pairs, transfer_report
-from blitzscale.cluster.spawn import Spawner, WorkerHandle, make_spawner
+from blitzscale.cluster.spawn import Spawner, WorkerHandle
+from blitzscale.cluster.spawners import make_spawner
 from blitzscale.control.costmodel import CostReport
+from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
     ActivateMsg,
@@ -52,7 +54,6 @@ from blitzscale.messages import (
     ProfileMsg,
     ReleaseMsg,
     ReplyMsg,
-    Role,
     SetRoleMsg,
     ShutdownMsg,
     TransferMsg,

@@ -2,7 +2,8 @@
 
 `LocalCluster` does everything else (control socket, mailbox, store, pool, respawn); a
 spawner only runs `worker_main(WorkerConfig)` somewhere. `ProcessSpawner` starts local
-processes (the default); `cluster/ray_spawner.py` starts Ray actors on a Ray cluster's nodes.
+processes (the default); `cluster/ray_spawner.py` starts Ray actors on a Ray cluster's nodes;
+`cluster/spawners.py` picks one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Protocol
 
-from blitzscale.cluster.config import ClusterConfig
 from blitzscale.errors import BlitzScaleError
 from blitzscale.worker.worker import WorkerConfig, worker_main
 
@@ -90,12 +90,3 @@ class ProcessSpawner:
 
     def close(self) -> None:
         pass
-
-
-def make_spawner(cfg: ClusterConfig) -> Spawner:
-    """The spawner of `[cluster] backend` (Ray is imported only for "ray")."""
-    if cfg.backend == "ray":
-        from blitzscale.cluster.ray_spawner import RaySpawner
-
-        return RaySpawner(cfg.ray_address, cfg.startup_timeout_s)
-    return ProcessSpawner(cfg.ranks_per_host)

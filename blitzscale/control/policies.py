@@ -26,7 +26,8 @@ from blitzscale.control.host_cache import HostCacheState, host_of
 from blitzscale.control.planner import Desired, current_counts
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceView
 from blitzscale.control.snapshot import InstanceState as S
-from blitzscale.control.states import Role, can_source, counts_as_prefill, is_serving, steady_state
+from blitzscale.control.states import can_source, counts_as_prefill, is_serving, steady_state
+from blitzscale.core.roles import Role
 
 LoadPath = Literal["network", "host", "disk"]
 HOST_POLICIES = ("sllm", "allcache")  # they load from host memory or disk, never from a GPU

@@ -8,9 +8,7 @@ release).
 from __future__ import annotations
 
 from blitzscale.control.snapshot import InstanceState as S
-from blitzscale.messages import Role
-
-__all__ = ["Role"]
+from blitzscale.core.roles import Role
 
 _NORMAL: dict[S, frozenset[S]] = {
     S.INACTIVE: frozenset({S.LOADING, S.NEW_PREFILL}),

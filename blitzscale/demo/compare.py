@@ -7,7 +7,7 @@ from collections import Counter
 from rich.table import Table
 
 from blitzscale.client.summary import summarize
-from blitzscale.demo.runner import RunResult
+from blitzscale.demo.result import RunResult
 
 
 def _ms(x: float | None) -> str:

@@ -7,7 +7,6 @@ import json
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +18,11 @@ from rich.table import Table
 from blitzscale.client import replay
 from blitzscale.client.record import RequestRecord, write_records
 from blitzscale.client.report import ReportInfo, write_report
-from blitzscale.client.summary import Summary, summarize
+from blitzscale.client.summary import summarize
 from blitzscale.client.traces import TraceRequest
+from blitzscale.demo.result import RunResult
 from blitzscale.serve.background import BackgroundService
 from blitzscale.serve.config import ServeConfig
-
-
-@dataclass
-class RunResult:
-    policy: str
-    summary: Summary
-    records: list[RequestRecord]
-    samples: list[tuple[float, int]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    report: Path | None = None
-    live: tuple[int, int, int] = (0, 0, 0)  # requests, layers and relays of live scaling
-    by_model: dict[str, list[RequestRecord]] = field(default_factory=dict)  # several models' records
-
 
 PLAIN_EVERY_S = 5.0  # progress lines when the console is not a terminal (a pipe, a file)
 

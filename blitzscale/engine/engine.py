@@ -1,8 +1,9 @@
 """LLMEngine: one model instance. `step()` = schedule -> run -> sample -> postprocess.
 
 Every request it knows is in one table (`engine/table.py`) with a checked status; the
-serving loop (worker/serving.py, worker/relays.py) uses the methods below, never the
-table, the scheduler or the cache directly.
+serving loop (worker/serving.py, worker/relays.py) uses the methods below and the engine's
+KV hand-offs (`handoffs`: migration and relays, engine/handoff.py), never the table, the
+scheduler or the cache directly.
 """
 
 from __future__ import annotations
@@ -15,20 +16,17 @@ from typing import Any
 
 import torch
 
-from blitzscale.engine.config import EngineConfig
+from blitzscale.core.config import EngineConfig
+from blitzscale.core.outputs import RequestOutput, TokenLogprob
+from blitzscale.core.sampling import SamplingParams
+from blitzscale.core.validate import validate_request
+from blitzscale.engine.handoff import KVHandoffs
 from blitzscale.engine.live import LiveQueue, finish_relayed
 from blitzscale.engine.logits import History, logprobs_of
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
 from blitzscale.engine.overlap import Overlap, plain
-from blitzscale.engine.request import (
-    Handoff,
-    Request,
-    RequestOutput,
-    RequestStatus,
-    SamplingParams,
-    TokenLogprob,
-)
+from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
 from blitzscale.engine.table import STEPPED, RequestTable
@@ -42,31 +40,6 @@ from blitzscale.model.weights import ModelWeights
 S = RequestStatus
 # Check the KV block books after every step (the test suite sets this; workers inherit it).
 CHECK_EVERY_STEP = os.environ.get("BLITZSCALE_CHECK_INTEGRITY", "") == "1"
-
-
-def validate_request(
-    prompt_token_ids: list[int], params: SamplingParams, vocab: int, max_model_len: int
-) -> None:
-    """The checks any front end can make without an engine (the router makes them too)."""
-    params.validate()
-    n = len(prompt_token_ids)
-    if n == 0:
-        raise InvalidRequestError("prompt is empty", "prompt")
-    bad = next(((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise InvalidRequestError(
-            f"prompt token {bad[1]} at position {bad[0]} is outside the vocabulary [0, {vocab})"
-        )
-    if n >= max_model_len:
-        raise InvalidRequestError(
-            f"prompt has {n} tokens but the context is {max_model_len} tokens "
-            "(prompt plus at least one generated token must fit)"
-        )
-    bad_bias = next((t for t, _ in params.logit_bias if t >= vocab), None)
-    if bad_bias is not None:
-        raise InvalidRequestError(
-            f"logit_bias token {bad_bias} is outside the vocabulary [0, {vocab})", "logit_bias"
-        )
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
@@ -120,6 +93,10 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
         self.live: LiveQueue | None = None  # set while this is a live target (weights arriving)
+        # KV leaving or entering the cache: migration, relays (the serving loop's way in)
+        self.handoffs = KVHandoffs(
+            self, self.table, self.scheduler, self.kv_cache, self.outputs, weights.config
+        )
         self._aborted: list[Request] = []  # released; their last output goes out next step
         self._step_outputs: list[RequestOutput] = []  # of the step under way
         self._ids = itertools.count()
@@ -160,7 +137,7 @@ class LLMEngine:
         for migration (`held`); its output then has finish_reason "migrate"."""
         self.validate(prompt_token_ids, params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        self._check_new_id(request_id)
+        self.check_new_id(request_id)
         req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
         if self.live is not None and not self.live.readiness.all_ready:
             self.table.add(req, S.LIVE)
@@ -169,7 +146,7 @@ class LLMEngine:
             self.scheduler.add(req)
         return request_id
 
-    def _check_new_id(self, request_id: str) -> None:
+    def check_new_id(self, request_id: str) -> None:
         """An id is in use while its request is here, and after an abort until its last
         output has gone out (a new request under it would get that output)."""
         if request_id in self.table or any(r.request_id == request_id for r in self._aborted):
@@ -354,11 +331,11 @@ class LLMEngine:
             self.scheduler.finish(req, reason)  # (the table releases it)
             out.append(self._finalize(req))
         elif req.hold_kv:
-            out.append(self._hold(req))
+            out.append(self.handoffs.hold(req))
         else:
             out.append(self.outputs.make_output(req))
 
-    # --- live scaling (design §2.3): this engine as a live target, or as its source -----
+    # --- live scaling (design §2.3): this engine as a live target (relays: `handoffs`) --
 
     def start_live(self, readiness: Readiness | None = None) -> None:
         """Serve while weights arrive: new requests go to the layer-by-layer live queue.
@@ -395,156 +372,6 @@ class LLMEngine:
         """Which weight segments this engine may run: while live, the whole instance's (a
         TP leader's view of every shard), else its own weights'."""
         return self.live.readiness if self.live is not None else self.model.weights.readiness
-
-    def relay_out(self) -> Request | None:
-        """Hand a live task to the source: the head (oldest) while loading; once loaded, the
-        newest (the head finishes here soon). Its KV of layers [0, k) stays until sent;
-        `handoff` says where it stopped."""
-        if self.live is None:
-            return None
-        r = self.live.relay_head(newest=self.live.readiness.all_ready)
-        if r is not None:
-            self.table.move(r, S.RELAYING)
-        return r
-
-    def relay_sent(self, request_id: str) -> None:
-        r = self.table.get(request_id, S.RELAYING)
-        if r is not None:
-            self.table.release(r, "relayed")
-
-    def relay_cancelled(self, request_id: str) -> None:
-        """The source could not take it: the task goes back to the head of the live queue."""
-        r = self.table.get(request_id, S.RELAYING)
-        if r is None:
-            return
-        if self.live is None:  # loaded meanwhile: an ordinary request now, computed afresh
-            self.table.drop_blocks(r)
-            r.handoff = None
-            r.num_computed_tokens = 0
-            self.scheduler.requeue(r)
-        else:
-            self.table.move(r, S.LIVE)
-            self.live.put_back(r)
-
-    def reserve_relay(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, layer: int, hold_kv: bool
-    ) -> Request:
-        """Source side: blocks for a relayed prompt, before its hidden states and KV arrive."""
-        self.validate(prompt_token_ids, params)
-        self._check_new_id(request_id)
-        if not 0 <= layer < self.model.num_layers:
-            raise InvalidRequestError(f"relay layer {layer} is outside [0, {self.model.num_layers})")
-        req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
-        req.block_ids = self._allocate(req.num_tokens)
-        req.handoff = Handoff(layer)
-        self.table.add(req, S.RELAYED_IN)
-        return req
-
-    def commit_relay(self, request_id: str, hidden: torch.Tensor | None) -> None:
-        req = self.table.get(request_id, S.RELAYED_IN)
-        if req is None or req.handoff is None:
-            raise InvalidRequestError(f"request {request_id!r} is not being relayed in here")
-        req.handoff.hidden = hidden
-        req.handoff.ready = True
-
-    def cancel_relay(self, request_id: str) -> None:
-        req = self.table.get(request_id, S.RELAYED_IN)
-        if req is not None:
-            self.table.release(req, "abort")
-
-    def _allocate(self, num_tokens: int) -> list[int]:
-        need = self.pool.blocks_for_tokens(num_tokens)
-        if not self.pool.can_allocate(need):
-            raise InvalidRequestError(f"no room: {need} KV blocks needed, {self.pool.num_free_blocks} free")
-        return self.pool.allocate(need)
-
-    # --- KV migration (prefill/decode disaggregation) ---------------------------------
-
-    def _hold(self, req: Request) -> RequestOutput:
-        """Prefill done: the request leaves this instance's batch, its KV waits to migrate."""
-        self.scheduler.detach(req)
-        req.finish_reason = "migrate"
-        out = self.outputs.make_output(req)
-        return dataclasses.replace(out, finished=True)
-
-    def adopt_held(self, request_id: str) -> None:
-        """Decode a held request here instead of migrating it: its KV is already in place
-        (this instance is becoming a decode one)."""
-        req = self.table.get(request_id, S.HELD)
-        if req is None:
-            raise InvalidRequestError(f"request {request_id!r} holds no KV here")
-        req.hold_kv = False
-        req.finish_reason = None
-        self.scheduler.add_running(req)
-
-    def release_held(self, request_id: str) -> None:
-        """The KV of a held request has been sent (or is no longer wanted): free it."""
-        req = self.table.get(request_id, S.HELD)
-        if req is not None:
-            self.table.release(req)
-
-    def reserve_import(
-        self,
-        request_id: str,
-        token_ids: list[int],
-        num_prompt_tokens: int,
-        params: SamplingParams,
-        num_emitted_chars: int = 0,
-    ) -> Request:
-        """Allocate blocks for a request prefilled elsewhere (all but its last token computed).
-        The decode side allocates before any KV is sent."""
-        self._check_new_id(request_id)
-        req = Request(request_id, list(token_ids[:num_prompt_tokens]), params)
-        req.token_ids = list(token_ids)
-        req.num_computed_tokens = len(token_ids) - 1
-        req.block_ids = self._allocate(len(token_ids))
-        req.num_emitted_tokens = req.num_output_tokens
-        self.outputs.check_stop_text(req)
-        req.num_emitted_chars = num_emitted_chars
-        self.table.add(req, S.IMPORTING)
-        return req
-
-    def commit_import(self, request_id: str) -> None:
-        req = self.table.get(request_id, S.IMPORTING)
-        if req is None:
-            raise InvalidRequestError(f"request {request_id!r} is not importing here")
-        self.scheduler.add_running(req)
-
-    def cancel_import(self, request_id: str) -> None:
-        req = self.table.get(request_id, S.IMPORTING)
-        if req is not None:
-            self.table.release(req, "abort")
-
-    # --- KV in and out of this engine's cache (migration, relays) -----------------------
-
-    def kv_out(self, request_id: str, layers: tuple[int, int] | None = None) -> torch.Tensor:
-        """A held or relaying request's KV blocks packed for sending (layers [a, b))."""
-        req = self.table.get(request_id, S.HELD, S.RELAYING)
-        if req is None:
-            raise InvalidRequestError(f"request {request_id!r} holds no KV here")
-        return self.kv_cache.gather_blocks(req.block_ids, layers)
-
-    def kv_buffer(self, num_blocks: int, layers: int | None = None) -> torch.Tensor:
-        """An empty packed buffer for `num_blocks` blocks (of the first `layers` layers)."""
-        kv = self.kv_cache
-        shape = kv.packed_shape(num_blocks) if layers is None else kv.packed_shape(num_blocks, layers)
-        return torch.empty(shape, dtype=kv.data.dtype, device=kv.data.device)
-
-    def kv_in(self, request_id: str, buf: torch.Tensor, layers: tuple[int, int] | None = None) -> None:
-        """Scatter a received packed buffer into an importing / relayed-in request's first
-        blocks."""
-        req = self.table.get(request_id, S.IMPORTING, S.RELAYED_IN)
-        if req is None:
-            raise InvalidRequestError(f"request {request_id!r} is not receiving KV here")
-        self.kv_cache.scatter_blocks(req.block_ids[: buf.shape[2]], buf, layers)
-
-    def hidden_buffer(self, num_tokens: int) -> torch.Tensor:
-        """An empty residual-stream buffer for `num_tokens` tokens (a relay's hidden states)."""
-        kv = self.kv_cache.data
-        return torch.empty((num_tokens, self.model_config.hidden_size), dtype=kv.dtype, device=kv.device)
-
-    def blocks_for_tokens(self, n: int) -> int:
-        return self.pool.blocks_for_tokens(n)
 
     def _finalize(self, req: Request) -> RequestOutput:
         return self.outputs.make_output(req)

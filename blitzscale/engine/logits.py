@@ -22,7 +22,8 @@ from typing import Protocol
 
 import torch
 
-from blitzscale.engine.request import SamplingParams, TokenLogprob
+from blitzscale.core.outputs import TokenLogprob
+from blitzscale.core.sampling import SamplingParams
 
 
 class TokenHistory(Protocol):

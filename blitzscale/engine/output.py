@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from blitzscale.engine.request import Request, RequestOutput
+from blitzscale.core.outputs import RequestOutput
+from blitzscale.engine.request import Request
 
 
 class OutputProcessor:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.engine.logits import History, process
-from blitzscale.engine.request import SamplingParams
 from blitzscale.engine.sync import wait_for_device
 
 NO_TOKEN = -1  # a row with no valid distribution (non-finite logits): its request fails

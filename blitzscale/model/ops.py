@@ -1,13 +1,13 @@
 """The model's pointwise operations behind one small interface.
 
-`TorchOps` is the reference (and the CPU path: the same ops in the same order as always, so
-CPU tokens stay bit-identical); `select_ops` swaps in fused Triton kernels for bf16/fp16 on
-CUDA (blitzscale.model.triton_ops, imported only then).
+`Ops` is the interface; `TorchOps` is the reference (and the CPU path: the same ops in the
+same order as always, so CPU tokens stay bit-identical); `select_ops` swaps in fused Triton
+kernels for bf16/fp16 on CUDA (blitzscale.model.triton_ops, imported only then).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(dtype)
+
+
+class Ops(Protocol):
+    """The pointwise operations of a layer, as the model calls them."""
+
+    name: str  # "torch" | "triton"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(residual + x), residual + x)."""
+        ...
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+    def rotary_tables(self, rope: RotaryEmbedding, positions: torch.Tensor) -> Any:
+        """Whatever `rotary` needs, made once per step."""
+        ...
+
+    def rotary(self, q: torch.Tensor, k: torch.Tensor, tables: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class TorchOps:
@@ -48,7 +70,7 @@ class TorchOps:
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
-def select_ops(device: torch.device, dtype: torch.dtype, name: str = "auto") -> TorchOps:
+def select_ops(device: torch.device, dtype: torch.dtype, name: str = "auto") -> Ops:
     from blitzscale.model.attention import uses_triton
 
     if name == "torch" or (name == "auto" and not uses_triton(device, dtype)):

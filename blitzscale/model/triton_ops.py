@@ -19,7 +19,6 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from blitzscale.model.attention.triton_kernels import rope_pair
-from blitzscale.model.ops import TorchOps
 from blitzscale.model.rope import RotaryEmbedding
 
 
@@ -82,7 +81,9 @@ def _rotary(
     tl.store(p + HALF, o2, mask=mk)
 
 
-class TritonOps(TorchOps):
+class TritonOps:
+    """The fused kernels behind the `Ops` interface (model/ops.py)."""
+
     name = "triton"
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

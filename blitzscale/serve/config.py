@@ -5,7 +5,7 @@
     [server]   host, port, api_key
     [cluster]  workers, device, ports, timeouts       (blitzscale.cluster.config.ClusterConfig)
     [router]   mode = "pd" | "colocated", budgets     (blitzscale.serve.router.RouterConfig)
-    [engine]   block_size, num_kv_blocks, ...         (blitzscale.engine.config.EngineConfig)
+    [engine]   block_size, num_kv_blocks, ...         (blitzscale.core.config.EngineConfig)
     [planner]  bands, rates, bounds, idle thresholds  (blitzscale.control.config.PlannerConfig)
     [policy]   name = "blitz" | ... , fixed counts    (blitzscale.control.config.PolicyConfig)
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.control.config import PlannerConfig, PolicyConfig
-from blitzscale.engine.config import EngineConfig
+from blitzscale.core.config import EngineConfig
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.router import RouterConfig
 from blitzscale.tomlfile import read_toml
@@ -105,7 +105,7 @@ class ServerSection:
 # device: small blocks; the KV cache sized for the device (num_kv_blocks 0): on a GPU from its
 # free memory (gpu_memory_utilization), on CPU from kv_cache_bytes (360 MiB: 512 blocks of
 # SmolLM2 in fp32); the model's own context (max_model_len 0).
-# Step limits (max_num_batched_tokens, max_num_seqs) are the device's (engine/config.py).
+# Step limits (max_num_batched_tokens, max_num_seqs) are the device's (core/config.py).
 SERVE_ENGINE = EngineConfig(block_size=16, num_kv_blocks=0, kv_cache_bytes=360 << 20, max_model_len=0)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.costmodel import CostReport, Profile, ProfileError, load_profile
-from blitzscale.engine.config import EngineConfig
+from blitzscale.core.config import EngineConfig
 from blitzscale.messages import ProfileMsg
 from blitzscale.serve.config import ModelEntry, ServeConfig
 

@@ -4,13 +4,14 @@ Which live target pairs with which source, when an idle source pulls a task (a r
 a relay's three steps are sequenced so that every stream between the two ranks is posted
 in the same order on both sides, and the live counters `/metrics` exports. The pairs and
 relays themselves are the control state's (`serve/state.py`); the router's one task is the
-only caller.
+only caller. It reaches the router through `LiveOwner`, the few operations it calls there,
+and the workers through the router's data plane.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.messages import (
@@ -29,17 +30,38 @@ from blitzscale.messages import (
     RelaySentMsg,
     SendRelayMsg,
 )
+from blitzscale.serve.dataplane import DataPlane
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.requests import RouterRequest
 from blitzscale.serve.state import ControlState, Relay
 
-if TYPE_CHECKING:
-    from blitzscale.serve.router import Router
+
+class LiveOwner(Protocol):
+    """What live scaling uses of the router that composes it."""
+
+    state: ControlState
+    data: DataPlane
+    connected: set[int]  # ranks whose workers said hello
+
+    def budget_tokens(self, model: str) -> int:
+        """Prompt tokens one prefill instance of `model` may have outstanding."""
+        ...
+
+    def request_of(self, wire_id: str) -> RouterRequest | None: ...
+
+    def lost(self, r: RouterRequest, why: str, dead: set[int] | None = None) -> None:
+        """An instance lost `r`: it runs again if the client has seen nothing yet, else fails."""
+        ...
+
+    def wake(self) -> None: ...
 
 
 class LiveScaling:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: LiveOwner, pd_mode: bool) -> None:
+        """`pd_mode`: prefill/decode disaggregation (a relayed prompt holds its KV for a
+        decode instance), else colocated."""
         self.router = router
+        self.pd_mode = pd_mode
         self.state: ControlState = router.state
         self._asked: set[int] = set()  # sources asked to relay
         self.requests_total = 0  # requests whose prefill ran partly on a loading instance
@@ -65,7 +87,7 @@ class LiveScaling:
         rt, st = self.router, self.state
         source = st.unpair(target)
         inst = st.get(target)
-        steady = InstanceState.PREFILL if rt.cfg.mode == "pd" else InstanceState.COLOCATED
+        steady = InstanceState.PREFILL if self.pd_mode else InstanceState.COLOCATED
         if inst is not None and inst.state in (InstanceState.NEW_PREFILL, InstanceState.REFRACTORY_PREFILL):
             st.move(target, steady, "(live queue drained)")
         src = st.get(source)
@@ -114,7 +136,7 @@ class LiveScaling:
             if src.outstanding_tokens > 0 or tgt.outstanding_tokens <= 0:
                 continue  # the source has prompts of its own, or the target has none queued
             self._asked.add(source)
-            await rt._send(target, RelayMsg(dst_rank=source))
+            await rt.data.send(target, RelayMsg(dst_rank=source))
 
     def on_none(self, target: int) -> None:
         """The target had no task to hand over."""
@@ -128,9 +150,9 @@ class LiveScaling:
         r = rt.request_of(m.request_id)
         src = self.state.get(source) if source is not None else None
         if r is None or src is None or source is None or r.prefill_rank != m.rank:
-            await rt._send(m.rank, SendRelayMsg(request_id=m.request_id, dst_rank=-1))
+            await rt.data.send(m.rank, SendRelayMsg(request_id=m.request_id, dst_rank=-1))
             if r is None:
-                await rt._send(m.rank, AbortMsg(request_id=m.request_id))
+                await rt.data.send(m.rank, AbortMsg(request_id=m.request_id))
             return
         self.state.add_relay(r.wire_id, Relay(m.rank, source))
         self.relays_total += 1
@@ -138,7 +160,7 @@ class LiveScaling:
         self.state.assign(source, len(r.prompt))
         r.prefill_rank, r.relay_from = source, m.rank
         self.count(r, m.live_layers)
-        await rt._send(
+        await rt.data.send(
             source,
             RelayInMsg(
                 request_id=r.wire_id,
@@ -146,7 +168,7 @@ class LiveScaling:
                 layer=m.layer,
                 prompt_token_ids=r.prompt,
                 params=r.sampling_msg(),
-                hold_kv=rt.cfg.mode == "pd",
+                hold_kv=self.pd_mode,
             ),
         )
 
@@ -157,7 +179,7 @@ class LiveScaling:
             return
         if isinstance(ev, RelayReadyMsg):  # the source's receives are posted: the target sends
             self.state.relay_sent(ev.request_id)
-            await rt._send(relay.target, SendRelayMsg(request_id=ev.request_id, dst_rank=ev.rank))
+            await rt.data.send(relay.target, SendRelayMsg(request_id=ev.request_id, dst_rank=ev.rank))
             return
         self.state.end_relay(ev.request_id)
         r = rt.request_of(ev.request_id)
@@ -167,11 +189,11 @@ class LiveScaling:
                 r.relay_from = None
         elif isinstance(ev, RelayLostMsg):  # a side died mid-relay
             if r is not None:
-                rt._lost(r, f"relay between ranks {relay.target} and {relay.source} failed ({ev.error})")
+                rt.lost(r, f"relay between ranks {relay.target} and {relay.source} failed ({ev.error})")
         else:  # RelayFailedMsg: the source had no room, the target keeps the task
-            await rt._send(relay.target, SendRelayMsg(request_id=ev.request_id, dst_rank=-1))
+            await rt.data.send(relay.target, SendRelayMsg(request_id=ev.request_id, dst_rank=-1))
             if r is None:
-                await rt._send(relay.target, AbortMsg(request_id=ev.request_id))
+                await rt.data.send(relay.target, AbortMsg(request_id=ev.request_id))
             else:
                 self._take_back(r, relay)
 
@@ -211,7 +233,7 @@ class LiveScaling:
             self.state.end_relay(rid)
             r = rt.request_of(rid)
             if relay.source in dead and relay.target not in dead and not relay.sent:
-                rt._send_nowait(relay.target, SendRelayMsg(request_id=rid, dst_rank=-1))
+                rt.data.send_nowait(relay.target, SendRelayMsg(request_id=rid, dst_rank=-1))
                 if r is not None:
                     self._take_back(r, relay)
 

@@ -1,33 +1,79 @@
 """How the scaler brings weights onto new instances: over the network (chain multicast,
 or live: serving while they arrive), from the one host copy, or from disk; then the
-engines are started. Composed into `Scaler`, which chooses the actions (control/policies.py).
+engines are started. Composed into `Scaler`, which chooses the actions (control/policies.py);
+`LoadsOwner` names what the loads use of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
+from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ReplyMsg, Role
+from blitzscale.messages import ActivateMsg, ReplyMsg
+from blitzscale.serve.metrics import ClusterMetrics
+from blitzscale.serve.models import ScaledModel
 from blitzscale.serve.router import Router
-
-if TYPE_CHECKING:
-    from blitzscale.serve.scaler import Scaler
+from blitzscale.serve.state import ControlState
 
 log = logging.getLogger("blitzscale.scaler")
+
+
+class LoadsOwner(Protocol):
+    """What the loads use of the scaler that composes them."""
+
+    router: Router
+    cluster: Cluster
+    state: ControlState
+    backoff: LoadBackoff
+    metrics: ClusterMetrics
+    model: str  # the default model's name
+
+    @property
+    def models(self) -> Mapping[str, ScaledModel]: ...
+
+    @property
+    def pd_mode(self) -> bool: ...
+
+    @property
+    def tp(self) -> int: ...
+
+    def instance_ids(self, ranks: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+        """The instances these ranks belong to, in order."""
+        ...
+
+    def activate_msg(self, role: Role, live: bool = False, model: str | None = None) -> ActivateMsg: ...
+
+    async def activate_many(self, ranks: list[int], role: Role, model: str | None = None) -> None: ...
+
+    def record(
+        self,
+        direction: str,
+        path: str,
+        ranks: list[int],
+        seconds: float,
+        nbytes: int,
+        sources: list[int],
+        report: dict[int, dict[str, Any]] | None = None,
+        standby: bool | None = None,
+        model: str | None = None,
+    ) -> None:
+        """A scale event (metrics, the demo's events, the instances' load times)."""
+        ...
 
 
 class Loads:
     """The scaler's load actions; composed into it (`Scaler.loads`)."""
 
-    def __init__(self, scaler: Scaler) -> None:
+    def __init__(self, scaler: LoadsOwner) -> None:
         self.scaler = scaler
         self.router: Router = scaler.router
         self.cluster: Cluster = scaler.cluster

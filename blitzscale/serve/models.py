@@ -2,8 +2,9 @@
 
 Each request names its model (`model` in the body; none: the first, the default one);
 `ModelBackend` is the `ServingBackend` of one model: its tokenizer, vocabulary and
-context, and `generate` tagged with its name. Instances belong to models in
-`ControlState`; copies of weights in the ParameterPool, by model name.
+context, and `generate` tagged with its name (through `RequestRouter`, the few router
+operations it calls). Instances belong to models in `ControlState`; copies of weights in
+the ParameterPool, by model name.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from blitzscale.control.costmodel import Profile
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import InvalidRequestError
-
-if TYPE_CHECKING:
-    from blitzscale.serve.router import Router
 
 
 @dataclass(frozen=True)
@@ -45,10 +44,24 @@ class ScaledModel:
     keep_alive_s: float = math.inf  # no request this long: to zero (inf: never)
 
 
+class RequestRouter(Protocol):
+    """What a model's backend uses of the router that serves it."""
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, model: str | None = None
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+    def queue_time_s(self, request_id: str) -> float | None: ...
+
+
 class ModelBackend:
     """One model of the router, as the HTTP edge sees it (api/backend.py)."""
 
-    def __init__(self, router: Router, model: ServedModel) -> None:
+    def __init__(self, router: RequestRouter, model: ServedModel) -> None:
         self.router = router
         self.model = model
 

@@ -6,7 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from blitzscale import clock
-from blitzscale.engine.request import RequestOutput, SamplingParams, TokenLogprob
+from blitzscale.core.outputs import RequestOutput, TokenLogprob
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.messages import OutputMsg, SamplingMsg, sampling_msg
 
 

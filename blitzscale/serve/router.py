@@ -21,8 +21,10 @@ from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.costmodel import Profile
 from blitzscale.control.snapshot import InstanceState
-from blitzscale.engine.engine import validate_request
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.roles import Role
+from blitzscale.core.sampling import SamplingParams
+from blitzscale.core.validate import validate_request
 from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFailedError, UnavailableError
 from blitzscale.messages import (
     RELAY_EVENTS,
@@ -38,7 +40,6 @@ from blitzscale.messages import (
     RelayedMsg,
     RelayNoneMsg,
     RequestEvent,
-    Role,
     StatsMsg,
 )
 from blitzscale.serve.dataplane import DataPlane
@@ -134,12 +135,12 @@ class Router:
         self.queue = RequestQueue(cfg.max_queue_tokens, cfg.max_queue_wait_s)
         self.num_refused: Counter[str] = Counter()  # requests refused, by reason
         self.reqs: dict[str, RouterRequest] = {}
-        self.migrations = KVMigrations(self)  # pd mode: prefilled KV on its way to decode
+        self.migrations = KVMigrations(self, cfg.max_migration_wait_s)  # pd: prefilled KV going to decode
         self.connected: set[int] = set()
         self.dead_ranks: set[int] = set()  # workers found dead and not yet back
         self.respawner = Respawner(cluster, cluster.cfg.max_restarts, self._rank_back)
         self.on_rank_back: list[Callable[[int], None]] = []  # e.g. the scaler's backoff
-        self.live = LiveScaling(self)  # ZigZag: live pairs, relays, live counters
+        self.live = LiveScaling(self, pd_mode=cfg.mode == "pd")  # ZigZag: live pairs, relays, live counters
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -384,7 +385,7 @@ class Router:
             return "colocated"
         return role
 
-    def _pick(self, role: Role, need_tokens: int = 0, model: str | None = None) -> Instance | None:
+    def pick(self, role: Role, need_tokens: int = 0, model: str | None = None) -> Instance | None:
         """The least loaded instance of `model` (None: the default one) taking `role` work."""
         want = model or self.model_name
         best: Instance | None = None
@@ -417,7 +418,7 @@ class Router:
                     self.cfg.retry_after_s,
                 )
             )
-            self._finish(late)
+            self.finish(late)
         backlog = self.cfg.max_pending_migrations if self.cfg.mode == "pd" else 0
         waiting: set[str] = set()  # models whose oldest request found no instance this round
         for r in list(self.queue):
@@ -425,7 +426,7 @@ class Router:
                 return  # decode is the bottleneck: prefilling more would only fail later
             if r.model in waiting:
                 continue
-            inst = self._pick(role, len(r.prompt), r.model)
+            inst = self.pick(role, len(r.prompt), r.model)
             if inst is None:  # FCFS per model: it waits, and so do its model's later ones
                 waiting.add(r.model)
                 if len(waiting) == len(self._models):
@@ -444,7 +445,7 @@ class Router:
 
     # --- lost requests ------------------------------------------------------------------
 
-    def _lost(self, r: RouterRequest, why: str, dead: set[int] | None = None) -> None:
+    def lost(self, r: RouterRequest, why: str, dead: set[int] | None = None) -> None:
         """An instance lost `r`: run it again if the client has seen nothing yet, else fail
         it. `dead`: the lost ranks died; a request found on more than MAX_RERUNS dead
         instances is not run again (it may be what kills them)."""
@@ -454,7 +455,7 @@ class Router:
             self._requeue(r)
         else:  # streamed already, or it was on a dying instance before: it may be the cause
             r.out.put_nowait(UnavailableError(why))
-            self._finish(r)
+            self.finish(r)
 
     def _requeue(self, r: RouterRequest) -> None:
         """Run a request again from the front of the queue (it has no output yet), under a
@@ -506,7 +507,7 @@ class Router:
                 self._wake.set()  # its budget is free again: dispatch now, not at the next tick
             if o.finish_reason == "error":  # the request broke its step: never rerun it
                 await r.out.put(RequestFailedError(f"request failed on rank {msg.rank}: {o.error}"))
-                self._finish(r)
+                self.finish(r)
             elif o.finish_reason == "migrate":
                 r.rng_state = o.rng_state
                 await r.out.put(r.accept(o, finished=False))
@@ -515,7 +516,7 @@ class Router:
             else:
                 await r.out.put(r.accept(o, finished=o.finished))
                 if o.finished:
-                    self._finish(r)
+                    self.finish(r)
 
     async def _on_event(self, ev: RequestEvent) -> None:
         r = self.request_of(ev.request_id)
@@ -523,13 +524,13 @@ class Router:
             await self.migrations.on_aborted_event(ev)
             return
         if isinstance(ev, LostMsg):
-            self._lost(r, f"rank {ev.rank} lost it: {ev.error}")
+            self.lost(r, f"rank {ev.rank} lost it: {ev.error}")
         elif await self.migrations.on_event(r, ev):
             return
         elif isinstance(ev, KVFailedMsg | RejectedMsg):
             bad = isinstance(ev, RejectedMsg)
             await r.out.put(InvalidRequestError(ev.error) if bad else RequestFailedError(ev.error))
-            self._finish(r)
+            self.finish(r)
 
     def _fail_dead_instances(self) -> None:
         dead = self.cluster.dead_now()  # newly dead ranks leave the pool
@@ -548,7 +549,7 @@ class Router:
             if ranks:  # run again if nothing was produced yet (no client can tell), else fail
                 for rank in involved - gone:  # survivors drop their part (blocks, receives)
                     self._send_nowait(rank, AbortMsg(request_id=r.wire_id))  # type: ignore[arg-type]
-                self._lost(r, f"instance on rank {sorted(ranks)} died", ranks)
+                self.lost(r, f"instance on rank {sorted(ranks)} died", ranks)
         for rank in gone:
             inst = self.instances.get(rank)
             if inst is not None and inst.state is not InstanceState.INACTIVE:
@@ -565,7 +566,7 @@ class Router:
 
     # --- bookkeeping --------------------------------------------------------------------
 
-    def _finish(self, r: RouterRequest) -> None:
+    def finish(self, r: RouterRequest) -> None:
         self._release_assignment(r)
         r.stage = "done"
         self.reqs.pop(r.id, None)

@@ -31,8 +31,9 @@ from blitzscale.control.policies import (
     next_host_cache,
 )
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
-from blitzscale.engine.config import EngineConfig
-from blitzscale.messages import ActivateMsg, Role
+from blitzscale.core.config import EngineConfig
+from blitzscale.core.roles import Role
+from blitzscale.messages import ActivateMsg
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
 from blitzscale.serve.metrics import ClusterMetrics

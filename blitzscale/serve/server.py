@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.convert import convert
-from blitzscale.checkpoint.native import is_native_folder
+from blitzscale.checkpoint.folders import is_native_folder
 from blitzscale.checkpoint.resolve import hf_id
 from blitzscale.cluster.local import LocalCluster
-from blitzscale.cluster.spawn import make_spawner
+from blitzscale.cluster.spawners import make_spawner
 from blitzscale.control.costmodel import Profile
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances

@@ -22,7 +22,7 @@ from blitzscale.batch.traces import load_requests
 from blitzscale.client.record import write_records
 from blitzscale.client.report import write_report
 from blitzscale.client.summary import Summary, summarize
-from blitzscale.demo.runner import RunResult
+from blitzscale.demo.result import RunResult
 from blitzscale.errors import InvalidRequestError
 from blitzscale.sim.config import SimConfigError, SimModel, SimPreset, load_model, load_preset
 from blitzscale.sim.runner import SimSetup, sim_report_info, simulate

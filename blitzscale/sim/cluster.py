@@ -19,8 +19,9 @@ from blitzscale import clock
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.control.costmodel import CostReport, Profile
+from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, HelloMsg, KVSentMsg, Message, ProfileMsg, ReplyMsg, Role
+from blitzscale.messages import ActivateMsg, HelloMsg, KVSentMsg, Message, ProfileMsg, ReplyMsg
 from blitzscale.sim.cores import HostCores
 from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
 from blitzscale.sim.links import Links, Topology

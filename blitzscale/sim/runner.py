@@ -23,8 +23,8 @@ from blitzscale.client.report import ReportInfo
 from blitzscale.client.traces import TraceRequest
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.control.config import PlannerConfig, PolicyConfig
-from blitzscale.engine.config import EngineConfig
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.config import EngineConfig
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.config import SERVE_ENGINE
 from blitzscale.serve.metrics import ClusterMetrics

@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.messages import SamplingMsg, sampling_fields
 
 MIGRATION_TIMEOUT_S = 30.0

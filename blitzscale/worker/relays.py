@@ -4,11 +4,14 @@ As a live target: report progress (first layers in, fully loaded, drained), hand
 over (`RelayMsg`) and send its hidden states and KV of layers [0, k) once told to. As a
 source: reserve blocks and post the receives for a relayed task, then let the engine
 finish it. Every stream between two ranks is posted in the order the router sequenced.
+It reaches the engine, the links and the outbox through `LiveSideLoop`, what it uses of
+the serving loop.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from blitzscale.engine import LLMEngine
 from blitzscale.engine.request import RequestStatus
@@ -20,6 +23,7 @@ from blitzscale.messages import (
     LiveLoadedMsg,
     LiveReadyMsg,
     LostMsg,
+    Message,
     RelayedMsg,
     RelayInMsg,
     RelayLostMsg,
@@ -34,16 +38,31 @@ from blitzscale.messages import (
     TPKVSendMsg,
 )
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_all
+from blitzscale.worker.tp import TPLeader
+from blitzscale.worker.world import Links
 
-if TYPE_CHECKING:
-    from blitzscale.worker.serving import ServingLoop
+
+class LiveSideLoop(Protocol):
+    """What the live side uses of the serving loop that composes it."""
+
+    rank: int
+    links: Links
+    engine: LLMEngine | None
+    tp: TPLeader | None  # the engine leads a tensor-parallel instance
+    waiters: ThreadPoolExecutor  # threads that wait on point-to-point moves
+    orphans: list[Move]  # failed moves: a receive may still land in their buffers
+
+    def send(self, msg: Message) -> None:
+        """To the router (the worker's outbox)."""
+        ...
+
+    def drop_engine(self) -> None: ...
 
 
 class LiveSide:
-    """Composed into the serving loop (`ServingLoop.live`); it reaches the engine, the
-    links and the outbox through the loop."""
+    """Composed into the serving loop (`ServingLoop.live`)."""
 
-    def __init__(self, loop: ServingLoop) -> None:
+    def __init__(self, loop: LiveSideLoop) -> None:
         self.loop = loop
         self.relay_recvs: dict[str, Move] = {}  # source side
         self.relay_sends: dict[str, Move] = {}  # target side
@@ -64,7 +83,7 @@ class LiveSide:
         has posted its receives (SendRelayMsg), so every stream between the two stays in order."""
         e = self.loop.engine
         assert e is not None
-        r = e.relay_out()
+        r = e.handoffs.relay_out()
         if r is None:
             self.loop.send(RelayNoneMsg(rank=self.loop.rank))
             return
@@ -81,19 +100,19 @@ class LiveSide:
     def start_recv(self, msg: RelayInMsg) -> None:
         e = self.loop.engine
         assert e is not None
-        req = e.reserve_relay(
+        req = e.handoffs.reserve_relay(
             msg.request_id, msg.prompt_token_ids, to_params(msg.params), msg.layer, msg.hold_kv
         )
         if msg.layer == 0:  # nothing computed there: this instance runs the whole prompt
-            e.commit_relay(msg.request_id, None)
+            e.handoffs.commit_relay(msg.request_id, None)
         else:
-            hidden = e.hidden_buffer(req.num_tokens)
-            buf = e.kv_buffer(len(req.block_ids), msg.layer)
+            hidden = e.handoffs.hidden_buffer(req.num_tokens)
+            buf = e.handoffs.kv_buffer(len(req.block_ids), msg.layer)
             works = [
                 self.loop.links.irecv(hidden, msg.src_rank, "kv"),
                 self.loop.links.irecv(buf, msg.src_rank, "kv"),
             ]
-            done = self.loop._waiters.submit(wait_all, works, buf.device)
+            done = self.loop.waiters.submit(wait_all, works, buf.device)
             self.relay_recvs[msg.request_id] = Move(done, buf, hidden=hidden)
             if self.loop.tp is not None:  # each shard: its heads' KV, from the same shard there
                 self.loop.tp.send(
@@ -110,23 +129,23 @@ class LiveSide:
         e = self.loop.engine
         assert e is not None
         if msg.dst_rank < 0:
-            e.relay_cancelled(msg.request_id)
+            e.handoffs.relay_cancelled(msg.request_id)
             return
         r = e.request(msg.request_id, RequestStatus.RELAYING)
         if r is None or r.handoff is None:
             raise BlitzScaleError(f"request {msg.request_id!r} is not being relayed here")
         if r.handoff.layer == 0:
-            e.relay_sent(msg.request_id)
+            e.handoffs.relay_sent(msg.request_id)
             self.loop.send(RelaySentMsg(rank=self.loop.rank, request_id=msg.request_id))
             return
         assert r.handoff.hidden is not None
-        buf = e.kv_out(msg.request_id, (0, r.handoff.layer))
+        buf = e.handoffs.kv_out(msg.request_id, (0, r.handoff.layer))
         hidden = r.handoff.hidden.contiguous()
         works = [
             self.loop.links.isend(hidden, msg.dst_rank, "kv"),
             self.loop.links.isend(buf, msg.dst_rank, "kv"),
         ]
-        done = self.loop._waiters.submit(wait_all, works, buf.device)
+        done = self.loop.waiters.submit(wait_all, works, buf.device)
         self.relay_sends[msg.request_id] = Move(done, buf, hidden=hidden)
         if self.loop.tp is not None:  # the hidden states go once (every shard has them)
             self.loop.tp.send(
@@ -139,22 +158,22 @@ class LiveSide:
             )
 
     def poll(self, e: LLMEngine) -> None:
-        for rid, m, err in finished(self.relay_recvs, self.loop._orphans):
+        for rid, m, err in finished(self.relay_recvs, self.loop.orphans):
             req = e.request(rid, RequestStatus.RELAYED_IN)
             if err is None and not m.aborted and req is not None and req.handoff is not None:
                 if self._shards_landed(rid, req.block_ids, req.handoff.layer):
-                    e.kv_in(rid, m.buf, (0, req.handoff.layer))
-                    e.commit_relay(rid, m.hidden)
+                    e.handoffs.kv_in(rid, m.buf, (0, req.handoff.layer))
+                    e.handoffs.commit_relay(rid, m.hidden)
                     continue
                 err = RuntimeError("another shard's KV did not arrive")
             elif err is not None and self.loop.tp is not None:
                 self.loop.tp.send(TPKVDropMsg(request_id=rid))
-            e.cancel_relay(rid)
+            e.handoffs.cancel_relay(rid)
             if err is not None:
                 text = f"relay from a live target failed: {short_error(err)}"
                 self.loop.send(RelayLostMsg(rank=self.loop.rank, request_id=rid, error=text))
-        for rid, _m, err in finished(self.relay_sends, self.loop._orphans):
-            e.relay_sent(rid)
+        for rid, _m, err in finished(self.relay_sends, self.loop.orphans):
+            e.handoffs.relay_sent(rid)
             if err is None:
                 self.loop.send(RelaySentMsg(rank=self.loop.rank, request_id=rid))
             else:

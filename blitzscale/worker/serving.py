@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from blitzscale.core.outputs import RequestOutput
 from blitzscale.engine import LLMEngine
 from blitzscale.engine.engine import CHECK_EVERY_STEP
-from blitzscale.engine.request import RequestOutput, RequestStatus
+from blitzscale.engine.request import RequestStatus
 from blitzscale.errors import BlitzScaleError, KVIntegrityError
 from blitzscale.messages import (
     AbortMsg,
@@ -81,7 +82,7 @@ class ServingLoop:
         self.role = ""
         self._recvs: dict[str, Move] = {}
         self._sends: dict[str, Move] = {}
-        self._orphans: list[Move] = []  # timed-out receives: their buffers must stay alive
+        self.orphans: list[Move] = []  # timed-out receives: their buffers must stay alive
         self.live = LiveSide(self)  # its live-scaling side: relays, live-target events
         self._last_stats = 0.0
         self._was_idle = True
@@ -91,7 +92,7 @@ class ServingLoop:
         self.busy_s = 0.0
         self._last_tick = 0.0
         self._had_work = False
-        self._waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
+        self.waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
 
     @property
     def is_idle(self) -> bool:
@@ -161,7 +162,7 @@ class ServingLoop:
             elif isinstance(msg, SendKVMsg):
                 self._start_send(msg)
             elif isinstance(msg, AdoptKVMsg):
-                e.adopt_held(msg.request_id)
+                e.handoffs.adopt_held(msg.request_id)
             elif isinstance(msg, RelayMsg):
                 self.live.relay_out(msg)
             elif isinstance(msg, RelayInMsg):
@@ -171,7 +172,7 @@ class ServingLoop:
         except BlitzScaleError as err:
             event: type[RequestEvent]
             if isinstance(msg, RelayInMsg):
-                e.cancel_relay(rid)  # reserved, then its receives could not be posted
+                e.handoffs.cancel_relay(rid)  # reserved, then its receives could not be posted
                 event = RelayFailedMsg
             elif isinstance(msg, SendRelayMsg):
                 event = RelayLostMsg
@@ -182,7 +183,7 @@ class ServingLoop:
             self.send(event(rank=self.rank, request_id=rid, error=str(err)))
         except RuntimeError as err:  # torch.distributed: the peer is gone
             if isinstance(msg, RelayInMsg):
-                e.cancel_relay(rid)
+                e.handoffs.cancel_relay(rid)
             event = RelayLostMsg if isinstance(msg, RelayInMsg | SendRelayMsg) else KVFailedMsg
             self.send(event(rank=self.rank, request_id=rid, error=short_error(err)))
 
@@ -193,34 +194,34 @@ class ServingLoop:
         # dropped when it arrives (the stream stays in order).
         if request_id in self.live.relay_recvs:
             self.live.relay_recvs[request_id].aborted = True
-            e.cancel_relay(request_id)
+            e.handoffs.cancel_relay(request_id)
             if self.tp is not None:
                 self.tp.send(TPKVDropMsg(request_id=request_id))
         elif request_id in self._recvs:
             self._recvs[request_id].aborted = True
-            e.cancel_import(request_id)
+            e.handoffs.cancel_import(request_id)
             if self.tp is not None:
                 self.tp.send(TPKVDropMsg(request_id=request_id))
         elif not e.abort(request_id) and request_id not in self._sends:  # a held one: free it
-            e.release_held(request_id)
+            e.handoffs.release_held(request_id)
 
     def _start_recv(self, msg: RecvKVMsg) -> None:
         e = self.engine
         assert e is not None
-        req = e.reserve_import(
+        req = e.handoffs.reserve_import(
             msg.request_id, msg.token_ids, msg.num_prompt_tokens, to_params(msg.params), msg.num_emitted_chars
         )
         if msg.rng_state and req.generator is not None:
             req.generator.set_state(torch.frombuffer(bytearray(msg.rng_state), dtype=torch.uint8))
         # The sender holds exactly the blocks of the computed tokens; we may have one more
         # (room for the next token), which stays as it is.
-        buf = e.kv_buffer(e.blocks_for_tokens(req.num_computed_tokens))
+        buf = e.handoffs.kv_buffer(e.handoffs.blocks_for_tokens(req.num_computed_tokens))
         try:
             work = self.links.irecv(buf, msg.src_rank, "kv")
         except (RuntimeError, BlitzScaleError):  # the sender is gone: give the blocks back
-            e.cancel_import(msg.request_id)
+            e.handoffs.cancel_import(msg.request_id)
             raise
-        done = self._waiters.submit(wait_one, work, buf.device)
+        done = self.waiters.submit(wait_one, work, buf.device)
         self._recvs[msg.request_id] = Move(done, buf)
         if self.tp is not None:  # every shard receives its heads from the same shard there
             self.tp.send(
@@ -231,14 +232,14 @@ class ServingLoop:
     def _start_send(self, msg: SendKVMsg) -> None:
         e = self.engine
         assert e is not None
-        buf = e.kv_out(msg.request_id)  # (InvalidRequestError if it holds none here)
+        buf = e.handoffs.kv_out(msg.request_id)  # (InvalidRequestError if it holds none here)
         work = self.links.isend(buf, msg.dst_rank, "kv")
         held = e.request(msg.request_id, RequestStatus.HELD)
         if self.tp is not None and held is not None:
             self.tp.send(
                 TPKVSendMsg(request_id=msg.request_id, block_ids=list(held.block_ids), dst_rank=msg.dst_rank)
             )
-        done = self._waiters.submit(wait_one, work, buf.device)
+        done = self.waiters.submit(wait_one, work, buf.device)
         self._sends[msg.request_id] = Move(done, buf)
 
     # --- the loop -----------------------------------------------------------------------
@@ -344,23 +345,23 @@ class ServingLoop:
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:
-        for rid, m, err in finished(self._recvs, self._orphans):
+        for rid, m, err in finished(self._recvs, self.orphans):
             if m.aborted:
                 continue  # its blocks went back when it was aborted
             if err is None and self._shards_landed(e, rid):
-                e.kv_in(rid, m.buf)
-                e.commit_import(rid)  # its outputs tell the router it decodes here
+                e.handoffs.kv_in(rid, m.buf)
+                e.handoffs.commit_import(rid)  # its outputs tell the router it decodes here
             elif err is None:
-                e.cancel_import(rid)
+                e.handoffs.cancel_import(rid)
                 why = "receive: another shard's KV did not arrive"
                 self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=why))
             else:
-                e.cancel_import(rid)
+                e.handoffs.cancel_import(rid)
                 if self.tp is not None:
                     self.tp.send(TPKVDropMsg(request_id=rid))
                 self.send(KVFailedMsg(rank=self.rank, request_id=rid, error=f"receive: {err}"))
-        for rid, _m, err in finished(self._sends, self._orphans):
-            e.release_held(rid)
+        for rid, _m, err in finished(self._sends, self.orphans):
+            e.handoffs.release_held(rid)
             if err is None:
                 self.send(KVSentMsg(rank=self.rank, request_id=rid))
             else:

@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.engine.engine import LLMEngine
-from blitzscale.engine.request import RequestOutput, SamplingParams
 
 
 class EngineBackend:

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from blitzscale.engine.request import RequestOutput, SamplingParams
+from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import InvalidRequestError
 
 EOS = "#"

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 
 from .fake_backend import FakeBackend
 from .helpers import assert_error, sse_json

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from blitzscale.api.app import create_app
-from blitzscale.engine.config import EngineConfig
+from blitzscale.core.config import EngineConfig
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.engine.engine import LLMEngine
-from blitzscale.engine.request import SamplingParams
 
 from .conftest import BASE_URL
 from .engine_backend import EngineBackend

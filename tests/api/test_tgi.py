@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from blitzscale.api.app import create_app
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 
 from .conftest import BASE_URL
 from .fake_backend import FakeBackend

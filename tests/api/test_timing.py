@@ -6,7 +6,7 @@ import pytest
 
 from blitzscale.api.errors import describe_validation_error
 from blitzscale.api.timing import Timing, percentile
-from blitzscale.engine.request import RequestOutput
+from blitzscale.core.outputs import RequestOutput
 
 
 def output(new: list[int], finished: bool = False) -> RequestOutput:

@@ -13,7 +13,7 @@ from blitzscale.batch.plan import BatchPlan, RunSpec, expand
 from blitzscale.batch.template import load_template
 from blitzscale.client.record import RequestRecord
 from blitzscale.client.summary import Summary, summarize
-from blitzscale.demo.runner import RunResult
+from blitzscale.demo.result import RunResult
 
 TRACE_CSV = "timestamp_ms,prefill,decode\n0,10,4\n500,20,4\n1000,30,4\n1500,40,4\n"
 

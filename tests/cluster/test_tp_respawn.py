@@ -8,7 +8,7 @@ import time
 
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import LocalCluster
-from blitzscale.engine.config import EngineConfig
+from blitzscale.core.config import EngineConfig
 from blitzscale.messages import ActivateMsg
 from tests.cluster.conftest import SRC, M
 

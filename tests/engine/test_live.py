@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from blitzscale.checkpoint import load_weights, resolve_model
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.engine import EngineConfig, LLMEngine
-from blitzscale.engine.request import SamplingParams
 
 CFG = EngineConfig(block_size=16, num_kv_blocks=64, max_num_batched_tokens=512, max_model_len=256)
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -92,24 +92,24 @@ def test_relay_at_layer_k_then_source_finishes_identically(full: Any, k: int, ho
     target.add_request(PROMPTS[2], GREEDY, "b", hold_kv=hold)
     for _ in range(2 * (k + 2)):
         target.step()
-    relayed = target.relay_out()
+    relayed = target.handoffs.relay_out()
     assert relayed is not None and relayed.request_id == "a" and relayed.handoff is not None
     assert relayed.handoff.layer == k and relayed.status.value == "relaying"
     hidden = relayed.handoff.hidden
     source = LLMEngine(full, None, CFG)
-    source.reserve_relay("a", PROMPTS[0], GREEDY, k, hold_kv=hold)
+    source.handoffs.reserve_relay("a", PROMPTS[0], GREEDY, k, hold_kv=hold)
     if k:  # what the wire carries: hidden states and the KV of layers [0, k)
-        source.kv_in("a", target.kv_out("a", (0, k)), (0, k))
-    target.relay_sent("a")
+        source.handoffs.kv_in("a", target.handoffs.kv_out("a", (0, k)), (0, k))
+    target.handoffs.relay_sent("a")
     assert target.request("a") is None and target.request_ids() == ["b"]  # its blocks went back
-    source.commit_relay("a", hidden)
+    source.handoffs.commit_relay("a", hidden)
     outs = source.step()
     assert outs[0].request_id == "a" and len(outs[0].new_token_ids) == 1
     if hold:  # PD mode: the first token, then the whole KV waits here to migrate
         assert outs[0].finish_reason == "migrate" and source.request("a").status.value == "held"
         want = reference(full, [PROMPTS[0]], SamplingParams(max_tokens=1, temperature=0.0))[0]
         assert outs[0].token_ids == want
-        source.release_held("a")
+        source.handoffs.release_held("a")
     else:
         assert run_all(source, ["a"]) == {"a": reference(full, [PROMPTS[0]])[0]}
     for seg in range(1 + k, len(w.layout.segments)):
@@ -118,7 +118,7 @@ def test_relay_at_layer_k_then_source_finishes_identically(full: Any, k: int, ho
     want_b = reference(full, [PROMPTS[2]], SamplingParams(max_tokens=1, temperature=0.0) if hold else GREEDY)
     assert got["b"] == want_b[0]
     if hold:
-        target.release_held("b")
+        target.handoffs.release_held("b")
     assert source.pool.num_used_blocks == 0 and target.pool.num_used_blocks == 0
 
 
@@ -129,9 +129,9 @@ def test_cancelled_relay_puts_the_task_back_where_it_stopped(full: Any) -> None:
     e.add_request(PROMPTS[0], GREEDY, "a")
     for _ in range(5):
         e.step()
-    r = e.relay_out()
+    r = e.handoffs.relay_out()
     assert r is not None and r.handoff is not None and r.handoff.layer == 2 and not e.live
-    e.relay_cancelled("a")
+    e.handoffs.relay_cancelled("a")
     assert [(t.request.request_id, t.stage) for t in e.live.tasks] == [("a", 3)]
     for seg in range(3, len(w.layout.segments)):
         w.readiness.add(seg)
@@ -148,9 +148,9 @@ def test_abort_of_live_and_relayed_requests_frees_their_blocks(full: Any) -> Non
     outs = e.step()
     assert {o.finish_reason for o in outs} == {"abort"}
     source = LLMEngine(full, None, CFG)
-    source.reserve_relay("c", PROMPTS[2], GREEDY, 1, hold_kv=False)
+    source.handoffs.reserve_relay("c", PROMPTS[2], GREEDY, 1, hold_kv=False)
     assert not source.abort("c")  # KV still arriving: the serving loop aborts it on arrival
-    source.cancel_relay("c")
+    source.handoffs.cancel_relay("c")
     assert e.pool.num_used_blocks == 0 and source.pool.num_used_blocks == 0
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from blitzscale.core.outputs import RequestOutput
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.engine.overlap import PENDING
-from blitzscale.engine.request import RequestOutput
 
 
 def _engine(weights: Any, tokenizer: Any, overlap: str, **kw: Any) -> LLMEngine:

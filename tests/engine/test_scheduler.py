@@ -6,7 +6,8 @@ request whose prompt is complete gets one new token.
 
 from __future__ import annotations
 
-from blitzscale.engine.request import Request, RequestStatus, SamplingParams
+from blitzscale.core.sampling import SamplingParams
+from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.scheduler import Scheduler, SchedulerOutput
 from blitzscale.kvcache import BlockPool
 

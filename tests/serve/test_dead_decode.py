@@ -12,7 +12,7 @@ import pytest
 
 from blitzscale.control.policies import MutateAction
 from blitzscale.control.snapshot import InstanceState
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import UnavailableError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.server import ServingCluster

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig

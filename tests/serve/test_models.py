@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from blitzscale.control.snapshot import InstanceState
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ModelEntry, ServeConfig

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from blitzscale.control.snapshot import InstanceState
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ModelEntry, ServeConfig
 from blitzscale.serve.server import ServingCluster

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.server import ServingCluster

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.serve.requests import RouterRequest
 from blitzscale.serve.router import Router
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from blitzscale.control.snapshot import InstanceState
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.server import ServingCluster
 

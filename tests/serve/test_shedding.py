@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.messages import GenerateMsg, Message
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.server import ServingCluster

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from blitzscale.engine.config import EngineConfig
-from blitzscale.engine.request import SamplingParams
+from blitzscale.core.config import EngineConfig
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.messages import ActivateMsg, GenerateMsg, Message, OutputMsg, OutputsMsg, sampling_msg
 from blitzscale.worker.serving import ServingLoop
 
