@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from blitzscale.control.costmodel import Profile
 from blitzscale.engine.config import EngineConfig
 
 Role = Literal["prefill", "decode", "colocated"]  # what a serving instance does
@@ -122,6 +123,7 @@ class ActivateMsg(Msg):
     role: Role
     engine: EngineConfig  # the `[engine]` section the server was configured with
     live: bool = False  # a live target: serve while the weights are still arriving (ZigZag)
+    pace: Profile | None = None  # `[engine] pace` resolved: each step lasts what it gives
 
 
 class DeactivateMsg(Msg):
@@ -383,6 +385,12 @@ class StatsMsg(Msg):
     num_steps: int = 0
     step_s: float = 0.0
     busy_s: float = 0.0
+    # paced steps so far (worker/pacing.py; this worker's life): how many, how many took
+    # longer than their reference, their real compute and their paced length, seconds
+    paced_steps: int = 0
+    paced_over: int = 0
+    paced_real_s: float = 0.0
+    paced_s: float = 0.0
 
 
 Message = (
