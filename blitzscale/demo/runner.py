@@ -4,6 +4,7 @@ then summarize and write the report."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -24,6 +25,8 @@ from blitzscale.client.traces import TraceRequest
 from blitzscale.serve.background import BackgroundService
 from blitzscale.serve.config import ServeConfig
 
+Paced = tuple[int, int, float, float]
+
 
 @dataclass
 class RunResult:
@@ -35,6 +38,7 @@ class RunResult:
     report: Path | None = None
     live: tuple[int, int, int] = (0, 0, 0)  # requests, layers and relays of live scaling
     by_model: dict[str, list[RequestRecord]] = field(default_factory=dict)  # several models' records
+    paced: Paced = (0, 0, 0.0, 0.0)  # the workers' paced steps: all, over their reference, compute s, paced s
 
 
 PLAIN_EVERY_S = 5.0  # progress lines when the console is not a terminal (a pipe, a file)
@@ -55,7 +59,10 @@ def run_policy(
     policy = cfg.policy.name
     names = ", ".join(m.name for m in cfg.served_models())
     kind = "GPU" if cfg.cluster.device == "cuda" else "CPU"
-    starting = f"{policy}: starting {cfg.cluster.num_workers} {kind} workers with {names}"
+    load = os.getloadavg()[0]
+    starting = (
+        f"{policy}: starting {cfg.cluster.num_workers} {kind} workers with {names} (machine load {load:.2f})"
+    )
     if console.is_terminal:
         with console.status(escape(starting)):
             svc = BackgroundService(cfg).__enter__()
@@ -105,9 +112,14 @@ def _replay_live(
     start = time.monotonic()
     samples: list[tuple[float, int]] = []
     states: list[tuple[float, dict[str, int]]] = []
+    paced: dict[int, Paced] = {}  # by rank: its worker's counts so far (they only grow)
 
     def sample() -> float:
         now = time.monotonic() - start
+        for i in router.instances.values():
+            if (st := i.stats) is not None:
+                seen = (st.paced_steps, st.paced_over, st.paced_real_s, st.paced_s)
+                paced[i.id] = max(paced.get(i.id, seen), seen)
         samples.append((now, sum(1 for i in router.instances.values() if i.accepts is not None)))
         states.append((now, dict(Counter(i.state.value for i in router.instances.values()))))
         return now
@@ -151,7 +163,14 @@ def _replay_live(
     )
     report = write_report(out, records, summary, samples, events, info)
     live = (router.live.requests_total, router.live.layers_total, router.live.relays_total)
-    return RunResult(policy, summary, records, samples, events, report, live, per_model if by_model else {})
+    by = per_model if by_model else {}
+    total: Paced = (
+        sum(x[0] for x in paced.values()),
+        sum(x[1] for x in paced.values()),
+        sum(x[2] for x in paced.values()),
+        sum(x[3] for x in paced.values()),
+    )
+    return RunResult(policy, summary, records, samples, events, report, live, by, total)
 
 
 def _progress_line(policy: str, now: float, total: int, router: Any, events: list[dict[str, Any]]) -> str:

@@ -52,6 +52,14 @@ def reference_profile(factor: float) -> Profile:
     )
 
 
+def slowdown(p: Profile | None) -> float:
+    """How many times longer than the measured CPU's (REFERENCE_OF) `p`'s prompt steps
+    are; 1 unpaced, or for a device faster than the CPU (its steps are the real compute's)."""
+    if p is None:
+        return 1.0
+    return max(1.0, p.prefill_s(512) / load_profile(REFERENCE_OF).prefill_s(512))
+
+
 def resolve_pace(setting: str, num_workers: int, cpus: int | None = None) -> Profile | None:
     """The profile `[engine] pace = setting` paces by (None: off); a bad value is an
     InvalidRequestError naming it."""
