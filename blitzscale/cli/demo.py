@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
         f"policies {escape(', '.join(policies))}; "
         f"SLOs: TTFT <= {slo[0]:g} s, mean TBT <= {slo[1]:g} s"
     )
-    console.print(pacing_line(pace, args.workers), markup=False, highlight=False, soft_wrap=True)
+    line = pacing_line(pace, args.workers, args.max_input)
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
     if by_model:
         console.print(
             f"{args.models} models ({escape(', '.join(by_model))}: {escape(args.model)} under "
@@ -227,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def pacing_line(pace: Profile | None, workers: int) -> str:
+def pacing_line(pace: Profile | None, workers: int, prompt_tokens: int) -> str:
     """What the workers' steps take, in the terms the demo is judged by."""
     if pace is None:
         return (
@@ -236,7 +237,8 @@ def pacing_line(pace: Profile | None, workers: int) -> str:
         )
     return (
         f"pacing: every engine step of the {workers} CPU workers lasts what {pace.name} gives "
-        f"({pace.device}): a 192-token prompt {pace.prefill_s(192):.2f} s, a decode step of 8 at "
-        f"200 tokens {pace.decode_s(8, 200):.2f} s; never less than its real compute (the worker "
-        "sleeps the rest), so each instance adds a device's capacity; tokens are the real model's"
+        f"({pace.device}): a {prompt_tokens}-token prompt {pace.prefill_s(prompt_tokens):.2f} s, a "
+        f"decode step of 8 at 200 tokens {pace.decode_s(8, 200):.2f} s; never less than its real "
+        "compute (the worker sleeps the rest), so each instance adds a device's capacity; tokens are "
+        "the real model's"
     )

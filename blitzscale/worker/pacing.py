@@ -111,7 +111,10 @@ class Pacer:
 
     def remainder_s(self, profile: Profile, work: StepWork, real_s: float) -> float:
         """The rest of the step's reference time on `profile` after `real_s` of compute
-        (0 if none)."""
+        (0 if none). A step that computed nothing the profile times (a live target's
+        embedding or head stage, a step with nothing scheduled) is neither paced nor counted."""
+        if work.is_empty:
+            return 0.0
         ref = step_s(profile, work)
         self.steps += 1
         self.real_s += real_s

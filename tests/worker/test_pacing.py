@@ -96,6 +96,7 @@ def test_the_pacer_sleeps_the_rest_of_the_reference_time_never_less_than_compute
     line = summary(pacer.steps, pacer.over, pacer.real_s, pacer.paced_s)
     assert line == "2 paced steps, real compute 75% of their time, 1 (50%) took longer than their reference"
     assert summary(0, 0, 0.0, 0.0) == "no paced step"
+    assert pacer.remainder_s(CPU, StepWork(), 0.01) == 0.0 and pacer.steps == 2  # nothing timed: not counted
 
 
 def test_the_engine_reports_each_steps_shape(tiny_weights) -> None:
