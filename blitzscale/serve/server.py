@@ -127,7 +127,10 @@ class ServingCluster:
             self.cluster = None  # start() stopped what it began (the spawner's too)
             raise
         try:
-            costs = await cost_models(self.cluster, cfg, models, folders, engine, given)
+            if pace is not None:  # paced workers are the reference device: its profile is their cost
+                costs: dict[str, Profile | None] = {m.name: pace for m in models}
+            else:
+                costs = await cost_models(self.cluster, cfg, models, folders, engine, given)
         except BaseException:
             await asyncio.to_thread(self.cluster.stop)
             self.cluster = None
@@ -157,7 +160,7 @@ class ServingCluster:
         )
         self.scaler.pace = pace
         if pace is not None:
-            log.info("pacing every engine step by %s (%s)", pace.name, pace.device)
+            log.info("pacing every engine step by %s (%s): the cost model of all", pace.name, pace.device)
         for m in models:
             f = folders[m.name]
             keep = m.keep_alive_s if m.keep_alive_s is not None else cfg.model.keep_alive_s
