@@ -97,11 +97,20 @@ def verdict(results: list[RunResult]) -> str:
 OVERRUN_NOTE = 0.2  # a larger share of paced steps over their reference: the pacing did not hold
 
 
+def overran(r: RunResult) -> float:
+    """The share of a run's paced steps that took longer than their reference (0: none,
+    or not paced)."""
+    return r.paced[1] / r.paced[0] if r.paced[0] else 0.0
+
+
+def pacing_held(r: RunResult) -> bool:
+    return overran(r) <= OVERRUN_NOTE
+
+
 def pacing_note(results: list[RunResult]) -> str:
     """A warning when many paced steps took longer than their reference: the machine was
     busier than the pacing leaves room for, so the instances shared its cores after all."""
-    busy = [(r.policy, r.paced[1] / r.paced[0]) for r in results if r.paced[0]]
-    over = [f"{policy} {share:.0%}" for policy, share in busy if share > OVERRUN_NOTE]
+    over = [f"{r.policy} {overran(r):.0%}" for r in results if not pacing_held(r)]
     if not over:
         return ""
     return (

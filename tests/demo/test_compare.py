@@ -44,3 +44,18 @@ def test_a_note_when_many_paced_steps_ran_over_their_reference() -> None:
     note = pacing_note(busy)
     assert "sllm 45%" in note and "blitz" not in note
     assert pacing_note([_run("blitz", 5.0, 1.0, (0, 0, 0.0, 0.0))]) == ""  # not paced
+
+
+def test_a_run_whose_pacing_did_not_hold_is_run_again(monkeypatch) -> None:
+    from rich.console import Console
+
+    from blitzscale.demo import runner
+
+    runs = iter([(200, 90, 1.0, 2.0), (200, 10, 1.0, 2.0), (200, 90, 1.0, 2.0)])
+    monkeypatch.setattr(runner, "run_policy", lambda *a, **k: _run("blitz", 5.0, 1.0, next(runs)))
+    quiet = Console(file=None, quiet=True)
+    res, discarded = runner.run_policy_paced(None, [], None, quiet, reruns=2)  # type: ignore[arg-type]
+    assert discarded == 1 and res.paced[1] == 10  # the second run held
+    runs = iter([(200, 90, 1.0, 2.0), (200, 80, 1.0, 2.0)])
+    res, discarded = runner.run_policy_paced(None, [], None, quiet, reruns=1)  # type: ignore[arg-type]
+    assert discarded == 1 and res.paced[1] == 80  # out of reruns: the last one, with its note
