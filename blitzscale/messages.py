@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from blitzscale.control.costmodel import Profile
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.roles import Role
 
@@ -121,6 +122,7 @@ class ActivateMsg(Msg):
     role: Role
     engine: EngineConfig  # the `[engine]` section the server was configured with
     live: bool = False  # a live target: serve while the weights are still arriving (ZigZag)
+    pace: Profile | None = None  # `[engine] pace` resolved: each step lasts what it gives
 
 
 class DeactivateMsg(Msg):
@@ -382,6 +384,12 @@ class StatsMsg(Msg):
     num_steps: int = 0
     step_s: float = 0.0
     busy_s: float = 0.0
+    # paced steps so far (worker/pacing.py; this worker's life): how many, how many took
+    # longer than their reference, their real compute and their paced length, seconds
+    paced_steps: int = 0
+    paced_over: int = 0
+    paced_real_s: float = 0.0
+    paced_s: float = 0.0
 
 
 Message = (

@@ -28,6 +28,10 @@ class EngineConfig:
     # Launch each decode step before reading the last one's tokens (engine/overlap.py):
     # "auto" on GPUs, "on" anywhere (on CPU nothing runs ahead; tests use it), "off".
     overlap: str = "auto"
+    # A serving worker's steps last what a reference device's profile gives (worker/pacing.py):
+    # "off", "reference", "reference:F", a shipped profile's name or a .json path. The
+    # controller resolves it before any worker starts; a standalone engine ignores it.
+    pace: str = "off"
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -43,6 +47,8 @@ class EngineConfig:
             )
         if self.overlap not in ("auto", "on", "off"):
             raise ValueError(f"overlap must be 'auto', 'on' or 'off', got {self.overlap!r}")
+        if not isinstance(self.pace, str) or not self.pace.strip():
+            raise ValueError(f"pace must be 'off', 'reference', 'reference:F' or a profile: {self.pace!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 

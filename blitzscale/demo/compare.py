@@ -36,6 +36,9 @@ def comparison_table(results: list[RunResult]) -> Table:
         )
     rows.append(("mean load time (s)", [_mean([e["seconds"] for e in _ups(r)]) for r in results]))
     rows.append(("live: requests / layers / relays", [" / ".join(map(str, r.live)) for r in results]))
+    if any(r.paced[0] for r in results):
+        rows.append(("paced steps (over reference)", [_paced(r) for r in results]))
+        rows.append(("real compute / paced time", [_compute_share(r) for r in results]))
     for name, values in rows:
         t.add_row(name, *values)
     return t
@@ -43,6 +46,15 @@ def comparison_table(results: list[RunResult]) -> Table:
 
 def _ups(r: RunResult) -> list[dict]:
     return [e for e in r.events if e["direction"] == "up"]
+
+
+def _paced(r: RunResult) -> str:
+    steps, over = r.paced[0], r.paced[1]
+    return f"{steps} ({over / steps:.0%})" if steps else "-"
+
+
+def _compute_share(r: RunResult) -> str:
+    return f"{r.paced[2] / r.paced[3]:.0%}" if r.paced[3] else "-"
 
 
 def _pct(x: float | None) -> str:
@@ -70,15 +82,42 @@ def verdict(results: list[RunResult]) -> str:
         if a is None or b is None or sa is None or sb is None:
             parts.append(f"{first.policy} vs {other.policy}: no comparison (a run had no successful request)")
             continue
-        change = f"{100 * (a - b) / b:+.0f}%"
+        change = f"{(a - b) * 1000:+.0f} ms, {100 * (a - b) / b:+.0f}%"
         better = a < b and sa >= sb
         worse = a > b and sa <= sb
         word = "better" if better else "worse" if worse else "mixed"
         parts.append(
             f"{first.policy} vs {other.policy}: TTFT p99 {_ms(a)} vs {_ms(b)} ms ({change}), "
-            f"SLO attainment {_pct(sa)} vs {_pct(sb)}: {first.policy} is {word}"
+            f"SLO attainment {_pct(sa)} vs {_pct(sb)} ({100 * (sa - sb):+.0f} points): "
+            f"{first.policy} is {word}"
         )
     return "verdict: " + "; ".join(parts)
+
+
+OVERRUN_NOTE = 0.2  # a larger share of paced steps over their reference: the pacing did not hold
+
+
+def overran(r: RunResult) -> float:
+    """The share of a run's paced steps that took longer than their reference (0: none,
+    or not paced)."""
+    return r.paced[1] / r.paced[0] if r.paced[0] else 0.0
+
+
+def pacing_held(r: RunResult) -> bool:
+    return overran(r) <= OVERRUN_NOTE
+
+
+def pacing_note(results: list[RunResult]) -> str:
+    """A warning when many paced steps took longer than their reference: the machine was
+    busier than the pacing leaves room for, so the instances shared its cores after all."""
+    over = [f"{r.policy} {overran(r):.0%}" for r in results if not pacing_held(r)]
+    if not over:
+        return ""
+    return (
+        f"note: paced steps longer than their reference: {', '.join(over)} (over {OVERRUN_NOTE:.0%}): "
+        "the machine was busier than the pacing leaves room for, so the instances shared its cores "
+        "and the verdict says less; run it on a quieter machine, or pace slower (--pace reference:F)"
+    )
 
 
 def models_table(results: list[RunResult]) -> Table | None:

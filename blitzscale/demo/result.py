@@ -10,6 +10,8 @@ from typing import Any
 from blitzscale.client.record import RequestRecord
 from blitzscale.client.summary import Summary
 
+Paced = tuple[int, int, float, float]  # a run's paced steps: all, over their reference, compute s, paced s
+
 
 @dataclass
 class RunResult:
@@ -21,3 +23,4 @@ class RunResult:
     report: Path | None = None
     live: tuple[int, int, int] = (0, 0, 0)  # requests, layers and relays of live scaling
     by_model: dict[str, list[RequestRecord]] = field(default_factory=dict)  # several models' records
+    paced: Paced = (0, 0, 0.0, 0.0)  # the workers' paced steps (worker/pacing.py)

@@ -4,6 +4,7 @@ then summarize and write the report."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from blitzscale.client.record import RequestRecord, write_records
 from blitzscale.client.report import ReportInfo, write_report
 from blitzscale.client.summary import summarize
 from blitzscale.client.traces import TraceRequest
-from blitzscale.demo.result import RunResult
+from blitzscale.demo.result import Paced, RunResult
 from blitzscale.serve.background import BackgroundService
 from blitzscale.serve.config import ServeConfig
 
@@ -42,7 +43,10 @@ def run_policy(
     policy = cfg.policy.name
     names = ", ".join(m.name for m in cfg.served_models())
     kind = "GPU" if cfg.cluster.device == "cuda" else "CPU"
-    starting = f"{policy}: starting {cfg.cluster.num_workers} {kind} workers with {names}"
+    load = os.getloadavg()[0]
+    starting = (
+        f"{policy}: starting {cfg.cluster.num_workers} {kind} workers with {names} (machine load {load:.2f})"
+    )
     if console.is_terminal:
         with console.status(escape(starting)):
             svc = BackgroundService(cfg).__enter__()
@@ -56,6 +60,30 @@ def run_policy(
     finally:
         console.print(f"{policy}: stopping the cluster", markup=False, highlight=False, soft_wrap=True)
         svc.__exit__()
+
+
+def run_policy_paced(
+    cfg: ServeConfig, requests: list[TraceRequest], out: Path, console: Console, reruns: int, **kw: Any
+) -> tuple[RunResult, int]:
+    """`run_policy`, run again (at most `reruns` times) while its workers' pacing did not
+    hold: a run in which many paced steps took longer than their reference measured the
+    machine's shared cores, not the device the workers act as. Returns the last run and how
+    many were discarded."""
+    from blitzscale.demo.compare import OVERRUN_NOTE, overran, pacing_held
+
+    for attempt in range(reruns + 1):
+        res = run_policy(cfg, requests, out, console, **kw)
+        if pacing_held(res) or attempt == reruns:
+            return res, attempt
+        console.print(
+            f"{res.policy}: {overran(res):.0%} of the paced steps took longer than their reference "
+            f"(more than {OVERRUN_NOTE:.0%}: the machine was busier than the pacing leaves room for); "
+            f"running {res.policy} again ({attempt + 1} of at most {reruns})",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    raise AssertionError("unreachable")
 
 
 def _replay_live(
@@ -92,9 +120,14 @@ def _replay_live(
     start = time.monotonic()
     samples: list[tuple[float, int]] = []
     states: list[tuple[float, dict[str, int]]] = []
+    paced: dict[int, Paced] = {}  # by rank: its worker's counts so far (they only grow)
 
     def sample() -> float:
         now = time.monotonic() - start
+        for i in router.instances.values():
+            if (st := i.stats) is not None:
+                seen = (st.paced_steps, st.paced_over, st.paced_real_s, st.paced_s)
+                paced[i.id] = max(paced.get(i.id, seen), seen)
         samples.append((now, sum(1 for i in router.instances.values() if i.accepts is not None)))
         states.append((now, dict(Counter(i.state.value for i in router.instances.values()))))
         return now
@@ -138,7 +171,14 @@ def _replay_live(
     )
     report = write_report(out, records, summary, samples, events, info)
     live = (router.live.requests_total, router.live.layers_total, router.live.relays_total)
-    return RunResult(policy, summary, records, samples, events, report, live, per_model if by_model else {})
+    by = per_model if by_model else {}
+    total: Paced = (
+        sum(x[0] for x in paced.values()),
+        sum(x[1] for x in paced.values()),
+        sum(x[2] for x in paced.values()),
+        sum(x[3] for x in paced.values()),
+    )
+    return RunResult(policy, summary, records, samples, events, report, live, by, total)
 
 
 def _progress_line(policy: str, now: float, total: int, router: Any, events: list[dict[str, Any]]) -> str:

@@ -1,5 +1,5 @@
 """The demo's workload: a slice of the Azure LLM 2023 code trace shipped in the package,
-thinned and clamped to what CPU workers serve in a minute or two."""
+thinned, slowed and clamped to what paced CPU workers serve in two minutes."""
 
 from __future__ import annotations
 
@@ -19,9 +19,13 @@ def model_names(n: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Workload:
+    """The demo's defaults: sized for its three paced CPU workers (worker/pacing.py), whose
+    steps take three times one quiet core's: one instance cannot keep up with the burst,
+    three can."""
+
     rate_scale: float = 0.07  # keep 7% of the requests (evenly spread)
-    time_scale: float = 1.0
-    max_input: int = 192  # prompt tokens
+    time_scale: float = 0.5  # at half the trace's speed
+    max_input: int = 128  # prompt tokens
     max_output: int = 24  # output tokens
     duration_s: float | None = None
 

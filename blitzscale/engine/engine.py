@@ -30,6 +30,7 @@ from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
 from blitzscale.engine.table import STEPPED, RequestTable
+from blitzscale.engine.work import StepWork
 from blitzscale.errors import InvalidRequestError, KVIntegrityError
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.kvcache.pool import BlockPool
@@ -99,6 +100,7 @@ class LLMEngine:
         )
         self._aborted: list[Request] = []  # released; their last output goes out next step
         self._step_outputs: list[RequestOutput] = []  # of the step under way
+        self.last_work = StepWork()  # what the last step computed (for pacing it)
         self._ids = itertools.count()
         cfg = self.config
         on = cfg.overlap == "on" or (cfg.overlap == "auto" and weights.device.type == "cuda")
@@ -271,12 +273,17 @@ class LLMEngine:
                 ov.settle(self._emit)
         aborted, self._aborted = self._aborted, []
         self._step_outputs += [self._finalize(r) for r in aborted]
+        work = self.last_work = StepWork()
         if self.live is not None:
             done = self.live.step()
+            if self.live.last_run is not None:
+                work.partial.append(self.live.last_run)
             if done:
                 self._complete_prompts([r for r, _ in done], torch.stack([x for _, x in done]))
         ready = [r for r in self.table.requests(S.RELAYED_IN) if r.handoff is not None and r.handoff.ready]
         if ready:
+            n = self.model.num_layers
+            work.partial += [(r.num_tokens, (n - (r.handoff.layer if r.handoff else 0)) / n) for r in ready]
             logits = finish_relayed(self.model, self.kv_cache, ready)
             for r in ready:
                 r.handoff = None
@@ -288,6 +295,11 @@ class LLMEngine:
         if sched.is_empty:
             self._settle()
             return
+        for s in sched.scheduled:  # (a row of one new token attends like a decode row)
+            if s.num_new_tokens == 1:
+                work.decode_contexts.append(s.request.num_computed_tokens + 1)
+            else:
+                work.prompt_tokens += s.num_new_tokens
         logits = self.runner.execute(sched, ov.in_flight if ov is not None else None)
         sampling = [s.request for s in sched.scheduled if s.completes_prompt]
         for s in sched.scheduled:

@@ -71,6 +71,7 @@ class LiveQueue:
         self.waiting: deque[Request] = deque()  # no KV blocks yet
         self.tasks: list[LiveTask] = []  # FCFS, blocks for the whole prompt allocated
         self.layers_run = 0  # (request, layer) pairs run while weights were incomplete
+        self.last_run: tuple[int, float] | None = None  # the last step's (tokens, share of layers)
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.tasks)
@@ -123,6 +124,7 @@ class LiveQueue:
         """Run one stage of one batch. Returns (request, logits row) for the tasks that just
         ran the head: their prompt is complete and they leave the queue."""
         self._admit()
+        self.last_run = None
         batch = self._pick()
         if not batch:
             return []
@@ -150,6 +152,7 @@ class LiveQueue:
         start = stage - 1
         end = start + 1 if loading else self.num_layers
         out = self.model.run_layers(hidden, meta, self.kv_cache, start=start, end=end)
+        self.last_run = (sum(lens), (end - start) / self.num_layers)
         if loading:
             self.layers_run += len(batch)
             for t in batch:

@@ -8,6 +8,7 @@ import socket
 
 from blitzscale.errors import InvalidRequestError, ModelNotFoundError
 from blitzscale.serve.config import ServeConfig
+from blitzscale.worker.pacing import resolve_pace
 
 MAX_PORT = 65535
 
@@ -46,6 +47,7 @@ def check_serve_config(cfg: ServeConfig) -> None:
             f"(--workers / [cluster] num_workers): use --workers {need} or more{hint}"
         )
     _check_model_bounds(cfg)
+    resolve_pace(cfg.engine.pace, cfg.cluster.num_workers)  # InvalidRequestError names it
     for m in cfg.served_models():  # ModelNotFoundError names it
         try:
             resolve_model(m.spec)

@@ -19,6 +19,7 @@ from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.config import PlannerConfig, PolicyConfig
+from blitzscale.control.costmodel import Profile
 from blitzscale.control.host_cache import HostCacheState, host_copy_room
 from blitzscale.control.models import ModelView, pool_actions
 from blitzscale.control.policies import (
@@ -71,6 +72,7 @@ class Scaler:
         self.source = source  # spec every worker can resolve (tokenizer, config)
         self.disk_source = disk_source  # our-format folder for disk loads
         self.engine = engine
+        self.pace: Profile | None = None  # [engine] pace, resolved (worker/pacing.py)
         self.metrics = metrics
         self.models: dict[str, ScaledModel] = {model: ScaledModel(model, source, disk_source)}
         self.model_bytes: dict[str, int] = {}  # one instance's weights, by model (from loads)
@@ -175,6 +177,7 @@ class Scaler:
             role=role,
             engine=self.engine,
             live=live,
+            pace=self.pace,
         )
 
     async def activate_many(self, ranks: list[int], role: Role, model: str | None = None) -> None:

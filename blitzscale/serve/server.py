@@ -37,6 +37,7 @@ from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.models import ScaledModel, ServedModel
 from blitzscale.serve.router import Router
 from blitzscale.serve.scaler import Scaler
+from blitzscale.worker.pacing import resolve_pace
 from blitzscale.worker.standby import StandbySpec
 
 log = logging.getLogger("blitzscale.serve")
@@ -97,6 +98,7 @@ class ServingCluster:
         cfg = self.cfg
         tp = cfg.model.tp
         models = cfg.served_models()
+        pace = resolve_pace(cfg.engine.pace, cfg.cluster.num_workers)  # (a bad value: before any worker)
         for m in models:
             await asyncio.to_thread(check_model_tp, m.spec, tp)
         folders = {
@@ -125,7 +127,10 @@ class ServingCluster:
             self.cluster = None  # start() stopped what it began (the spawner's too)
             raise
         try:
-            costs = await cost_models(self.cluster, cfg, models, folders, engine, given)
+            if pace is not None:  # paced workers are the reference device: its profile is their cost
+                costs: dict[str, Profile | None] = {m.name: pace for m in models}
+            else:
+                costs = await cost_models(self.cluster, cfg, models, folders, engine, given)
         except BaseException:
             await asyncio.to_thread(self.cluster.stop)
             self.cluster = None
@@ -153,6 +158,9 @@ class ServingCluster:
         self.scaler = Scaler(
             self.router, cfg.planner, cfg.policy, default.name, folder, folder, engine, self.metrics
         )
+        self.scaler.pace = pace
+        if pace is not None:
+            log.info("pacing every engine step by %s (%s): the cost model of all", pace.name, pace.device)
         for m in models:
             f = folders[m.name]
             keep = m.keep_alive_s if m.keep_alive_s is not None else cfg.model.keep_alive_s

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from blitzscale.control.costmodel import Profile
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.engine import LLMEngine
 from blitzscale.engine.engine import CHECK_EVERY_STEP
@@ -56,6 +57,7 @@ from blitzscale.messages import (
 )
 from blitzscale.model.weights import ModelWeights
 from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_one
+from blitzscale.worker.pacing import Pacer
 from blitzscale.worker.relays import LiveSide
 from blitzscale.worker.tp import InstanceReadiness, TPLeader, make_leader
 from blitzscale.worker.world import Links
@@ -78,6 +80,8 @@ class ServingLoop:
         self.engine: LLMEngine | None = None
         self.tp: TPLeader | None = None  # this engine leads a tensor-parallel instance
         self.ready: InstanceReadiness | None = None  # a live TP target's view of its shards
+        self.pace: Profile | None = None  # steps last what it gives (worker/pacing.py)
+        self.pacer = Pacer()
         self._asked_at = 0.0
         self.role = ""
         self._recvs: dict[str, Move] = {}
@@ -122,6 +126,7 @@ class ServingLoop:
             if not tp.all_ok():
                 raise BlitzScaleError(f"ranks {list(tp.instance.members)}: a shard of {msg.model} is missing")
         self.engine, self.tp = engine, tp
+        self.pace = msg.pace
         self.role = msg.role
         self.live.reset()
         if msg.live:  # a TP target runs a segment once every shard has it
@@ -139,7 +144,7 @@ class ServingLoop:
         if self.tp is not None:
             self.tp.send(TPStopMsg())
             self.tp.flush()
-        self.engine, self.tp, self.ready = None, None, None
+        self.engine, self.tp, self.ready, self.pace = None, None, None, None
         self.role = ""
 
     # --- data-plane messages ------------------------------------------------------------
@@ -303,7 +308,9 @@ class ServingLoop:
 
     def _step(self, e: LLMEngine) -> list[RequestOutput]:
         """One engine step. If it raises, the requests it may have touched fail with the
-        error (the router does not retry them) and the worker goes on serving the rest."""
+        error (the router does not retry them) and the worker goes on serving the rest.
+        Paced, it lasts its reference time: the rest of it is slept, before the outputs go."""
+        started = time.perf_counter()
         try:
             outs = e.step()
         except Exception as err:
@@ -315,6 +322,8 @@ class ServingLoop:
                 ) from err
             return e.fail_unfinished(f"the engine step failed on rank {self.rank}: {short_error(err)}")
         self._failed_steps = 0
+        if self.pace is not None:
+            time.sleep(self.pacer.remainder_s(self.pace, e.last_work, time.perf_counter() - started))
         return outs
 
     @staticmethod
@@ -342,6 +351,10 @@ class ServingLoop:
             num_steps=self.num_steps,
             step_s=self.step_s,
             busy_s=self.busy_s,
+            paced_steps=self.pacer.steps,
+            paced_over=self.pacer.over,
+            paced_real_s=self.pacer.real_s,
+            paced_s=self.pacer.paced_s,
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:

@@ -45,3 +45,26 @@ def test_the_multi_model_demo_config_serves_each_name_within_one_host_budget() -
     assert all(m.keep_alive_s == 8.0 for m in cfg.served_models())
     assert cfg.cluster.host_memory_bytes == 600_000_000
     assert demo_config("smollm2-135m", "blitz", 3).models == ()  # one model: the demo as before
+
+
+def test_the_demo_paces_its_workers_and_scales_the_planner_with_them() -> None:
+    from blitzscale.cli.demo import demo_config
+
+    cfg = demo_config("smollm2-135m", "blitz", 3, pace="reference", slowdown=3.0)
+    assert cfg.engine.pace == "reference"
+    assert cfg.planner.tokens_prefilled_per_sec == 200.0  # one quiet core's 600, a third as fast
+    assert demo_config("smollm2-135m", "blitz", 3).engine.pace == "off"
+
+
+def test_a_bad_demo_pace_is_named_before_any_worker_starts() -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "blitzscale.cli.main", "demo", "--pace", "reference:slow"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "--pace: [engine] pace = 'reference:slow'" in r.stderr and "Traceback" not in r.stderr
