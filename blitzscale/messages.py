@@ -370,6 +370,17 @@ class LiveFailedMsg(LiveEvent):
     """Its weights will not all arrive: it serves no more."""
 
 
+class StepKindMsg(msgspec.Struct, frozen=True, array_like=True):
+    """Engine steps of one kind (engine/work.py STEP_KINDS) over a worker's life: how many,
+    seconds inside them, how many overlapped the step before, tokens they computed."""
+
+    kind: str
+    steps: int
+    seconds: float
+    overlapped: int
+    tokens: int
+
+
 class StatsMsg(Msg):
     rank: int
     num_running: int
@@ -390,6 +401,7 @@ class StatsMsg(Msg):
     paced_over: int = 0
     paced_real_s: float = 0.0
     paced_s: float = 0.0
+    step_kinds: list[StepKindMsg] = []  # the steps above, by kind (those that ran)
 
 
 Message = (

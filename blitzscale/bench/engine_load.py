@@ -8,8 +8,24 @@ import time
 import torch
 
 from blitzscale.bench.mixes import Burst, ClosedLoop, Mix, Single, median
+from blitzscale.core.outputs import RequestOutput
 from blitzscale.engine import LLMEngine, SamplingParams
 from blitzscale.engine.engine import default_dtype
+from blitzscale.engine.work import StepTally, kinds_between
+
+
+class TimedSteps:
+    """An engine's steps, timed and tallied by kind as a worker's loop tallies them."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.tally = StepTally()
+
+    def __call__(self) -> list[RequestOutput]:
+        t = time.perf_counter()
+        outs = self.engine.step()
+        self.tally.add(self.engine.last_work, time.perf_counter() - t)
+        return outs
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -24,7 +40,10 @@ def _drain(engine: LLMEngine) -> None:
         engine.step()
 
 
-def closed_loop(engine: LLMEngine, mix: Mix, streams: int, seed: int = 0) -> ClosedLoop:
+def closed_loop(
+    engine: LLMEngine, mix: Mix, streams: int, seed: int = 0, tally: StepTally | None = None
+) -> ClosedLoop:
+    """`tally`: the measured window's steps by kind are added to it."""
     vocab = engine.model_config.vocab_size
     params = SamplingParams(max_tokens=mix.max_tokens, temperature=0, ignore_eos=True)
     pool = _prompts(streams * 4, mix.prompt_len, vocab, seed)
@@ -40,14 +59,20 @@ def closed_loop(engine: LLMEngine, mix: Mix, streams: int, seed: int = 0) -> Clo
     t0 = time.perf_counter()
     start, end = t0 + mix.warmup_s, t0 + mix.warmup_s + mix.window_s
     tokens = done = 0
+    step = TimedSteps(engine)
     while (now := time.perf_counter()) < end:
-        for o in engine.step():
+        if now < start:
+            step.tally = StepTally()  # (the window's steps only)
+        for o in step():
             if now >= start:
                 tokens += len(o.new_token_ids)
             if o.finished:
                 done += now >= start
                 add()
     _drain(engine)
+    if tally is not None:
+        for k, t in step.tally.kinds.items():
+            tally.kinds[k] = t
     return ClosedLoop(streams, round(tokens / mix.window_s, 1), done, 0)
 
 
@@ -99,7 +124,9 @@ def run_engine_mixes(model: str, device: str, mix: Mix) -> dict[str, object]:
         engine.generate(_prompts(2, 64, engine.model_config.vocab_size, 9), SamplingParams(max_tokens=4))
         out: dict[str, object] = {"single": single(engine, mix), "burst": burst(engine, mix)}
         for n in mix.streams:
-            out[f"closed_{n}"] = closed_loop(engine, mix, n)
+            tally = StepTally()
+            out[f"closed_{n}"] = closed_loop(engine, mix, n, tally=tally)
+            out[f"closed_{n}_kinds"] = kinds_between(StepTally(), tally)
         return out
     finally:
         del engine, weights

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from blitzscale.bench.engine_load import run_engine_mixes
 from blitzscale.bench.mixes import Mix, compare
 from blitzscale.bench.serve_load import HttpLoad
 from blitzscale.checkpoint import load_config, resolve_model
+from blitzscale.engine.work import StepTally, kinds_between
 
 WORKER_TIME = ("blitzscale_engine_steps", "blitzscale_engine_step_seconds", "blitzscale_worker_busy_seconds")
 
@@ -108,29 +110,71 @@ class ServerProcess:
             self.proc.wait()
 
 
-async def worker_time(url: str) -> dict[str, float]:
+KIND_FAMILIES = {
+    "steps": "blitzscale_engine_kind_steps",
+    "seconds": "blitzscale_engine_kind_step_seconds",
+    "overlapped": "blitzscale_engine_kind_overlapped_steps",
+    "tokens": "blitzscale_engine_kind_tokens",
+}
+
+
+@dataclass
+class WorkerTime:
+    """The worker counters a scrape of `/metrics` gives: totals, and per kind of step."""
+
+    totals: dict[str, float]
+    kinds: StepTally
+
+
+async def worker_time(url: str) -> WorkerTime:
     async with httpx.AsyncClient(timeout=10) as c:
         text = (await c.get(f"{url}/metrics")).text
     out = dict.fromkeys(WORKER_TIME, 0.0)
+    tally = StepTally()
+    field_of = {v: k for k, v in KIND_FAMILIES.items()}
     for fam in text_string_to_metric_families(text):
         if fam.name in out:
             out[fam.name] = sum(s.value for s in fam.samples if s.name.endswith("_total"))
-    return out
+        elif fam.name in field_of:
+            for s in fam.samples:
+                if s.name.endswith("_total") and s.labels.get("kind") in tally.kinds:
+                    t = tally.kinds[s.labels["kind"]]
+                    setattr(t, field_of[fam.name], getattr(t, field_of[fam.name]) + s.value)
+    return WorkerTime(out, tally)
 
 
-def breakdown(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
+def breakdown(before: WorkerTime, after: WorkerTime, wall_s: float) -> dict[str, Any]:
     """Where one mix's time went on the worker: steps, ms a step, the loop's time outside
-    the engine a step, and the share of the mix's wall time the worker had work."""
-    steps = after[WORKER_TIME[0]] - before[WORKER_TIME[0]]
-    step_s = after[WORKER_TIME[1]] - before[WORKER_TIME[1]]
-    busy_s = after[WORKER_TIME[2]] - before[WORKER_TIME[2]]
+    the engine a step, the share of the mix's wall time the worker had work, and the
+    steps by kind (`kinds`: each kind's steps, ms a step, overlapped share, tokens a step)."""
+    b, a = before.totals, after.totals
+    steps = a[WORKER_TIME[0]] - b[WORKER_TIME[0]]
+    step_s = a[WORKER_TIME[1]] - b[WORKER_TIME[1]]
+    busy_s = a[WORKER_TIME[2]] - b[WORKER_TIME[2]]
     per = 1000 / steps if steps else float("nan")
     return {
         "steps": steps,
         "step_ms": round(step_s * per, 3),
         "loop_outside_step_ms": round((busy_s - step_s) * per, 3),
         "busy_share": round(busy_s / wall_s, 3) if wall_s else float("nan"),
+        "kinds": kinds_between(before.kinds, after.kinds),
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used so far; NaN where
+    /proc cannot say (the router and HTTP edge's share of a core, per mix)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def client_cpu_seconds() -> float:
+    """CPU seconds of this process and of its client processes that have ended."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
 async def _served(cfg: ServeBenchConfig, server: ServerProcess) -> dict[str, Any]:
@@ -145,10 +189,16 @@ async def _served(cfg: ServeBenchConfig, server: ServerProcess) -> dict[str, Any
         runs += [(f"closed_{n}", lambda n=n: load.closed_loop(mix, n)) for n in mix.streams]
         for name, fn in runs:
             before, t = await worker_time(server.url), time.perf_counter()
+            cpu0, client0 = cpu_seconds(server.proc.pid), client_cpu_seconds()
             result = await (fn(mix) if name in ("single", "burst") else fn())
             wall = time.perf_counter() - t
             out[name] = result
-            out[f"{name}_worker"] = breakdown(before, await worker_time(server.url), wall)
+            out[f"{name}_worker"] = {
+                **breakdown(before, await worker_time(server.url), wall),
+                # the server process (router, HTTP edge) and this client, in cores busy
+                "server_cpu_share": round((cpu_seconds(server.proc.pid) - cpu0) / wall, 3),
+                "client_cpu_share": round((client_cpu_seconds() - client0) / wall, 3),
+            }
     finally:
         await load.close()
     return out
@@ -173,6 +223,8 @@ def run_serve_bench(cfg: ServeBenchConfig) -> dict[str, Any]:
         entry: dict[str, Any] = {"served": asdict(served[name]), "worker": served[f"{name}_worker"]}
         if name in alone:
             entry["engine_alone"] = asdict(alone[name])  # type: ignore[call-overload]
+            if f"{name}_kinds" in alone:
+                entry["engine_alone_kinds"] = alone[f"{name}_kinds"]
             entry["ratio"] = compare(served[name], alone[name])
         result[name] = entry
     return result

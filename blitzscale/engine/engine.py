@@ -301,10 +301,12 @@ class LLMEngine:
             else:
                 work.prompt_tokens += s.num_new_tokens
         logits = self.runner.execute(sched, ov.in_flight if ov is not None else None)
+        work.graph = self.runner.last_was_graph
         sampling = [s.request for s in sched.scheduled if s.completes_prompt]
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
         if ov is not None and self.live is None and all(map(plain, sampling)):
+            work.overlapped = ov.busy
             ov.launch(sampling, logits, self._emit)
         else:
             assert ov is None or not ov.busy, "a step with pending tokens must overlap"

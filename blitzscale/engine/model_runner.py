@@ -32,6 +32,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = model.weights.device
         self.graphs: DecodeGraphs | None = None
+        self.last_was_graph = False  # the last step replayed a captured graph
         usable = model.attn.name == "triton" and model.tp_group is None and GRAPHS_ENABLED
         if usable and max_num_seqs > 0 and max_model_len > 0:
             self.graphs = DecodeGraphs(model, kv_cache, max_num_seqs, max_model_len)
@@ -66,7 +67,9 @@ class ModelRunner:
             and len(token_ids) == n == len(last)
             and self.graphs.bucket_for(n) is not None
         ):
+            self.last_was_graph = True
             return self.graphs.run(token_ids, context_lens, tables, pending)
+        self.last_was_graph = False
         meta, (ids, rows) = AttentionMetadata.build_with(
             query_lens, context_lens, tables, self.kv_cache.block_size, self.device, [token_ids, last]
         )

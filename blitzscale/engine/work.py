@@ -2,7 +2,9 @@
 (control/costmodel.py): prompt tokens through the whole model, decode rows and their
 contexts, and prompt tokens through only some of the layers (a live target's layer ranges,
 a relayed prompt's remaining layers). The engine fills one per step; the serving loop reads
-it to pace the step (worker/pacing.py)."""
+it to pace the step (worker/pacing.py) and to tally where its time goes by kind of step
+(`StepTally`: decode steps that replayed a CUDA graph or ran eagerly, mixed prefill and
+decode steps, prefill-only and live steps, and how many of each overlapped)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ class StepWork:
     prompt_tokens: int = 0  # tokens run through every layer (prefill chunks, recomputes)
     decode_contexts: list[int] = field(default_factory=list)  # one per decode row: its context
     partial: list[tuple[int, float]] = field(default_factory=list)  # (tokens, share of the layers)
+    graph: bool = False  # the forward replayed a captured CUDA graph
+    overlapped: bool = False  # launched before the step before it was read (engine/overlap.py)
 
     @property
     def decode_batch(self) -> int:
@@ -27,3 +31,60 @@ class StepWork:
     @property
     def is_empty(self) -> bool:
         return not (self.prompt_tokens or self.decode_contexts or self.partial)
+
+    @property
+    def kind(self) -> str:
+        """What the step was, for `StepTally`: one of STEP_KINDS."""
+        if self.partial:
+            return "live"
+        if self.prompt_tokens and self.decode_contexts:
+            return "mixed"
+        if self.prompt_tokens:
+            return "prefill"
+        if self.decode_contexts:
+            return "decode_graph" if self.graph else "decode_eager"
+        return "none"
+
+
+STEP_KINDS = ("decode_graph", "decode_eager", "mixed", "prefill", "live", "none")
+
+
+@dataclass
+class KindTally:
+    steps: int = 0
+    seconds: float = 0.0
+    overlapped: int = 0
+    tokens: int = 0  # prompt tokens plus decode rows
+
+
+@dataclass
+class StepTally:
+    """Engine steps by kind over a worker's life (or a bench's run): how many, the seconds
+    spent inside them, how many overlapped, and the tokens they computed."""
+
+    kinds: dict[str, KindTally] = field(default_factory=lambda: {k: KindTally() for k in STEP_KINDS})
+
+    def add(self, work: StepWork, seconds: float) -> None:
+        t = self.kinds[work.kind]
+        t.steps += 1
+        t.seconds += seconds
+        t.overlapped += work.overlapped
+        t.tokens += work.prompt_tokens + work.decode_batch
+
+
+def kinds_between(before: StepTally, after: StepTally) -> dict[str, dict[str, float]]:
+    """Per kind of step that ran between two tallies: steps, ms a step, the share that
+    overlapped, tokens a step (for benches: where a run's step time went)."""
+    out = {}
+    for kind, a in after.kinds.items():
+        b = before.kinds[kind]
+        n = a.steps - b.steps
+        if n <= 0:
+            continue
+        out[kind] = {
+            "steps": n,
+            "ms_per_step": round(1000 * (a.seconds - b.seconds) / n, 3),
+            "overlapped_share": round((a.overlapped - b.overlapped) / n, 3),
+            "tokens_per_step": round((a.tokens - b.tokens) / n, 1),
+        }
+    return out

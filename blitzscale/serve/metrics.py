@@ -37,6 +37,27 @@ class _RouterCollector(Collector):
             "Seconds of the worker loop while it had work (steps plus messages and outputs)",
             labels=["instance"],
         )
+        labels = ["instance", "kind"]
+        by_kind = {
+            "steps": CounterMetricFamily(
+                "blitzscale_engine_kind_steps",
+                "Engine steps by kind (decode_graph, decode_eager, mixed, prefill, live)",
+                labels=labels,
+            ),
+            "seconds": CounterMetricFamily(
+                "blitzscale_engine_kind_step_seconds", "Seconds inside engine steps, by kind", labels=labels
+            ),
+            "overlapped": CounterMetricFamily(
+                "blitzscale_engine_kind_overlapped_steps",
+                "Engine steps launched before the step before them was read, by kind",
+                labels=labels,
+            ),
+            "tokens": CounterMetricFamily(
+                "blitzscale_engine_kind_tokens",
+                "Tokens computed by engine steps (prompt tokens plus decode rows), by kind",
+                labels=labels,
+            ),
+        }
         for i in self.router.instances.values():
             s = i.stats
             if s is None or i.state is InstanceState.INACTIVE:
@@ -44,9 +65,13 @@ class _RouterCollector(Collector):
             steps.add_metric([str(i.id)], s.num_steps)
             step_s.add_metric([str(i.id)], s.step_s)
             busy_s.add_metric([str(i.id)], s.busy_s)
+            for k in s.step_kinds:
+                for field, family in by_kind.items():
+                    family.add_metric([str(i.id), k.kind], getattr(k, field))
         yield steps
         yield step_s
         yield busy_s
+        yield from by_kind.values()
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         router = self.router

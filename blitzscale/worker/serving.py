@@ -24,6 +24,7 @@ from blitzscale.core.outputs import RequestOutput
 from blitzscale.engine import LLMEngine
 from blitzscale.engine.engine import CHECK_EVERY_STEP
 from blitzscale.engine.request import RequestStatus
+from blitzscale.engine.work import StepTally
 from blitzscale.errors import BlitzScaleError, KVIntegrityError
 from blitzscale.messages import (
     AbortMsg,
@@ -47,6 +48,7 @@ from blitzscale.messages import (
     SendKVMsg,
     SendRelayMsg,
     StatsMsg,
+    StepKindMsg,
     TokenLogprobMsg,
     TPKVCommitMsg,
     TPKVDropMsg,
@@ -94,6 +96,7 @@ class ServingLoop:
         self.num_steps = 0  # where the loop's time goes (StatsMsg)
         self.step_s = 0.0
         self.busy_s = 0.0
+        self.tally = StepTally()  # the steps above by kind
         self._last_tick = 0.0
         self._had_work = False
         self.waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
@@ -270,8 +273,10 @@ class ServingLoop:
         if busy:
             t = time.perf_counter()
             outs = self._step(e)
-            self.step_s += time.perf_counter() - t
+            dt = time.perf_counter() - t
+            self.step_s += dt
             self.num_steps += 1
+            self.tally.add(e.last_work, dt)
             if outs:
                 self.send(OutputsMsg(rank=self.rank, outputs=[self._output(e, o) for o in outs]))
         self._check_when_idle(e)
@@ -355,6 +360,11 @@ class ServingLoop:
             paced_over=self.pacer.over,
             paced_real_s=self.pacer.real_s,
             paced_s=self.pacer.paced_s,
+            step_kinds=[
+                StepKindMsg(k, t.steps, t.seconds, t.overlapped, t.tokens)
+                for k, t in self.tally.kinds.items()
+                if t.steps
+            ],
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:

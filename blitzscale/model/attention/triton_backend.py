@@ -4,7 +4,10 @@ No dense mask and no gathered copy of any sequence's keys. A step's decode rows 
 split-key decode kernel, its prefill chunks (any lengths, with or without a cached prefix)
 to the varlen prefill kernel: two launches for a mixed step, whatever its shape. A step
 whose chunks are all whole prompts uses SDPA's causal flash kernel on the fresh q/k/v
-instead (one call per prompt: no mask, nothing gathered). The plan
+instead (one call per prompt: no mask, nothing gathered), never through cuDNN: its
+attention builds an execution plan for each new prompt length (35-75 ms on an H200, the
+first time each length is seen), which stalled every mixed step of a serving loop whose
+prompts differ in length; FlashAttention has no per-shape set-up. The plan
 holds only host integers (counts, grid sizes), so a step on a CUDA graph's static metadata
 launches the same kernels with the same arguments at every replay.
 """
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from blitzscale.model.attention import triton_kernels as K
 from blitzscale.model.attention.base import AttentionBackend
@@ -27,6 +31,8 @@ DECODE_BLOCK_N = 64
 MAX_SPLITS = 32
 PREFILL_BLOCK_M = 64
 PREFILL_BLOCK_N = 64
+# SDPA's kernels for whole prompts, FlashAttention first; no cuDNN (a plan per shape)
+FRESH_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @cache
@@ -132,11 +138,14 @@ class TritonBackend(AttentionBackend):
                     BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
                 )  # fmt: skip
         if plan.fresh is not None:  # whole prompts: SDPA's flash kernel on this step's q, k, v
-            for first, n in plan.fresh:
-                rows = slice(first, first + n)
-                qh, kh, vh = (x[rows].transpose(0, 1)[None] for x in (q, k, v))
-                o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True)
-                out[rows] = o[0].transpose(0, 1)
+            with sdpa_kernel(FRESH_SDPA, set_priority=True):
+                for first, n in plan.fresh:
+                    rows = slice(first, first + n)
+                    qh, kh, vh = (x[rows].transpose(0, 1)[None] for x in (q, k, v))
+                    o = F.scaled_dot_product_attention(
+                        qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
+                    )
+                    out[rows] = o[0].transpose(0, 1)
         elif plan.num_prefill:
             grid = (triton.cdiv(plan.max_prefill_q, PREFILL_BLOCK_M), num_heads, plan.num_prefill)
             K.prefill[grid](
