@@ -62,7 +62,10 @@ class Scaler:
         disk_source: str,
         engine: EngineConfig,
         metrics: ClusterMetrics,
+        pace: Profile | None = None,
     ) -> None:
+        """`pace`: the paced workers' reference device ([engine] pace, resolved), told to
+        every instance it activates."""
         self.router = router
         self.state: ControlState = router.state
         self.cluster: Cluster = router.cluster
@@ -72,7 +75,7 @@ class Scaler:
         self.source = source  # spec every worker can resolve (tokenizer, config)
         self.disk_source = disk_source  # our-format folder for disk loads
         self.engine = engine
-        self.pace: Profile | None = None  # [engine] pace, resolved (worker/pacing.py)
+        self.pace = pace  # (worker/pacing.py)
         self.metrics = metrics
         self.models: dict[str, ScaledModel] = {model: ScaledModel(model, source, disk_source)}
         self.model_bytes: dict[str, int] = {}  # one instance's weights, by model (from loads)

@@ -31,6 +31,7 @@ from blitzscale.control.costmodel import Profile
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
 from blitzscale.serve.config import ModelEntry, ServeConfig
+from blitzscale.serve.controlplane import ControlPlane, ControlPlaneSpec, build_control_plane
 from blitzscale.serve.costs import cost_models, profile_file
 from blitzscale.serve.dataplane import ZmqDataPlane
 from blitzscale.serve.metrics import ClusterMetrics
@@ -84,14 +85,18 @@ def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig, cost: Profile | 
     )
 
 
+def _scaled_model(m: ModelEntry, folder: str, cfg: ServeConfig) -> ScaledModel:
+    """What the scaler needs of a model: where workers load it from, its bounds."""
+    keep = m.keep_alive_s if m.keep_alive_s is not None else cfg.model.keep_alive_s
+    return ScaledModel(m.name, folder, folder, m.min_instances, m.max_instances, keep)
+
+
 class ServingCluster:
     def __init__(self, cfg: ServeConfig) -> None:
         self.cfg = cfg
         self.registry = CollectorRegistry()
         self.cluster: LocalCluster | None = None
-        self.router: Router | None = None
-        self.scaler: Scaler | None = None
-        self._scale_task: asyncio.Task[None] | None = None
+        self.control: ControlPlane | None = None  # router, scaler, metrics: once started
         self._ctx = zmq.asyncio.Context()
 
     async def start(self) -> None:
@@ -138,51 +143,34 @@ class ServingCluster:
         served = [
             await asyncio.to_thread(_served_model, m, folders[m.name], cfg, costs[m.name]) for m in models
         ]
-        plane = ZmqDataPlane(data, self.cluster.token)
-        first = served[0]
-        self.router = Router(
-            cfg.router,
-            self.cluster,
-            plane,
-            first.tokenizer,
-            first.name,
-            first.vocab_size,
-            first.max_model_len,
+        spec = ControlPlaneSpec(
+            router=cfg.router,
+            planner=cfg.planner,
+            policy=cfg.policy,
+            engine=engine,
+            served=served,
+            scaled=[_scaled_model(m, folders[m.name], cfg) for m in models],
+            first_instances=first_instances(cfg),
             tp=tp,
+            pace=pace,
+            registry=self.registry,
         )
-        for m in served:  # (the default one again: with its root and keep-alive)
-            self.router.add_model(m)
-        self.router.model_root = first.root
-        await self.router.start()
-        self.metrics = ClusterMetrics(self.registry, self.router)
-        self.scaler = Scaler(
-            self.router, cfg.planner, cfg.policy, default.name, folder, folder, engine, self.metrics
-        )
-        self.scaler.pace = pace
         if pace is not None:
             log.info("pacing every engine step by %s (%s): the cost model of all", pace.name, pace.device)
-        for m in models:
-            f = folders[m.name]
-            keep = m.keep_alive_s if m.keep_alive_s is not None else cfg.model.keep_alive_s
-            self.scaler.add_model(ScaledModel(m.name, f, f, m.min_instances, m.max_instances, keep))
-        fixed = cfg.policy.name == "fixed"
-        n_pre, n_dec = first_instances(cfg)
-        if (n_pre + n_dec) * tp > self.cluster.world_size:
-            raise ValueError(
-                f"{n_pre + n_dec} first instances of tp={tp} need {(n_pre + n_dec) * tp} workers, "
-                f"have {self.cluster.world_size}"
-            )
-        keep_host = cfg.policy.name != "fixed"  # (tp > 1: each shard keeps its own in host memory)
-        start = 0
-        for m in models:  # each model's first instances while ranks last; the rest start at zero
-            need = (n_pre + n_dec) * tp
-            if start + need > self.cluster.world_size:
-                log.info("model %s starts at zero: its first request brings it up", m.name)
-                continue
-            await self.scaler.bootstrap(n_pre, n_dec, keep_host_copy=keep_host, model=m.name, first=start)
-            start += need
-        if not fixed:
-            self._scale_task = asyncio.create_task(self.scaler.run())
+        self.control = await build_control_plane(spec, self.cluster, ZmqDataPlane(data, self.cluster.token))
+        self.control.start_scaling()
+
+    @property
+    def router(self) -> Router | None:
+        return self.control.router if self.control is not None else None
+
+    @property
+    def scaler(self) -> Scaler | None:
+        return self.control.scaler if self.control is not None else None
+
+    @property
+    def metrics(self) -> ClusterMetrics | None:
+        return self.control.metrics if self.control is not None else None
 
     def app(self, access_log: Any = None) -> Any:
         from blitzscale.api.app import create_app
@@ -198,13 +186,8 @@ class ServingCluster:
         )
 
     async def stop(self) -> None:
-        if self._scale_task is not None:
-            self._scale_task.cancel()
-            await asyncio.gather(self._scale_task, return_exceptions=True)
-        if self.scaler is not None:
-            await self.scaler.stop()
-        if self.router is not None:
-            await self.router.stop()
+        if self.control is not None:
+            await self.control.stop()
         if self.cluster is not None:
             await asyncio.to_thread(self.cluster.stop)
         self._ctx.destroy(linger=0)

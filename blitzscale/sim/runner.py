@@ -15,22 +15,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from blitzscale import clock
 from blitzscale.client.record import STATUS_ERROR, STATUS_OK, RequestRecord
 from blitzscale.client.report import ReportInfo
 from blitzscale.client.traces import TraceRequest
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.control.config import PlannerConfig, PolicyConfig
+from blitzscale.control.costmodel import Profile
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.config import SERVE_ENGINE
-from blitzscale.serve.metrics import ClusterMetrics
+from blitzscale.serve.controlplane import ControlPlaneSpec, build_control_plane
 from blitzscale.serve.models import ScaledModel, ServedModel
 from blitzscale.serve.router import Router, RouterConfig
-from blitzscale.serve.scaler import Scaler
 from blitzscale.sim import clock as sim_clock
 from blitzscale.sim.cluster import SimCluster
 from blitzscale.sim.config import SimModel, SimPreset
@@ -102,6 +100,20 @@ def _policy(name: str, fixed: tuple[int, int]) -> PolicyConfig:
     return PolicyConfig(name=name)
 
 
+def _served(name: str, setup: SimSetup, profile: Profile, engine: EngineConfig) -> ServedModel:
+    """The router's view of a simulated model: no tokenizer (prompts are token counts),
+    the same cost model as a live server's, and its engines' batch."""
+    return ServedModel(
+        name,
+        None,
+        1 << 20,
+        setup.model.max_model_len,
+        may_idle_at_zero=math.isfinite(setup.keep_alive_s),
+        cost=profile,
+        max_num_seqs=engine.max_num_seqs,
+    )
+
+
 async def _run(
     setup: SimSetup,
     trace: Sequence[TraceRequest],
@@ -123,34 +135,26 @@ async def _run(
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
     device = "cpu" if preset.device.startswith("cpu") else "cuda"
     engine = replace(setup.engine, max_model_len=model.max_model_len).for_device(device)
-    names = setup.model_names
-    router = Router(rcfg, cluster, cluster.data, None, names[0], 1 << 20, model.max_model_len, tp=model.tp)
-    to_zero = math.isfinite(setup.keep_alive_s)
-    for name in names:
-        served = ServedModel(name, None, 1 << 20, model.max_model_len, may_idle_at_zero=to_zero)
-        # the same cost model as a live server's, and its engines' batch
-        router.add_model(replace(served, cost=profile, max_num_seqs=engine.max_num_seqs))
-    await router.start()
-    metrics = ClusterMetrics(CollectorRegistry(), router)
-    scaler = Scaler(router, planner_for(setup, cluster), pcfg, names[0], "sim", "sim", engine, metrics)
-    for name in names:
-        scaler.add_model(ScaledModel(name, "sim", "sim", keep_alive_s=setup.keep_alive_s))
+    planner = planner_for(setup, cluster)
     if pcfg.name == "fixed":
         n_pre, n_dec = setup.fixed
     else:
-        n_pre, n_dec = scaler.planner.min_prefill, scaler.planner.min_decode
-    if setup.mode != "pd":
-        n_dec = 0
-    if (n_pre + n_dec) * model.tp > topo.world_size:
-        raise BlitzScaleError(
-            f"{n_pre + n_dec} first instances of tp={model.tp} need {(n_pre + n_dec) * model.tp} GPUs, "
-            f"the preset has {topo.world_size}"
-        )
-    need = (n_pre + n_dec) * model.tp
-    for k, name in enumerate(names[: topo.world_size // need]):  # the rest start at zero
-        await scaler.bootstrap(n_pre, n_dec, keep_host_copy=pcfg.name != "fixed", model=name, first=k * need)
+        n_pre, n_dec = planner.min_prefill, planner.min_decode
+    names = setup.model_names
+    spec = ControlPlaneSpec(
+        router=rcfg,
+        planner=planner,
+        policy=pcfg,
+        engine=engine,
+        served=[_served(name, setup, profile, engine) for name in names],
+        scaled=[ScaledModel(name, "sim", "sim", keep_alive_s=setup.keep_alive_s) for name in names],
+        first_instances=(n_pre, n_dec if setup.mode == "pd" else 0),
+        tp=model.tp,
+    )
+    control = await build_control_plane(spec, cluster, cluster.data)
+    router, scaler = control.router, control.scaler
     t0 = clock.now()
-    scale_task = asyncio.create_task(scaler.run()) if pcfg.name != "fixed" else None
+    control.start_scaling()
     records: list[RequestRecord | None] = [None] * len(trace)
     samples: list[tuple[float, int]] = []
     states: list[tuple[float, dict[str, int]]] = []
@@ -179,10 +183,7 @@ async def _run(
     await asyncio.gather(*(client(i, tr, which[i]) for i, tr in enumerate(trace)))
     sample()
     sampling.cancel()
-    if scale_task is not None:
-        scale_task.cancel()
-    await scaler.stop()
-    await router.stop()
+    await control.stop()
     await cluster.stop()
     events = [{**e, "time": e["time"] - t0} for e in scaler.events]
     return SimResult(
