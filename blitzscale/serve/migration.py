@@ -36,7 +36,7 @@ from blitzscale.messages import (
 )
 from blitzscale.serve.dataplane import DataPlane
 from blitzscale.serve.instances import Instance
-from blitzscale.serve.requests import RouterRequest
+from blitzscale.serve.requests import RouterRequest, Stage
 from blitzscale.serve.state import ControlState
 
 BECOMING_DECODE = (InstanceState.MUTATING_TO_DECODE, InstanceState.DECODE)
@@ -114,7 +114,7 @@ class KVMigrations:
         limit = self.max_wait_s
         for _ in range(len(self.pending)):
             r = self.pending.popleft()
-            if r.stage != "migrating" or r.id not in rt.reqs:
+            if r.stage is not Stage.MIGRATING or r.id not in rt.reqs:
                 continue
             overdue = limit and r.migrating_since is not None and now - r.migrating_since > limit
             if overdue and not self.can_adopt(r):
@@ -137,7 +137,7 @@ class KVMigrations:
         `r` itself. (Migrating to a new decode instance would wait for one that may never
         come, while the held KV keeps the mutation from draining.)"""
         r.decode_rank, r.prefill_rank = inst.rank, None
-        r.stage = "decode"
+        r.move(Stage.DECODE)
         await self.router.data.send(inst.rank, AdoptKVMsg(request_id=r.wire_id))
 
     # --- events of a live request -------------------------------------------------------
@@ -150,8 +150,8 @@ class KVMigrations:
         elif isinstance(ev, KVSentMsg):
             rt.state.unassign(r.prefill_rank)
             r.prefill_rank = None
-            r.stage = "decode"
-        elif isinstance(ev, KVFailedMsg) and ev.rank == r.decode_rank and r.stage == "migrating":
+            r.move(Stage.DECODE)
+        elif isinstance(ev, KVFailedMsg) and ev.rank == r.decode_rank and r.stage is Stage.MIGRATING:
             rt.state.unassign(r.decode_rank)  # no room there: try again later
             r.decode_rank = None
             self.pending.append(r)
@@ -169,7 +169,7 @@ class KVMigrations:
         assert r.decode_rank is not None
         await self.router.data.send(r.decode_rank, AbortMsg(request_id=r.wire_id))
         self.router.state.unassign(r.decode_rank)
-        r.stage = "aborting"
+        r.move(Stage.ABORTING)
         self.aborting[r.wire_id] = r
 
     async def on_aborted_event(self, ev: RequestEvent) -> None:
@@ -200,5 +200,5 @@ class KVMigrations:
         self.aborting.pop(r.wire_id, None)
         self.router.state.unassign(r.prefill_rank)
         r.prefill_rank = r.decode_rank = None
-        r.stage = "done"
+        r.move(Stage.DONE)
         self.router.wake()

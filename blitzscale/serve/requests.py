@@ -1,14 +1,43 @@
-"""A request's life in the router: queued -> prefill -> (migrating -> decode) -> done."""
+"""A request's life in the router: queued -> prefill -> (migrating -> decode) -> done.
+
+Its stage is a `Stage`, changed only through `RouterRequest.move`, which refuses a move the
+stage does not allow (as the engine's request table does for its statuses).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from dataclasses import dataclass, field
 
 from blitzscale import clock
 from blitzscale.core.outputs import RequestOutput, TokenLogprob
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.messages import OutputMsg, SamplingMsg, sampling_msg
+
+
+class Stage(enum.Enum):
+    QUEUED = "queued"  # in the global queue
+    PREFILL = "prefill"  # sent to a prefill (or colocated) instance
+    MIGRATING = "migrating"  # prefilled, its KV on its way to a decode instance
+    DECODE = "decode"  # on a decode instance (or adopted by its prefill instance)
+    ABORTING = "aborting"  # the client left while its KV moved: the hand-off still ends
+    DONE = "done"
+
+
+# stage -> the stages it may move to (staying where it is is always allowed)
+STAGE_MOVES: dict[Stage, set[Stage]] = {
+    Stage.QUEUED: {Stage.PREFILL, Stage.DONE},
+    Stage.PREFILL: {Stage.QUEUED, Stage.MIGRATING, Stage.DONE},  # (queued: run again)
+    Stage.MIGRATING: {Stage.DECODE, Stage.ABORTING, Stage.DONE},
+    Stage.DECODE: {Stage.DONE},
+    Stage.ABORTING: {Stage.DONE},
+    Stage.DONE: set(),
+}
+
+
+class RequestStageError(RuntimeError):
+    """A router request was asked to make a move its stage does not allow (a router bug)."""
 
 
 @dataclass
@@ -20,7 +49,7 @@ class RouterRequest:
     out: asyncio.Queue[RequestOutput | Exception] = field(default_factory=asyncio.Queue)
     arrival: float = field(default_factory=clock.now)
     queued_at: float = 0.0  # when it last entered the global queue
-    stage: str = "queued"  # queued | prefill | migrating | decode | done (| aborting: KV still moving)
+    stage: Stage = Stage.QUEUED  # changed by `move` only
     prefill_rank: int | None = None
     decode_rank: int | None = None
     output_ids: list[int] = field(default_factory=list)
@@ -34,6 +63,11 @@ class RouterRequest:
     relay_from: int | None = None  # live target sending this request's prefill to prefill_rank
     live: bool = False  # part of its prefill ran on an instance still loading weights
     attempt: int = 0  # runs after the first (an instance died before it produced anything)
+
+    def move(self, new: Stage) -> None:
+        if new is not self.stage and new not in STAGE_MOVES[self.stage]:
+            raise RequestStageError(f"request {self.id!r}: {self.stage.value} -> {new.value}")
+        self.stage = new
 
     @property
     def wire_id(self) -> str:

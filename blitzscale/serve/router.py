@@ -48,7 +48,7 @@ from blitzscale.serve.live import LiveScaling
 from blitzscale.serve.migration import KVMigrations
 from blitzscale.serve.models import ModelBackend, ServedModel
 from blitzscale.serve.queue import RequestQueue
-from blitzscale.serve.requests import RouterRequest
+from blitzscale.serve.requests import RouterRequest, Stage
 from blitzscale.serve.respawn import Respawner
 from blitzscale.serve.state import ControlState
 
@@ -239,22 +239,22 @@ class Router:
                 if item.finished:
                     return
         finally:
-            if r.stage != "done":
+            if r.stage is not Stage.DONE:
                 await self.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
         r = self.reqs.pop(request_id, None)
         if r is None:
             return
-        if r.stage == "queued":
+        if r.stage is Stage.QUEUED:
             self.queue.remove(r)
-        if r.stage == "migrating" and r.decode_rank is not None and r.prefill_rank is not None:
+        if r.stage is Stage.MIGRATING and r.decode_rank is not None and r.prefill_rank is not None:
             await self.migrations.abort(r)  # its hand-off must still be matched
             return
         for rank in {r.prefill_rank, r.decode_rank, r.relay_from} - {None}:
             await self._send(rank, AbortMsg(request_id=r.wire_id))  # type: ignore[arg-type]
         self._release_assignment(r)
-        r.stage = "done"
+        r.move(Stage.DONE)
 
     @property
     def pending_migrations(self) -> deque[RouterRequest]:
@@ -433,7 +433,8 @@ class Router:
                     return
                 continue
             self.queue.remove(r)
-            r.stage, r.prefill_rank, r.dispatched_at = "prefill", inst.rank, clock.now()
+            r.move(Stage.PREFILL)
+            r.prefill_rank, r.dispatched_at = inst.rank, clock.now()
             self.state.assign(inst.rank, len(r.prompt))
             hold = self.cfg.mode == "pd"
             await self._send(
@@ -450,7 +451,7 @@ class Router:
         it. `dead`: the lost ranks died; a request found on more than MAX_RERUNS dead
         instances is not run again (it may be what kills them)."""
         r.died_on |= dead or set()
-        if r.first_token_at is None and r.stage == "prefill" and len(r.died_on) <= MAX_RERUNS:
+        if r.first_token_at is None and r.stage is Stage.PREFILL and len(r.died_on) <= MAX_RERUNS:
             log.warning("request %s: %s; running it again", r.id, why)
             self._requeue(r)
         else:  # streamed already, or it was on a dying instance before: it may be the cause
@@ -461,7 +462,8 @@ class Router:
         """Run a request again from the front of the queue (it has no output yet), under a
         new wire id: what is left of the last run on a worker keeps the old one."""
         self._release_assignment(r)
-        r.stage, r.prefilled = "queued", False
+        r.move(Stage.QUEUED)
+        r.prefilled = False
         r.attempt += 1
         self.queue.push_front(r)
         self._wake.set()
@@ -500,7 +502,7 @@ class Router:
             r = self.request_of(o.request_id)
             if r is None:
                 continue
-            if r.stage == "prefill" and not r.prefilled:
+            if r.stage is Stage.PREFILL and not r.prefilled:
                 r.prefilled = True
                 self.state.take_tokens(msg.rank, len(r.prompt))
                 self.live.count(r, o.live_layers)
@@ -511,7 +513,7 @@ class Router:
             elif o.finish_reason == "migrate":
                 r.rng_state = o.rng_state
                 await r.out.put(r.accept(o, finished=False))
-                r.stage = "migrating"
+                r.move(Stage.MIGRATING)
                 await self.migrations.start(r)
             else:
                 await r.out.put(r.accept(o, finished=o.finished))
@@ -568,12 +570,12 @@ class Router:
 
     def finish(self, r: RouterRequest) -> None:
         self._release_assignment(r)
-        r.stage = "done"
+        r.move(Stage.DONE)
         self.reqs.pop(r.id, None)
         self._wake.set()
 
     def _release_assignment(self, r: RouterRequest) -> None:
-        if r.stage == "prefill" and not r.prefilled:
+        if r.stage is Stage.PREFILL and not r.prefilled:
             self.state.take_tokens(r.prefill_rank, len(r.prompt))
         for rank in (r.prefill_rank, r.decode_rank, r.relay_from):
             self.state.unassign(rank)

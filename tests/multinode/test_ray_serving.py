@@ -21,6 +21,7 @@ from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.requests import Stage
 from blitzscale.serve.server import ServingCluster
 from tests.serve.conftest import FAST_PLANNER, running, start_http, stop_http
 from tests.serve.test_http import PROMPTS
@@ -181,7 +182,7 @@ def test_a_killed_worker_actor_is_detected_and_the_rest_keep_serving(served: Ser
 
         def decoding() -> bool:
             r = router.reqs.get("long")
-            return r is not None and r.stage == "decode" and bool(r.output_ids)
+            return r is not None and r.stage is Stage.DECODE and bool(r.output_ids)
 
         await _until(decoding, "the long request to decode", 180)
         victim = router.reqs["long"].decode_rank

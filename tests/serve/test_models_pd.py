@@ -14,6 +14,7 @@ from blitzscale.control.snapshot import InstanceState
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ModelEntry, ServeConfig
+from blitzscale.serve.requests import Stage
 from blitzscale.serve.server import ServingCluster
 from tests.serve.conftest import running
 
@@ -56,9 +57,9 @@ def test_each_model_decodes_on_its_own_instances_and_b_comes_back_from_zero(
         dec: list[tuple[str, str]] = []
         while not all(t.done() for t in tasks):
             for r in list(router.reqs.values()):
-                if r.stage == "decode" and r.decode_rank is not None:
+                if r.stage is Stage.DECODE and r.decode_rank is not None:
                     dec.append((r.model, router.instances[r.decode_rank].model))
-                if r.stage == "prefill" and r.prefill_rank is not None:
+                if r.stage is Stage.PREFILL and r.prefill_rank is not None:
                     pre.append((r.model, router.instances[r.prefill_rank].model))
             await asyncio.sleep(0.01)
         return [t.result() for t in tasks], pre, dec

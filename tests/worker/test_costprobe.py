@@ -70,3 +70,24 @@ def test_a_busy_engine_is_not_probed() -> None:
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="idle engine"):
         costprobe.measure(engine, points, "t")
+
+
+def test_blitzscale_profile_measures_through_the_probe() -> None:
+    """`blitzscale profile` (bench/profile.py) is the probe at the points asked for."""
+    from blitzscale.bench.profile import ProfileConfig, measure_profile
+
+    cfg = ProfileConfig(
+        model="random:tiny-llama3",
+        prefill_tokens=(16, 64),
+        decode_batch=(1, 3),
+        decode_context=(24, 48),
+        steps=3,
+    )
+    lines: list[str] = []
+    p = measure_profile(cfg, log=lines.append)
+    assert p.name == "tiny-llama3-cpu" and "blitzscale profile --model random:tiny-llama3" in p.note
+    assert (p.prefill_tokens, p.decode_batch, p.decode_context) == ((16, 64), (1, 3), (24, 48))
+    assert len(p.decode_ms) == 2 and all(len(row) == 2 and min(row) > 0 for row in p.decode_ms)
+    assert len(lines) == 2 + 4  # a line per point
+    assert p.device_memory_bytes > p.weight_bytes  # weights and 8192 tokens of KV
+    assert p.kv_tokens == 8192
