@@ -43,6 +43,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--burst-len", type=int, default=0, help="their tokens (default 2048)")
     s.add_argument("--single-len", type=int, default=0, help="one prompt at a time: its tokens")
     s.add_argument("--no-engine", action="store_true", help="skip the engine-alone half")
+    s.add_argument(
+        "--simulate",
+        type=Path,
+        default=None,
+        help="a live run's JSON: its mixes on the simulator with its cost model, side by side",
+    )
+    s.add_argument("--profile", default="", help="with --simulate: this cost model instead (name or .json)")
     s.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     s.set_defaults(func=_run_serve)
 
@@ -318,6 +325,22 @@ CPU_MIX = {
 }
 
 
+def _simulate_serve(args: argparse.Namespace) -> int:
+    import json
+
+    from blitzscale.bench.serve_sim import against_live
+    from blitzscale.control.costmodel import load_profile
+    from blitzscale.errors import InvalidRequestError
+
+    try:
+        live = json.loads(args.simulate.read_text())
+    except (OSError, ValueError) as e:
+        raise InvalidRequestError(f"--simulate {args.simulate}: cannot read it ({e})") from e
+    profile = load_profile(args.profile) if args.profile else None
+    _emit(against_live(live, profile), args.out)
+    return 0
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -326,6 +349,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     from blitzscale.cli.common import check_device
     from blitzscale.errors import InvalidRequestError
 
+    if args.simulate is not None:
+        return _simulate_serve(args)
     check_device(args.device)
     cpu = args.device == "cpu"
     base = Mix(**CPU_MIX) if cpu else Mix()  # type: ignore[arg-type]

@@ -204,6 +204,25 @@ async def _served(cfg: ServeBenchConfig, server: ServerProcess) -> dict[str, Any
     return out
 
 
+def served_profile(cfg: ServeBenchConfig) -> dict[str, Any] | None:
+    """The cost model the server's worker measured (or read back), from the cache folder
+    it keeps it in, under the key the worker used; None if it is not there."""
+    import torch
+
+    from blitzscale.engine.engine import default_dtype
+    from blitzscale.serve.config import ServeConfig
+    from blitzscale.serve.costs import profiles_dir
+    from blitzscale.worker import costprobe
+
+    serve = ServeConfig()
+    device = torch.device(cfg.device)
+    config = load_config(resolve_model(cfg.model))
+    engine = serve.engine.for_device(device.type)
+    key = costprobe.cache_key(config, default_dtype(device), device, engine, costprobe.WORKER_THREADS)
+    profile = costprobe.cached_profile(profiles_dir(serve), key)
+    return profile.to_json() if profile is not None else None
+
+
 def run_serve_bench(cfg: ServeBenchConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         server = ServerProcess(cfg, Path(tmp))
@@ -216,7 +235,8 @@ def run_serve_bench(cfg: ServeBenchConfig) -> dict[str, Any]:
         "model": cfg.model,
         "device": cfg.device,
         "mix": asdict(cfg.mix),
-        "server": {"health": served.pop("health"), "log_tail": log_tail},
+        # the cost model whole, for `bench serve --simulate` (/health shows a summary)
+        "server": {"health": served.pop("health"), "log_tail": log_tail, "profile": served_profile(cfg)},
     }
     alone = run_engine_mixes(cfg.model, cfg.device, cfg.mix) if cfg.engine_alone else {}
     for name in ["single", "burst", *(f"closed_{n}" for n in cfg.mix.streams)]:

@@ -97,19 +97,27 @@ def fit(points: ProbePoints, engine: LLMEngine) -> ProbePoints:
     )
 
 
-def device_name(device: torch.device) -> str:
+WORKER_THREADS = 1  # torch threads of a worker process (worker/worker.py)
+
+
+def device_name(device: torch.device, threads: int = 0) -> str:
+    """The device as a profile names it; a CPU's with its torch threads (`threads`; 0:
+    this process's)."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({torch.get_num_threads()} threads)"
+    return f"cpu ({threads or torch.get_num_threads()} threads)"
 
 
-def cache_key(config: ModelConfig, dtype: torch.dtype, device: torch.device, engine: EngineConfig) -> str:
-    """What a measurement depends on: the model's shapes, dtype, the device, the engine's
-    step limits, block size and overlap, and torch."""
+def cache_key(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device, engine: EngineConfig, threads: int = 0
+) -> str:
+    """What a measurement depends on: the model's shapes, dtype, the device (a CPU's with
+    `threads`; 0: this process's), the engine's step limits, block size and overlap, and
+    torch."""
     parts = {
         "model": asdict(config),
         "dtype": str(dtype),
-        "device": device_name(device),
+        "device": device_name(device, threads),
         "engine": [engine.block_size, engine.max_num_batched_tokens, engine.max_num_seqs, engine.overlap],
         "torch": torch.__version__,
     }

@@ -579,7 +579,7 @@ def worker_main(cfg: WorkerConfig) -> None:
         # idle, and it never does while NCCL receives of a transfer spin waiting for data:
         # a live target's first forward pass would stall until its weights had all arrived.
         os.environ["CUDA_MODULE_LOADING"] = "EAGER"
-    torch.set_num_threads(1)
+    torch.set_num_threads(costprobe.WORKER_THREADS)
     worker = Worker(cfg)
     try:
         worker.serve_forever()
