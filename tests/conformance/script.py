@@ -74,7 +74,12 @@ class Transcript:
 
 
 async def _step(
-    plane: Plane, t: Transcript, name: str, sends: list[tuple[int, Message]], until: set[Event], grace_s: float
+    plane: Plane,
+    t: Transcript,
+    name: str,
+    sends: list[tuple[int, Message]],
+    until: set[Event],
+    grace_s: float,
 ) -> None:
     for rank, msg in sends:
         await plane.send(rank, msg)
@@ -94,7 +99,9 @@ async def _step(
     t.steps.append((name, sorted(got, key=repr)))
 
 
-def _gen(rid: str, params: SamplingMsg = FIVE, hold: bool = False, prompt: list[int] | None = None) -> GenerateMsg:
+def _gen(
+    rid: str, params: SamplingMsg = FIVE, hold: bool = False, prompt: list[int] | None = None
+) -> GenerateMsg:
     return GenerateMsg(request_id=rid, prompt_token_ids=prompt or PROMPT, params=params, hold_kv=hold)
 
 
