@@ -177,6 +177,7 @@ class SimEngine:
             self.send(kind(rank=self.rank))
 
     def _loaded(self) -> None:
+        self._cut()
         self._live_event(LiveLoadedMsg)
         self._changed()
 

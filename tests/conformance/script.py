@@ -22,6 +22,7 @@ from blitzscale.messages import (
     Message,
     OutputsMsg,
     RecvKVMsg,
+    RelayedMsg,
     RelayInMsg,
     RelayMsg,
     SamplingMsg,
@@ -43,11 +44,24 @@ class Plane(Protocol):
     async def recv(self) -> Message: ...
 
 
+class LiveLoad(Protocol):
+    """Rank 2 becoming a live target of rank 0's weights, over several seconds."""
+
+    async def begin(self) -> None:
+        """Start the transfer (rank 2 serves while its weights arrive)."""
+        ...
+
+    async def end(self) -> None:
+        """Wait for the transfer to finish."""
+        ...
+
+
 @dataclass
 class Transcript:
     steps: list[tuple[str, list[Event]]] = field(default_factory=list)
     stats: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # last, per rank
     first_tokens: dict[str, int] = field(default_factory=dict)  # (for a RecvKV: this side's)
+    relayed_at: dict[str, int] = field(default_factory=dict)  # (for a RelayIn: this side's layer)
     _seen_first: set[tuple[int, str]] = field(default_factory=set)
 
     def events(self, msg: Message) -> list[Event]:
@@ -58,6 +72,8 @@ class Transcript:
             return []
         if isinstance(msg, HelloMsg):
             return []
+        if isinstance(msg, RelayedMsg):  # (the layer it stopped after: timing)
+            self.relayed_at[msg.request_id] = msg.layer
         if not isinstance(msg, OutputsMsg):
             return [(type(msg).__name__, getattr(msg, "rank", None), getattr(msg, "request_id", ""))]
         out: list[Event] = []
@@ -105,9 +121,10 @@ def _gen(
     return GenerateMsg(request_id=rid, prompt_token_ids=prompt or PROMPT, params=params, hold_kv=hold)
 
 
-async def run_script(plane: Plane, grace_s: float) -> Transcript:
+async def run_script(plane: Plane, live: LiveLoad, grace_s: float) -> Transcript:
     """The script: prompts, a KV hand-off, adopting and releasing held KV, aborts, a relayed
-    prompt, and what each worker answers to what it cannot do."""
+    prompt, what each worker answers to what it cannot do, then a live target (rank 2): its
+    events, a prompt it serves while its weights arrive, relayed to rank 0 mid-way."""
     t = Transcript()
     step: Callable[[str, list[tuple[int, Message]], set[Event]], Awaitable[None]]
 
@@ -154,5 +171,20 @@ async def run_script(plane: Plane, grace_s: float) -> Transcript:
             ("RejectedMsg", 1, "x4"),
         },
     )
+    await live.begin()
+    await step("live target", [], {("LiveReadyMsg", 2, "")})
+    await step("live prompt", [(2, _gen("l1"))], set())
+    await step("relay", [(2, RelayMsg(dst_rank=0))], {("RelayedMsg", 2, "l1")})
+    relay = RelayInMsg(
+        request_id="l1", src_rank=2, layer=t.relayed_at["l1"], prompt_token_ids=PROMPT, params=FIVE
+    )
+    await step("relay in", [(0, relay)], {("RelayReadyMsg", 0, "l1")})
+    await step(
+        "relay sent",
+        [(2, SendRelayMsg(request_id="l1", dst_rank=0))],
+        {("RelaySentMsg", 2, "l1"), ("done", 0, "l1", "length", 5)},
+    )
+    await step("loaded", [], {("LiveLoadedMsg", 2, ""), ("LiveDoneMsg", 2, "")})
+    await live.end()
     await step("settle", [], set())
     return t
