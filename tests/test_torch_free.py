@@ -1,5 +1,6 @@
 """The control plane never loads torch: the messages, the plain data they carry (core/),
-every module of the control policies and of the simulator, the router and the scaler import
+every module of the control policies and of the simulator (and the engine's bookkeeping and
+the worker's dispatcher it runs), the router and the scaler import
 in a fresh interpreter with no `torch` in `sys.modules` afterwards. Each group is imported
 in its own subprocess, so what another group (or this test run) imported cannot hide a
 torch import."""
@@ -33,6 +34,21 @@ GROUPS = {
     "control": _modules("control"),
     "router and scaler": ["blitzscale.serve.router", "blitzscale.serve.scaler"],
     "simulator": _modules("sim"),
+    # what the simulator runs of the engine and the worker (sim/engine.py)
+    "engine bookkeeping": [
+        "blitzscale.engine",
+        "blitzscale.engine.request",
+        "blitzscale.engine.table",
+        "blitzscale.engine.scheduler",
+        "blitzscale.engine.output",
+        "blitzscale.engine.work",
+        "blitzscale.engine.handoff_book",
+        "blitzscale.engine.live_order",
+        "blitzscale.kvcache",
+        "blitzscale.kvcache.pool",
+        "blitzscale.worker.dispatch",
+        "blitzscale.worker.pacing",
+    ],
 }
 
 

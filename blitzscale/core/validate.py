@@ -15,7 +15,8 @@ def validate_request(
     n = len(prompt_token_ids)
     if n == 0:
         raise InvalidRequestError("prompt is empty", "prompt")
-    bad = next(((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab), None)
+    in_range = min(prompt_token_ids) >= 0 and max(prompt_token_ids) < vocab  # (fast: long prompts)
+    bad = None if in_range else next((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab)
     if bad is not None:
         raise InvalidRequestError(
             f"prompt token {bad[1]} at position {bad[0]} is outside the vocabulary [0, {vocab})"

@@ -1,12 +1,18 @@
-"""A request's state inside the engine (its parameters and outputs are plain data: core/)."""
+"""A request's state inside the engine (its parameters and outputs are plain data: core/).
+
+Torch-free: the simulator's engine (sim/engine.py) keeps the same requests. A seeded
+request's generator is made (and torch loaded) when something first asks for it.
+"""
 
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from blitzscale.core.outputs import TokenLogprob
 from blitzscale.core.sampling import SamplingParams
@@ -45,7 +51,6 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
-    generator: torch.Generator | None = None
     hold_kv: bool = False  # stop after the first token and keep the KV for migration
     live_layers: int = 0  # layers of its prefill run while the weights were incomplete
     handoff: Handoff | None = None  # RELAYING / RELAYED_IN: where the live task stopped
@@ -55,10 +60,19 @@ class Request:
     num_emitted_tokens: int = 0
     num_emitted_chars: int = 0
 
+    _generator: Any = field(default=None, init=False, repr=False)
+
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
-        if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """A seeded request's own generator (None unseeded), made when first asked for."""
+        if self._generator is None and self.params.seed is not None:
+            import torch  # (only an engine that samples asks)
+
+            self._generator = torch.Generator().manual_seed(self.params.seed)
+        return self._generator
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -215,7 +215,8 @@ class SimCluster:
     # --- serving ------------------------------------------------------------------------
 
     def _shape(self, msg: ActivateMsg) -> EngineShape:
-        e, p = msg.engine, self.profile
+        # (what is 0 is sized as a worker's engine sizes it: for a GPU, unless told already)
+        e, p = msg.engine.for_device("cuda"), self.profile
         return EngineShape(
             block_size=e.block_size,
             max_num_batched_tokens=e.max_num_batched_tokens,

@@ -1,37 +1,44 @@
-"""One simulated instance: an engine that speaks the worker's data-plane messages and
-takes the time its profile says, on the virtual clock.
+"""One simulated instance: the engine's own request table, scheduler, KV block pool, hand-off
+books and live order (engine/), stepped on the virtual clock by a step-time profile instead
+of a forward pass, and answering the worker's data-plane messages through the worker's own
+dispatcher (worker/dispatch.py).
 
-Continuous batching as the real engine does it, at the level of steps: a step prefills the
-waiting prompts that fit the token budget and KV room (plus one decode token for the
-running requests on a colocated instance); otherwise the running requests decode. Runs of
-decode steps between events are taken in one jump (an arrival cuts the jump after the step
-under way), so a simulation costs per event, not per token. KV is reserved for a request's
-prompt plus its `max_tokens` when it is admitted (no preemption). Tokens are placeholders
-(id 0); every token's time is kept in the `Recorder` for TBT.
+A step is the engine's (sim/steps.py: the live queue's stage, relayed prompts, then the
+scheduler's batch: chunked prefill, decodes in every step, blocks allocated as tokens need
+them, preemption when they run out) and lasts what the paced worker's rule gives for its
+work (worker/pacing.py). A run of decode-only steps is taken in one jump (the scheduler
+would choose the same batch each time until a request stops, blocks run out or something
+happens); a message or a finished move cuts the jump after the step under way. Tokens are
+placeholders (id 0); a request's first token and its last go to the router, and every
+token's time is kept in the `Recorder` for TBT.
 
-Live scaling: a live target prefills while weights arrive; a prompt's last layer cannot run
-before the last weight segment has landed. Asked to relay (ZigZag), it hands its head task
-to its partner: the oldest prompt of the step under way, stopped after the layers that have
-both landed and been computed by now, else the oldest waiting one (after no layer). Its
-hidden states and the KV of those layers cross the link between the two (`relay_move`);
-the partner then runs the remaining layers, its share of the prompt's prefill time.
+Messages are handled when they arrive (a real worker takes them between steps); a request
+aborted during a step is left out of it. KV migrations and relays move simulated bytes over
+the cluster's links (`kv_move`, `relay_move`); their ends are the cluster's callbacks here.
+A live target's segments land evenly over its transfer (sim/readiness.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from blitzscale import clock
 from blitzscale.control.costmodel import Profile
+from blitzscale.core.sampling import SamplingParams
+from blitzscale.core.validate import validate_request
+from blitzscale.engine.handoff_book import HandoffBook
+from blitzscale.engine.live_order import LiveOrder
+from blitzscale.engine.output import OutputProcessor
+from blitzscale.engine.request import Request, RequestStatus
+from blitzscale.engine.scheduler import Scheduler
+from blitzscale.engine.table import RequestTable
+from blitzscale.errors import InvalidRequestError
+from blitzscale.kvcache.pool import BlockPool
 from blitzscale.messages import (
-    AbortMsg,
-    AdoptKVMsg,
     GenerateMsg,
-    KVFailedMsg,
     KVReadyMsg,
     LiveDoneMsg,
     LiveLoadedMsg,
@@ -40,9 +47,7 @@ from blitzscale.messages import (
     OutputMsg,
     OutputsMsg,
     RecvKVMsg,
-    RejectedMsg,
     RelayedMsg,
-    RelayFailedMsg,
     RelayInMsg,
     RelayMsg,
     RelayNoneMsg,
@@ -53,64 +58,16 @@ from blitzscale.messages import (
     StatsMsg,
 )
 from blitzscale.sim.cores import HostCores
+from blitzscale.sim.readiness import ClockReadiness
+from blitzscale.sim.recorder import Recorder, base_id
+from blitzscale.sim.steps import Step, advance, decode_run, plan
+from blitzscale.worker.dispatch import dispatch, output_msg, to_params
+from blitzscale.worker.pacing import step_s
 
+__all__ = ["EngineShape", "Recorder", "SimEngine", "base_id"]
+S = RequestStatus
 STATS_EVERY_S = 0.1  # at most this often a changed instance reports its numbers
-
-
-class Recorder:
-    """Every request's token times (the client's TBTs), by request id."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-        self._tbts: dict[str, list[tuple[float, int]]] = {}  # (gap, count) runs
-
-    def first(self, rid: str, at: float) -> None:
-        self._last[rid] = at
-        self._tbts.setdefault(rid, [])
-
-    def steps(self, rid: str, start: float, step_s: float, n: int) -> None:
-        """`n` tokens from decode steps of `step_s` starting at `start`."""
-        if n <= 0 or rid not in self._last:
-            return
-        runs = self._tbts[rid]
-        runs.append((start + step_s - self._last[rid], 1))
-        if n > 1:
-            runs.append((step_s, n - 1))
-        self._last[rid] = start + n * step_s
-
-    def tbts(self, rid: str) -> tuple[float, ...]:
-        return tuple(gap for gap, n in self._tbts.get(rid, ()) for _ in range(n))
-
-    def forget(self, rid: str) -> None:
-        self._last.pop(rid, None)
-        self._tbts.pop(rid, None)
-
-
-def base_id(wire_id: str) -> str:
-    """The router's request id of a worker-side id (a rerun adds '#n')."""
-    base, sep, tail = wire_id.rpartition("#")
-    return base if sep and tail.isdigit() else wire_id
-
-
-@dataclass
-class SimRequest:
-    id: str
-    prompt: int
-    max_tokens: int
-    hold_kv: bool = False
-    output: int = 0  # tokens produced
-    emitted: int = 0  # of which the router has been told
-    blocks: int = 0  # reserved
-    layers_done: int = 0  # a relayed prompt: layers its live target ran
-    left: float = 1.0  # share of its prefill still to compute here
-
-    @property
-    def context(self) -> int:
-        return self.prompt + self.output
-
-    @property
-    def remaining(self) -> int:
-        return self.max_tokens - self.output
+ANY_TOKEN = 1 << 31  # simulated prompts are placeholders: the router checked the vocabulary
 
 
 @dataclass
@@ -123,35 +80,49 @@ class EngineShape:
 
 
 @dataclass
-class SimEngine:
-    rank: int
-    role: str
-    profile: Profile
-    shape: EngineShape
-    emit: Callable[[Message], None]
-    recorder: Recorder
-    kv_move: Callable[[int, int, str, int], None]  # (src, dst, request id, tokens)
-    relay_move: Callable[[int, int, str, int, int], None] = lambda *a: None  # (+ layers done)
-    loaded_at: float | None = None  # a live target: when its last weight segment lands
-    cores: HostCores = field(default_factory=lambda: HostCores(0))  # its node's, shared
-    waiting: deque[SimRequest] = field(default_factory=deque)
-    running: list[SimRequest] = field(default_factory=list)
-    held: dict[str, SimRequest] = field(default_factory=dict)
-    importing: dict[str, SimRequest] = field(default_factory=dict)
-    prefilling: list[SimRequest] = field(default_factory=list)  # in the step under way
-    relaying: dict[str, SimRequest] = field(default_factory=dict)  # target: handed over, not sent
-    relayed_in: dict[str, SimRequest] = field(default_factory=dict)  # source: reserved, on the wire
-    relayed: deque[SimRequest] = field(default_factory=deque)  # source: arrived, to finish
-    used_blocks: int = 0
+class _Jump:
+    """A run of decode-only steps under way."""
 
-    def __post_init__(self) -> None:
+    start: float
+    step: float
+    k: int
+    cut: int = 0  # set: the run ends after this many steps
+
+
+class SimEngine:
+    def __init__(
+        self,
+        rank: int,
+        role: str,
+        profile: Profile,
+        shape: EngineShape,
+        emit: Callable[[Message], None],
+        recorder: Recorder,
+        kv_move: Callable[[int, int, str, int], None],  # (src, dst, request id, tokens)
+        relay_move: Callable[[int, int, str, int, int], None] = lambda *a: None,  # (+ layers done)
+        loaded_at: float | None = None,  # a live target: when its last weight segment lands
+        cores: HostCores | None = None,  # its node's, shared
+    ) -> None:
+        self.rank, self.role, self.profile, self.shape = rank, role, profile, shape
+        self.send = emit
+        self.recorder = recorder
+        self.kv_move, self.relay_move = kv_move, relay_move
+        self.cores = cores if cores is not None else HostCores(0)
+        self.pool = BlockPool(shape.kv_blocks, shape.block_size)
+        self.table = RequestTable(self.pool)
+        self.scheduler = Scheduler(self.pool, shape.max_num_batched_tokens, shape.max_num_seqs, self.table)
+        self.outputs = OutputProcessor(None, set(), shape.max_model_len)
+        self.handoffs = HandoffBook(self, self.table, self.scheduler, self.outputs, profile.num_layers)
+        self.live: LiveOrder | None = None
+        self.loaded_at = loaded_at
+        self._sending: set[str] = set()  # held requests whose KV is on the wire
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stats_due: asyncio.TimerHandle | None = None
         self._last_stats = -math.inf
         self._live_events: set[type] = set()
-        self._live_t0 = 0.0  # when the live target's weights began to arrive
-        self._step_at = (0.0, 0.0)  # the prefill step under way: (start, seconds a layer)
+        self._jump: _Jump | None = None
+        self._pending: list[OutputMsg] = []  # outputs of the step under way
 
     # --- life -------------------------------------------------------------------------
 
@@ -168,331 +139,292 @@ class SimEngine:
         return self._task
 
     @property
+    def serving(self) -> bool:
+        return True
+
+    @property
     def is_idle(self) -> bool:
-        return not (
-            self.waiting
-            or self.running
-            or self.held
-            or self.importing
-            or self.prefilling
-            or self.relaying
-            or self.relayed_in
-            or self.relayed
-        )
+        return not self.table
 
     @property
     def is_live(self) -> bool:
-        """A live target whose weights are still arriving."""
-        return self.loaded_at is not None
+        """A live target whose live queue is still there."""
+        return self.live is not None
+
+    @property
+    def used_blocks(self) -> int:
+        return self.pool.num_used_blocks
+
+    @property
+    def held(self) -> list[str]:
+        return self.table.ids(S.HELD)
 
     def live_events(self, first_layers_at: float) -> None:
-        """A live target tells the router when its first layers and its last land."""
-        loop = asyncio.get_running_loop()
-        now = clock.now()
-        self._live_t0 = now
-        loop.call_later(max(0.0, first_layers_at - now), self._live, LiveReadyMsg)
+        """Start as a live target: its weights land from now until `loaded_at`; it tells the
+        router when its first layers and its last have landed."""
         assert self.loaded_at is not None
+        now = clock.now()
+        readiness = ClockReadiness(now, self.loaded_at, self.profile.num_layers + 2)
+        p, budget = self.profile, self.shape.max_num_batched_tokens
+        self.live = LiveOrder(self.pool, budget, readiness, p.num_layers)
+        loop = asyncio.get_running_loop()
+        loop.call_later(max(0.0, first_layers_at - now), self._live_event, LiveReadyMsg)
         loop.call_later(max(0.0, self.loaded_at - now), self._loaded)
 
-    def _live(self, kind: type) -> None:
+    def _live_event(self, kind: type) -> None:
         if kind not in self._live_events:
             self._live_events.add(kind)
-            self.emit(kind(rank=self.rank))
+            self.send(kind(rank=self.rank))
 
     def _loaded(self) -> None:
-        self._live(LiveLoadedMsg)
-        self._wake.set()
+        self._cut()
+        self._live_event(LiveLoadedMsg)
+        self._changed()
 
-    # --- messages ---------------------------------------------------------------------
+    def _check_live(self) -> None:
+        live = self.live
+        if live is not None and live.readiness.all_ready and not live and not self.table.count(S.RELAYING):
+            self._live_event(LiveLoadedMsg)  # (in this order, whichever comes first)
+            self.live = None  # drained: it serves normally
+            self.loaded_at = None
+            self._live_event(LiveDoneMsg)
+
+    # --- the engine's checks (HandoffOwner) -----------------------------------------------
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """As `LLMEngine.validate`: a request that can never run here."""
+        validate_request(prompt_token_ids, params, ANY_TOKEN, self.shape.max_model_len)
+        n = len(prompt_token_ids)
+        need = self.pool.blocks_for_tokens(min(n + params.max_tokens, self.shape.max_model_len))
+        if need > self.pool.num_blocks:
+            raise InvalidRequestError(
+                f"prompt plus max_tokens needs {need} KV blocks, the cache holds {self.pool.num_blocks}"
+            )
+
+    def check_new_id(self, request_id: str) -> None:
+        if request_id in self.table:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+
+    # --- messages (worker/dispatch.py) ---------------------------------------------------
 
     def handle(self, msg: Message) -> None:
-        if isinstance(msg, GenerateMsg):
-            self._generate(msg)
-        elif isinstance(msg, AbortMsg):
-            self._abort(msg.request_id)
-        elif isinstance(msg, RecvKVMsg):
-            self._reserve_import(msg)
-        elif isinstance(msg, SendKVMsg):
-            r = self.held.get(msg.request_id)
-            if r is None:
-                self.emit(KVFailedMsg(rank=self.rank, request_id=msg.request_id, error="holds no KV here"))
+        self._cut()
+        dispatch(self, msg)
+        self._changed()
+
+    def generate(self, msg: GenerateMsg) -> None:
+        params = to_params(msg.params)
+        self.validate(msg.prompt_token_ids, params)
+        self.check_new_id(msg.request_id)
+        req = Request(msg.request_id, list(msg.prompt_token_ids), params, hold_kv=msg.hold_kv)
+        if self.live is not None and not self.live.readiness.all_ready:
+            self.table.add(req, S.LIVE)
+            self.live.add(req)
+        else:  # once loaded, new work skips the live queue, which only drains
+            self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> None:
+        """As the real worker: a receive in flight gives its blocks back; a request the step
+        works on ends with an "abort" output; a held one not being sent is freed."""
+        req = self.table.get(request_id)
+        if req is None:
+            return
+        if req.status is S.RELAYED_IN and not (req.handoff is not None and req.handoff.ready):
+            self.handoffs.cancel_relay(request_id)
+        elif req.status is S.IMPORTING:
+            self.handoffs.cancel_import(request_id)
+        elif req.status in (S.WAITING, S.RUNNING, S.LIVE, S.RELAYED_IN):
+            if req.status is S.LIVE and self.live is not None:
+                self.live.remove(req)
             else:
-                self.kv_move(self.rank, msg.dst_rank, msg.request_id, r.context)
-        elif isinstance(msg, AdoptKVMsg):
-            r = self.held.pop(msg.request_id, None)
-            if r is not None:
-                r.hold_kv = False
-                self.running.append(r)
-        elif isinstance(msg, RelayMsg):
-            self._relay_out()
-        elif isinstance(msg, SendRelayMsg):
-            self._send_relay(msg)
-        elif isinstance(msg, RelayInMsg):
-            self._reserve_relay(msg)
-        self._changed()
+                self.scheduler.remove(req)
+            self.table.release(req, "abort")
+            self.send(OutputsMsg(rank=self.rank, outputs=[output_msg(self.outputs.make_output(req))]))
+        elif req.status is S.HELD and request_id not in self._sending:
+            self.handoffs.release_held(request_id)
 
-    # --- relays (ZigZag) ----------------------------------------------------------------
+    def recv_kv(self, msg: RecvKVMsg) -> None:
+        self.handoffs.reserve_import(
+            msg.request_id, msg.token_ids, msg.num_prompt_tokens, to_params(msg.params), msg.num_emitted_chars
+        )
+        self.send(KVReadyMsg(rank=self.rank, request_id=msg.request_id))
 
-    def _layers_done_now(self) -> int:
-        """Layers the step under way has run by now: landed, and computed."""
-        p, now = self.profile, clock.now()
-        if self.loaded_at is None:
-            return 0
-        span = max(1e-9, self.loaded_at - self._live_t0)
-        landed = math.floor((p.num_layers + 2) * (now - self._live_t0) / span) - 1  # (embedding first)
-        start, per_layer = self._step_at
-        computed = math.floor((now - start) / per_layer) if per_layer > 0 else 0
-        return max(0, min(p.num_layers - 1, landed, computed))
+    def send_kv(self, msg: SendKVMsg) -> None:
+        r = self.table.get(msg.request_id, S.HELD)
+        if r is None or msg.request_id in self._sending:
+            raise InvalidRequestError(f"request {msg.request_id!r} holds no KV here")
+        self._sending.add(msg.request_id)
+        self.kv_move(self.rank, msg.dst_rank, msg.request_id, r.num_tokens)
 
-    def _relay_out(self) -> None:
-        """Target: the oldest prompt of the step under way (where it stopped), else the
-        oldest waiting one (nothing run yet)."""
-        if self.loaded_at is None:
-            self.emit(RelayNoneMsg(rank=self.rank))
+    def adopt_kv(self, request_id: str) -> None:
+        self.handoffs.adopt_held(request_id)
+
+    def relay_out(self, msg: RelayMsg) -> None:
+        r = self.handoffs.relay_out()
+        if r is None or r.handoff is None:
+            self.send(RelayNoneMsg(rank=self.rank))
             return
-        if self.prefilling:
-            r = self.prefilling.pop(0)
-            r.layers_done = self._layers_done_now()
-        elif self.waiting:
-            r = self.waiting.popleft()
-            r.layers_done = 0
-        else:
-            self.emit(RelayNoneMsg(rank=self.rank))
+        layer = r.handoff.layer
+        self.send(RelayedMsg(rank=self.rank, request_id=r.request_id, layer=layer, live_layers=r.live_layers))
+
+    def relay_in(self, msg: RelayInMsg) -> None:
+        params = to_params(msg.params)
+        self.handoffs.reserve_relay(msg.request_id, msg.prompt_token_ids, params, msg.layer, msg.hold_kv)
+        if msg.layer == 0:  # nothing computed there: this instance runs the whole prompt
+            self.handoffs.commit_relay(msg.request_id, None)
+        self.send(RelayReadyMsg(rank=self.rank, request_id=msg.request_id))
+
+    def send_relay(self, msg: SendRelayMsg) -> None:
+        if msg.dst_rank < 0:
+            self.handoffs.relay_cancelled(msg.request_id)
             return
-        self.relaying[r.id] = r
-        self.emit(RelayedMsg(rank=self.rank, request_id=r.id, layer=r.layers_done, live_layers=r.layers_done))
+        r = self.table.get(msg.request_id, S.RELAYING)
+        if r is None or r.handoff is None:
+            raise InvalidRequestError(f"request {msg.request_id!r} is not being relayed here")
+        self.relay_move(self.rank, msg.dst_rank, r.request_id, r.num_tokens, r.handoff.layer)
 
-    def _send_relay(self, msg: SendRelayMsg) -> None:
-        r = self.relaying.get(msg.request_id)
-        if r is None:
-            return
-        if msg.dst_rank < 0:  # the source had no room: back to the head of the queue
-            del self.relaying[r.id]
-            self._free(r)
-            self.waiting.appendleft(r)
-            return
-        self.relay_move(self.rank, msg.dst_rank, r.id, r.prompt, r.layers_done)
+    def cancel_relay(self, request_id: str) -> None:
+        self.handoffs.cancel_relay(request_id)
 
-    def relay_sent(self, rid: str) -> None:
-        """Target: the task's hidden states and KV have gone."""
-        r = self.relaying.pop(rid, None)
-        if r is not None:
-            self._free(r)
-            self.emit(RelaySentMsg(rank=self.rank, request_id=rid))
-        self._changed()
-
-    def _reserve_relay(self, msg: RelayInMsg) -> None:
-        n = len(msg.prompt_token_ids)
-        total = min(n + msg.params.max_tokens, self.shape.max_model_len)
-        r = SimRequest(msg.request_id, n, max(1, total - n), hold_kv=msg.hold_kv)
-        if not self._reserve(r):
-            self.emit(RelayFailedMsg(rank=self.rank, request_id=msg.request_id, error="no room"))
-            return
-        r.layers_done, r.left = msg.layer, 1.0 - msg.layer / self.profile.num_layers
-        self.relayed_in[r.id] = r
-        self.emit(RelayReadyMsg(rank=self.rank, request_id=msg.request_id))
-
-    def relay_arrived(self, rid: str) -> None:
-        """Source: the relayed task is here; its remaining layers run next."""
-        r = self.relayed_in.pop(rid, None)
-        if r is not None:
-            self.relayed.append(r)
-        self._changed()
-
-    def _blocks(self, tokens: int) -> int:
-        return -(-tokens // self.shape.block_size)
-
-    def _generate(self, msg: GenerateMsg) -> None:
-        n, m = len(msg.prompt_token_ids), msg.params.max_tokens
-        total = min(n + m, self.shape.max_model_len)
-        if self._blocks(total) > self.shape.kv_blocks:
-            self.emit(
-                RejectedMsg(rank=self.rank, request_id=msg.request_id, error="too long for the KV cache")
-            )
-            return
-        self.waiting.append(SimRequest(msg.request_id, n, max(1, total - n), hold_kv=msg.hold_kv))
-
-    def _abort(self, rid: str) -> None:
-        for coll in (self.held, self.importing, self.relaying, self.relayed_in):
-            r = coll.pop(rid, None)
-            if r is not None:
-                self._free(r)
-        for coll in (self.waiting, self.running, self.prefilling, self.relayed):
-            for r in [r for r in coll if r.id == rid]:
-                coll.remove(r)
-                self._free(r)
-
-    def _reserve_import(self, msg: RecvKVMsg) -> None:
-        n = len(msg.token_ids)
-        total = min(msg.num_prompt_tokens + msg.params.max_tokens, self.shape.max_model_len)
-        r = SimRequest(msg.request_id, msg.num_prompt_tokens, max(1, total - msg.num_prompt_tokens))
-        r.output = r.emitted = n - msg.num_prompt_tokens
-        if not self._reserve(r):
-            self.emit(KVFailedMsg(rank=self.rank, request_id=msg.request_id, error="no room"))
-            return
-        self.importing[msg.request_id] = r
-        self.emit(KVReadyMsg(rank=self.rank, request_id=msg.request_id))
-
-    def _reserve(self, r: SimRequest) -> bool:
-        """KV blocks for `r`'s prompt and its output, if there is room."""
-        need = self._blocks(min(r.prompt + r.max_tokens, self.shape.max_model_len))
-        if self.used_blocks + need > self.shape.kv_blocks:
-            return False
-        r.blocks = need
-        self.used_blocks += need
-        return True
+    # --- ends of moves (the cluster's callbacks) ------------------------------------------
 
     def kv_sent(self, rid: str) -> None:
         """Prefill side: the request's KV has left."""
-        r = self.held.pop(rid, None)
-        if r is not None:
-            self._free(r)
+        self._cut()
+        self._sending.discard(rid)
+        self.handoffs.release_held(rid)
         self._changed()
 
     def kv_arrived(self, rid: str) -> None:
         """Decode side: the KV is here; the request decodes with the others."""
-        r = self.importing.pop(rid, None)
-        if r is not None:
-            self.running.append(r)
+        self._cut()
+        if self.table.get(rid, S.IMPORTING) is not None:
+            self.handoffs.commit_import(rid)
         self._changed()
 
-    def _free(self, r: SimRequest) -> None:
-        self.used_blocks -= r.blocks
-        r.blocks = 0
+    def relay_sent(self, rid: str) -> None:
+        """Target: the task's hidden states and KV have gone."""
+        self._cut()
+        if self.table.get(rid, S.RELAYING) is not None:
+            self.handoffs.relay_sent(rid)
+            self.send(RelaySentMsg(rank=self.rank, request_id=rid))
+        self._changed()
+
+    def relay_arrived(self, rid: str) -> None:
+        """Source: the relayed task is here; its remaining layers run next."""
+        self._cut()
+        r = self.table.get(rid, S.RELAYED_IN)
+        if r is not None and r.handoff is not None and not r.handoff.ready:
+            self.handoffs.commit_relay(rid, None)
+        self._changed()
 
     # --- the loop ---------------------------------------------------------------------
 
     async def _run(self) -> None:
         while True:
-            if self.loaded_at is not None and clock.now() >= self.loaded_at:
-                self._live(LiveLoadedMsg)  # (in this order, whichever comes first)
-                self._live(LiveDoneMsg)  # nothing is left half-run: it serves normally
-                self.loaded_at = None
-            batch = self._admit()
-            if batch:
-                with self.cores.computing(self.rank):
-                    await self._prefill(batch)
-            elif self.running:
-                with self.cores.computing(self.rank):
-                    await self._decode()
-            else:
-                self._wake.clear()
-                await self._wake.wait()
+            self._check_live()
+            step = plan(self.live, self.table, self.scheduler, self.profile.num_layers, self._sample)
+            if step.is_empty:
+                self._flush()
+                await self._idle()
+                continue
+            with self.cores.computing(self.rank):
+                await self._execute(step)
 
-    def _admit(self) -> list[SimRequest]:
-        batch: list[SimRequest] = []
-        tokens = 0
-        s = self.shape
-        while self.relayed and len(self.running) + len(batch) < s.max_num_seqs:  # (blocks reserved)
-            r = self.relayed[0]
-            if batch and tokens + r.prompt * r.left > s.max_num_batched_tokens:
-                break
-            batch.append(self.relayed.popleft())
-            tokens += math.ceil(r.prompt * r.left)
-        while self.waiting and len(self.running) + len(batch) < s.max_num_seqs:
-            r = self.waiting[0]
-            if batch and tokens + r.prompt > s.max_num_batched_tokens:
-                break
-            need = self._blocks(r.prompt + r.max_tokens)
-            if self.used_blocks + need > s.kv_blocks:
-                break
-            self.waiting.popleft()
-            r.blocks = need
-            self.used_blocks += need
-            batch.append(r)
-            tokens += r.prompt
-        return batch
-
-    async def _prefill(self, batch: list[SimRequest]) -> None:
-        p = self.profile
-        tokens = sum(math.ceil(r.prompt * r.left) for r in batch)
-        decoding = list(self.running) if self.role == "colocated" else []
-        # A mixed step reads the weights once: its decodes cost what as many more prompt
-        # tokens would (a prefill step plus a whole decode step would count the weights
-        # twice), plus what attending to their contexts adds over the shortest profiled one.
-        step = p.prefill_s(tokens + len(decoding))
-        if decoding:
-            b, ctx = len(decoding), sum(r.context for r in decoding) / len(decoding)
-            step += max(0.0, p.decode_s(b, ctx) - p.decode_s(b, min(ctx, p.decode_context[0])))
-        step *= self.cores.stretch(self.rank)
-        start = clock.now()
-        self.prefilling = list(batch)
-        self._step_at = (start, step / p.num_layers)
-        if self.loaded_at is not None and start < self.loaded_at:  # weights still arriving
-            # layer by layer: the last one runs once its weights have landed
-            step = max(step, self.loaded_at - start + step / p.num_layers)
-        await asyncio.sleep(step)
-        now = clock.now()
-        outs = []
-        for r in decoding:
-            if r in self.running:
-                self.recorder.steps(base_id(r.id), start, step, 1)
-                r.output += 1
-                if r.remaining <= 0:
-                    outs.append(self._finish(r))
-        done, self.prefilling = self.prefilling, []  # (without those aborted meanwhile)
-        for r in done:
-            r.output = 1
-            self.recorder.first(base_id(r.id), now)
-            if r.remaining <= 0:  # done at its first token, as the engine's stop check says
-                self._free(r)
-                outs.append(self._out(r, True, "length"))
-            elif r.hold_kv:
-                self.held[r.id] = r
-                outs.append(self._out(r, True, "migrate"))
-            else:
-                self.running.append(r)
-                outs.append(self._out(r, False, None))
-        self._send(outs)
-
-    async def _decode(self) -> None:
-        running = list(self.running)
-        step = self.profile.decode_s(len(running), sum(r.context for r in running) / len(running))
-        step *= self.cores.stretch(self.rank)
-        k = min(r.remaining for r in running)
-        start = clock.now()
+    async def _idle(self) -> None:
+        """Until something happens (or a live task's next segment lands)."""
         self._wake.clear()
+        wait = None
+        if self.live is not None and self.live.tasks and isinstance(self.live.readiness, ClockReadiness):
+            at = self.live.readiness.next_landing()
+            wait = None if at is None else max(0.0, at - clock.now())
         try:
-            async with asyncio.timeout(k * step):  # (not wait_for: it can swallow a cancel)
+            async with asyncio.timeout(wait):
                 await self._wake.wait()
         except TimeoutError:
-            done = k
+            pass
+
+    async def _execute(self, step: Step) -> None:
+        start = clock.now()
+        dur = step_s(self.profile, step.work) * self.cores.stretch(self.rank)
+        done = 1
+        if step.decode_only(self.scheduler):
+            k = decode_run(step.rows, self.pool, self.shape.max_model_len)
+            done = await self._jump_run(start, dur, k) if k > 1 else 1
+            if done == 1:
+                await asyncio.sleep(max(0.0, start + dur - clock.now()))
         else:
-            done = min(k, max(1, math.ceil((clock.now() - start) / step - 1e-9)))
-            await asyncio.sleep(max(0.0, start + done * step - clock.now()))  # the step under way ends
-        outs = []
-        for r in running:
-            if r not in self.running:
-                continue  # aborted meanwhile
-            self.recorder.steps(base_id(r.id), start, step, done)
-            r.output += done
-            if r.remaining <= 0:
-                outs.append(self._finish(r))
-        self._send(outs)
-
-    def _finish(self, r: SimRequest) -> OutputMsg:
-        self.running.remove(r)
-        self._free(r)
-        return self._out(r, True, "length")
-
-    def _out(self, r: SimRequest, finished: bool, reason: str | None) -> OutputMsg:
-        """Every token since the last output (the first token, then the rest at the end:
-        the router needs no more, the token times are the recorder's)."""
-        new, r.emitted = r.output - r.emitted, r.output
-        return OutputMsg(
-            request_id=r.id,
-            new_token_ids=[0] * new,
-            text_delta="",
-            finished=finished,
-            finish_reason=reason,
-            num_prompt_tokens=r.prompt,
-            num_output_tokens=r.output,
-        )
-
-    def _send(self, outs: list[OutputMsg]) -> None:
-        if outs:
-            self.emit(OutputsMsg(rank=self.rank, outputs=outs))
+            await asyncio.sleep(dur)
+        now = clock.now()
+        for r in step.completed:  # (sampled when the step began; their tokens come now)
+            if r.num_output_tokens == 1:
+                self.recorder.first(base_id(r.request_id), now)
+        if step.live is not None:
+            lv = step.live
+            live = self.live
+            batch = [t for t in lv.batch if live is not None and t in live.tasks]  # (not relayed)
+            if live is not None:
+                live.ran(batch, lv.stage, lv.layers, lv.loading)
+        if done > 1:
+            rows = advance(step.rows, self.pool, done)
+        else:
+            rows = []
+            for s in step.rows:
+                r = s.request
+                if r.status is not S.RUNNING:
+                    continue  # aborted meanwhile
+                sampling = s.completes_prompt
+                r.num_computed_tokens += s.num_new_tokens
+                if sampling:
+                    rows.append(r)
+        for r in rows:
+            self._sample(r)
+            rid = base_id(r.request_id)
+            if r.num_output_tokens == 1:
+                self.recorder.first(rid, now)
+            else:
+                self.recorder.steps(rid, start, dur, done)
+        self._flush()
         self._changed()
+
+    async def _jump_run(self, start: float, step: float, k: int) -> int:
+        """Decode steps from `start`, `k` at most, until something cuts the run: how many
+        ran (the one under way when it was cut ends first)."""
+        jump = self._jump = _Jump(start, step, k)
+        self._wake.clear()
+        try:
+            async with asyncio.timeout(k * step):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+        done = jump.cut or k
+        self._jump = None
+        await asyncio.sleep(max(0.0, start + done * step - clock.now()))
+        return done
+
+    def _cut(self) -> None:
+        """Something is about to change: a decode run under way ends after its current step."""
+        j = self._jump
+        if j is not None and not j.cut:
+            j.cut = min(j.k, max(1, math.ceil((clock.now() - j.start) / j.step - 1e-9)))
+
+    def _sample(self, req: Request) -> None:
+        """A request's next token (a placeholder): stop checks, then its output, if the
+        router needs it (its first token, held for migration, or its last)."""
+        req.token_ids.append(0)
+        reason = self.outputs.check_stop(req)
+        if reason is not None:
+            self.scheduler.finish(req, reason)
+            self._pending.append(output_msg(self.outputs.make_output(req)))
+        elif req.hold_kv:
+            self._pending.append(output_msg(self.handoffs.hold(req)))
+        elif req.num_emitted_tokens == 0:
+            self._pending.append(output_msg(self.outputs.make_output(req)))
+
+    def _flush(self) -> None:
+        if self._pending:
+            outs, self._pending = self._pending, []
+            self.send(OutputsMsg(rank=self.rank, outputs=outs))
 
     # --- stats ------------------------------------------------------------------------
 
@@ -505,15 +437,16 @@ class SimEngine:
     def _report(self) -> None:
         self._stats_due = None
         self._last_stats = clock.now()
-        self.emit(self.stats())
+        self.send(self.stats())
 
     def stats(self) -> StatsMsg:
+        c = self.table.counts()
         return StatsMsg(
             rank=self.rank,
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            num_held=len(self.held),
-            used_blocks=self.used_blocks,
-            total_blocks=self.shape.kv_blocks,
-            num_live=len(self.waiting) if self.is_live else 0,
+            num_running=c.get(S.RUNNING, 0),
+            num_waiting=c.get(S.WAITING, 0),
+            num_held=c.get(S.HELD, 0),
+            used_blocks=self.pool.num_used_blocks,
+            total_blocks=self.pool.num_blocks,
+            num_live=c.get(S.LIVE, 0),
         )

@@ -12,9 +12,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from blitzscale.core.sampling import SamplingParams
-from blitzscale.messages import SamplingMsg, sampling_fields
+from blitzscale.worker.dispatch import short_error, to_params
 
+__all__ = ["Move", "finished", "short_error", "to_params", "wait_all", "wait_one"]
 MIGRATION_TIMEOUT_S = 30.0
 
 
@@ -48,13 +48,3 @@ def wait_one(work: dist.Work, device: torch.device) -> None:
     work.wait(timeout=timedelta(seconds=MIGRATION_TIMEOUT_S))
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
-
-
-def short_error(err: BaseException) -> str:
-    """The first line of a (often very long) torch.distributed error."""
-    line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return line if len(line) <= 160 else line[:157] + "..."
-
-
-def to_params(m: SamplingMsg) -> SamplingParams:
-    return SamplingParams(**sampling_fields(m))

@@ -27,29 +27,21 @@ from blitzscale.engine.request import RequestStatus
 from blitzscale.engine.work import StepTally
 from blitzscale.errors import BlitzScaleError, KVIntegrityError
 from blitzscale.messages import (
-    AbortMsg,
     ActivateMsg,
-    AdoptKVMsg,
     GenerateMsg,
     KVFailedMsg,
     KVReadyMsg,
     KVSentMsg,
-    LostMsg,
     Message,
     OutputMsg,
     OutputsMsg,
     RecvKVMsg,
-    RejectedMsg,
-    RelayFailedMsg,
     RelayInMsg,
-    RelayLostMsg,
     RelayMsg,
-    RequestEvent,
     SendKVMsg,
     SendRelayMsg,
     StatsMsg,
     StepKindMsg,
-    TokenLogprobMsg,
     TPKVCommitMsg,
     TPKVDropMsg,
     TPKVRecvMsg,
@@ -58,7 +50,8 @@ from blitzscale.messages import (
     TPStopMsg,
 )
 from blitzscale.model.weights import ModelWeights
-from blitzscale.worker.p2p import Move, finished, short_error, to_params, wait_one
+from blitzscale.worker.dispatch import dispatch, output_msg, short_error, to_params
+from blitzscale.worker.p2p import Move, finished, wait_one
 from blitzscale.worker.pacing import Pacer
 from blitzscale.worker.relays import LiveSide
 from blitzscale.worker.tp import InstanceReadiness, TPLeader, make_leader
@@ -153,49 +146,37 @@ class ServingLoop:
     # --- data-plane messages ------------------------------------------------------------
 
     def handle(self, msg: Message) -> None:
-        e = self.engine
-        rid = getattr(msg, "request_id", "")
-        if e is None:  # not the request's fault: it can run elsewhere
-            self.send(LostMsg(rank=self.rank, request_id=rid, error=f"rank {self.rank} is not serving"))
-            return
-        try:
-            if isinstance(msg, GenerateMsg):
-                e.add_request(
-                    msg.prompt_token_ids, to_params(msg.params), msg.request_id, hold_kv=msg.hold_kv
-                )
-            elif isinstance(msg, AbortMsg):
-                self._abort(msg.request_id)
-            elif isinstance(msg, RecvKVMsg):
-                self._start_recv(msg)
-            elif isinstance(msg, SendKVMsg):
-                self._start_send(msg)
-            elif isinstance(msg, AdoptKVMsg):
-                e.handoffs.adopt_held(msg.request_id)
-            elif isinstance(msg, RelayMsg):
-                self.live.relay_out(msg)
-            elif isinstance(msg, RelayInMsg):
-                self.live.start_recv(msg)
-            elif isinstance(msg, SendRelayMsg):
-                self.live.start_send(msg)
-        except BlitzScaleError as err:
-            event: type[RequestEvent]
-            if isinstance(msg, RelayInMsg):
-                e.handoffs.cancel_relay(rid)  # reserved, then its receives could not be posted
-                event = RelayFailedMsg
-            elif isinstance(msg, SendRelayMsg):
-                event = RelayLostMsg
-            elif isinstance(msg, RecvKVMsg | SendKVMsg | AdoptKVMsg):
-                event = KVFailedMsg
-            else:
-                event = RejectedMsg
-            self.send(event(rank=self.rank, request_id=rid, error=str(err)))
-        except RuntimeError as err:  # torch.distributed: the peer is gone
-            if isinstance(msg, RelayInMsg):
-                e.handoffs.cancel_relay(rid)
-            event = RelayLostMsg if isinstance(msg, RelayInMsg | SendRelayMsg) else KVFailedMsg
-            self.send(event(rank=self.rank, request_id=rid, error=short_error(err)))
+        dispatch(self, msg)  # (worker/dispatch.py: one method below per message)
 
-    def _abort(self, request_id: str) -> None:
+    @property
+    def serving(self) -> bool:
+        return self.engine is not None
+
+    def _engine(self) -> LLMEngine:
+        assert self.engine is not None
+        return self.engine
+
+    def generate(self, msg: GenerateMsg) -> None:
+        self._engine().add_request(
+            msg.prompt_token_ids, to_params(msg.params), msg.request_id, hold_kv=msg.hold_kv
+        )
+
+    def adopt_kv(self, request_id: str) -> None:
+        self._engine().handoffs.adopt_held(request_id)
+
+    def relay_out(self, msg: RelayMsg) -> None:
+        self.live.relay_out(msg)
+
+    def relay_in(self, msg: RelayInMsg) -> None:
+        self.live.start_recv(msg)
+
+    def send_relay(self, msg: SendRelayMsg) -> None:
+        self.live.start_send(msg)
+
+    def cancel_relay(self, request_id: str) -> None:
+        self._engine().handoffs.cancel_relay(request_id)
+
+    def abort(self, request_id: str) -> None:
         e = self.engine
         assert e is not None
         # A receive in flight lands in its own buffer: the blocks can go now, and the data is
@@ -213,7 +194,7 @@ class ServingLoop:
         elif not e.abort(request_id) and request_id not in self._sends:  # a held one: free it
             e.handoffs.release_held(request_id)
 
-    def _start_recv(self, msg: RecvKVMsg) -> None:
+    def recv_kv(self, msg: RecvKVMsg) -> None:
         e = self.engine
         assert e is not None
         req = e.handoffs.reserve_import(
@@ -237,7 +218,7 @@ class ServingLoop:
             )
         self.send(KVReadyMsg(rank=self.rank, request_id=msg.request_id))
 
-    def _start_send(self, msg: SendKVMsg) -> None:
+    def send_kv(self, msg: SendKVMsg) -> None:
         e = self.engine
         assert e is not None
         buf = e.handoffs.kv_out(msg.request_id)  # (InvalidRequestError if it holds none here)
@@ -335,8 +316,8 @@ class ServingLoop:
     def _output(e: LLMEngine, o: RequestOutput) -> OutputMsg:
         held = e.request(o.request_id, RequestStatus.HELD) if o.finish_reason == "migrate" else None
         if held is not None and held.generator is not None:
-            return _to_msg(o, bytes(held.generator.get_state().numpy()))
-        return _to_msg(o)
+            return output_msg(o, bytes(held.generator.get_state().numpy()))
+        return output_msg(o)
 
     def stats(self) -> StatsMsg:
         e = self.engine
@@ -398,19 +379,3 @@ class ServingLoop:
             return True
         self.tp.send(TPKVCommitMsg(request_id=rid, block_ids=list(req.block_ids)))
         return self.tp.all_ok()
-
-
-def _to_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:
-    return OutputMsg(
-        rng_state=rng_state,
-        request_id=o.request_id,
-        new_token_ids=list(o.new_token_ids),
-        text_delta=o.text_delta,
-        finished=o.finished,
-        finish_reason=o.finish_reason,
-        num_prompt_tokens=o.num_prompt_tokens,
-        num_output_tokens=len(o.token_ids),
-        live_layers=o.live_layers,
-        error=o.error,
-        logprobs=[TokenLogprobMsg(lp.logprob, list(lp.top)) for lp in o.logprobs],
-    )

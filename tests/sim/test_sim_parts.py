@@ -49,7 +49,10 @@ def test_an_abort_during_a_prefill_step_frees_the_request() -> None:
 
     e, sent = run(main())
     outs = [o for m in sent if isinstance(m, OutputsMsg) for o in m.outputs]
-    assert {o.request_id for o in outs} == {"b"} and sum(len(o.new_token_ids) for o in outs) == 5
+    # (as the engine: an aborted request's last output, with no token, says "abort")
+    assert [(o.finish_reason, o.new_token_ids) for o in outs if o.request_id == "a"] == [("abort", [])]
+    assert {o.request_id for o in outs if o.new_token_ids} == {"b"}
+    assert sum(len(o.new_token_ids) for o in outs) == 5
     assert e.is_idle and e.used_blocks == 0 and not e.held
 
 

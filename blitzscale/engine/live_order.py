@@ -1,0 +1,152 @@
+"""The live queue's order and stages, torch-free (design §2.3, ZigZag): which live tasks run
+next, how far each is, and which one a relay takes. `LiveQueue` (engine/live.py) computes
+the stages it picks; the simulator's engine (sim/engine.py) times them by its profile.
+
+A task's stage is the index of the next weight segment it needs: 0 = embedding, 1 + i =
+layer i, L + 1 = head; a task at stage s has run layers [0, s - 1).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from blitzscale.engine.request import Handoff, Request
+from blitzscale.kvcache.pool import BlockPool
+from blitzscale.model.readiness import Readiness
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class LiveTask:
+    request: Request
+    stage: int = 0  # next weight segment to run (0: embedding)
+    hidden: torch.Tensor | None = None  # residual stream after layer stage - 2
+
+    @property
+    def layers_done(self) -> int:
+        return max(0, self.stage - 1)
+
+
+class LiveOrder:
+    """A live target's prefill tasks: FCFS, preferring tasks whose next segment landed."""
+
+    def __init__(
+        self, pool: BlockPool, max_batched_tokens: int, readiness: Readiness, num_layers: int
+    ) -> None:
+        self.pool = pool
+        self.max_batched_tokens = max_batched_tokens
+        self.readiness = readiness
+        self.num_layers = num_layers
+        self.waiting: deque[Request] = deque()  # no KV blocks yet
+        self.tasks: list[LiveTask] = []  # FCFS, blocks for the whole prompt allocated
+        self.layers_run = 0  # (request, layer) pairs run while weights were incomplete
+        self.last_run: tuple[int, float] | None = None  # the last step's (tokens, share of layers)
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.tasks)
+
+    @property
+    def head_stage(self) -> int:
+        return self.num_layers + 1
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> bool:
+        """Drop a request (aborted; the caller frees its blocks). False if it is not here."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+            return True
+        for t in self.tasks:
+            if t.request is req:
+                self.tasks.remove(t)
+                return True
+        return False
+
+    def next_batch(self) -> list[LiveTask]:
+        """Admit what fits, then pick the batch of this step's stage (empty: none runnable)."""
+        self._admit()
+        self.last_run = None
+        return self._pick()
+
+    def _admit(self) -> None:
+        while self.waiting:
+            req = self.waiting[0]
+            need = self.pool.blocks_for_tokens(req.num_tokens)
+            if not self.pool.can_allocate(need):
+                return
+            self.waiting.popleft()
+            req.block_ids = self.pool.allocate(need)
+            self.tasks.append(LiveTask(req))
+
+    def _pick(self) -> list[LiveTask]:
+        """The first task (FCFS) whose next segment has landed, with every other task at
+        that stage (a batch runs one stage), up to the token budget."""
+        first = next((t for t in self.tasks if self.readiness.is_ready(t.stage)), None)
+        if first is None:
+            return []
+        batch, tokens = [], 0
+        for t in self.tasks:
+            if t.stage == first.stage and (
+                not batch or tokens + t.request.num_tokens <= self.max_batched_tokens
+            ):
+                batch.append(t)
+                tokens += t.request.num_tokens
+        return batch
+
+    def layers(self, stage: int, loading: bool) -> tuple[int, int]:
+        """The layers a batch at `stage` (1..L) runs: one while weights arrive, else the rest."""
+        start = stage - 1
+        return start, (start + 1 if loading else self.num_layers)
+
+    def ran(
+        self, batch: list[LiveTask], stage: int, layers: tuple[int, int] = (0, 0), loading: bool = False
+    ) -> list[Request]:
+        """`batch` ran `stage` (a layer stage: `layers`, as `layers(stage)` said before it
+        ran, `loading` if the weights were incomplete then): move it on. Returns the
+        requests that ran the head (their prompt is complete; they leave the queue)."""
+        if stage == 0:
+            for t in batch:
+                t.stage = 1
+            return []
+        if stage == self.head_stage:
+            for t in batch:
+                self.tasks.remove(t)
+                t.request.num_computed_tokens = t.request.num_tokens
+            return [t.request for t in batch]
+        start, end = layers
+        self.last_run = (sum(t.request.num_tokens for t in batch), (end - start) / self.num_layers)
+        if loading:
+            self.layers_run += len(batch)
+            for t in batch:
+                t.request.live_layers += 1
+        for t in batch:
+            t.stage = end + 1
+        return []
+
+    def relay_head(self, newest: bool = False) -> Request | None:
+        """Take a task off the queue, stopped where it is (its `handoff` says where): the
+        head (oldest), or with `newest` the last one (once loaded, the head is about to
+        finish here anyway)."""
+        if self.tasks and not (newest and self.waiting):
+            t = self.tasks.pop(-1 if newest else 0)
+            t.request.handoff = Handoff(t.layers_done, t.hidden if t.layers_done else None)
+            return t.request
+        if self.waiting:
+            req = self.waiting.pop() if newest else self.waiting.popleft()
+            req.handoff = Handoff(0)
+            return req
+        return None
+
+    def put_back(self, req: Request) -> None:
+        """A relay that did not happen: the task is the head again, where it stopped."""
+        h, req.handoff = req.handoff, None
+        if not req.block_ids or h is None:
+            self.waiting.appendleft(req)
+            return
+        stage = h.layer + 1 if h.layer else 0
+        self.tasks.insert(0, LiveTask(req, stage, h.hidden))
