@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,7 +55,12 @@ def prepare_model(name: str, cache_dir: str = "", tp: int = 1) -> str:
     if not is_native_folder(folder):
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
         convert(name, tmp, tp_size=tp)
-        tmp.rename(folder)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another server converted it first (two starting on a fresh cache)
+            if not is_native_folder(folder):
+                raise
+            shutil.rmtree(tmp)
     return str(folder)
 
 
