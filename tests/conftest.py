@@ -26,7 +26,6 @@ os.environ.setdefault("BLITZSCALE_CHECK_INTEGRITY", "1")
 
 TINY_PRESETS = ("tiny-llama3", "tiny-mistral", "tiny-qwen2")
 
-
 @pytest.fixture(scope="session")
 def smollm2_src() -> Any:
     from blitzscale.checkpoint import resolve_model
@@ -131,3 +130,14 @@ def save_tiny_hf_folder(path: Any, preset: str, tokenizer: bool = True, seed: in
 def tiny_hf_folder() -> Callable[..., Any]:
     """`tiny_hf_folder(path, "tiny-qwen2", tokenizer=True)`: see `save_tiny_hf_folder`."""
     return save_tiny_hf_folder
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine_texts() -> list[str]:
+    """What a local engine produces for tests/serve/test_http's PROMPTS (greedy, 16 tokens)."""
+    from blitzscale.engine import LLMEngine, SamplingParams
+    from tests.serve.test_http import PROMPTS
+
+    engine = LLMEngine.from_model("smollm2-135m")
+    ids = [engine.tokenizer(p).input_ids for p in PROMPTS]
+    return [o.text for o in engine.generate(ids, SamplingParams(max_tokens=16, temperature=0))]
