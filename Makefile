@@ -22,9 +22,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/blitzscale demo
 
+# Two xdist workers; a test file (and the groups in tests/conftest.py) stays on one of them,
+# slowest first; then the tests that need the machine to themselves.
 test: $(STAMP)
 	$(VENV)/bin/ruff check blitzscale tests
-	$(PY) -m pytest -m "not gpu" -q
+	$(PY) -m pytest -m "not gpu and not alone" -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+	$(PY) -m pytest -m "alone" -q --durations=5
 
 # On a machine with a GPU (no registry needed: uses the image's python3 and torch).
 test-gpu:

@@ -26,6 +26,72 @@ os.environ.setdefault("BLITZSCALE_CHECK_INTEGRITY", "1")
 
 TINY_PRESETS = ("tiny-llama3", "tiny-mistral", "tiny-qwen2")
 
+# Parallel runs (`make test`: pytest-xdist, `--dist loadfile`). A work unit is a test file,
+# so a module-scoped fixture (a cluster, a server) starts once, on one xdist worker, or a
+# group of files in `SHARED`: files that share a session fixture (`pd_service`,
+# tests/serve/conftest.py) or must not run beside each other (one Ray instance on this
+# machine at a time). (xdist's own `loadgroup` renames test ids, which pytest 9.2 ignores.)
+# Units go out slowest first, measured on the 2-core CI machine (docs/benchmarks.md), so
+# the last one to finish is a short one; the rest follow in collection order.
+SHARED = {
+    "tests/multinode/": "ray",
+    "tests/serve/test_http.py": "pd_service",
+    "tests/serve/test_sampling_paths.py": "pd_service",
+    "tests/serve/test_scaling.py": "pd_service",
+}
+SLOW_FIRST = (
+    "ray",
+    "tests/serve/test_live.py",
+    "tests/serve/test_cli_serve.py",
+    "tests/serve/test_tp_serving.py",
+    "pd_service",
+    "tests/engine/test_logits_processors.py",
+    "tests/cluster/test_local_cluster.py",
+    "tests/worker/test_tp_engine.py",
+    "tests/serve/test_models.py",
+    "tests/cluster/test_concurrency.py",
+    "tests/checkpoint/test_convert_roundtrip.py",
+    "tests/serve/test_shedding.py",
+    "tests/serve/test_models_pd.py",
+    "tests/engine/test_sampling.py",
+    "tests/serve/test_reliability.py",
+    "tests/serve/test_models_config.py",
+    "tests/serve/test_standby.py",
+    "tests/serve/test_faults.py",
+    "tests/serve/test_pacing_serve.py",
+    "tests/engine/test_smollm2_reference.py",
+    "tests/serve/test_dead_decode.py",
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, or the group in `SHARED` of that file."""
+    path = nodeid.split("::")[0]
+    return next((g for prefix, g in SHARED.items() if path.startswith(prefix)), path)
+
+
+def _unit_rank(item: pytest.Item) -> int:
+    unit = work_unit(item.nodeid)
+    return SLOW_FIRST.index(unit) if unit in SLOW_FIRST else len(SLOW_FIRST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the units' order (stable otherwise)
+        items.sort(key=_unit_rank)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with the files of a `SHARED` group in one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return FileGroupScheduling(config, log)
+
 
 @pytest.fixture(scope="session")
 def smollm2_src() -> Any:
@@ -131,3 +197,14 @@ def save_tiny_hf_folder(path: Any, preset: str, tokenizer: bool = True, seed: in
 def tiny_hf_folder() -> Callable[..., Any]:
     """`tiny_hf_folder(path, "tiny-qwen2", tokenizer=True)`: see `save_tiny_hf_folder`."""
     return save_tiny_hf_folder
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine_texts() -> list[str]:
+    """What a local engine produces for tests/serve/test_http's PROMPTS (greedy, 16 tokens)."""
+    from blitzscale.engine import LLMEngine, SamplingParams
+    from tests.serve.test_http import PROMPTS
+
+    engine = LLMEngine.from_model("smollm2-135m")
+    ids = [engine.tokenizer(p).input_ids for p in PROMPTS]
+    return [o.text for o in engine.generate(ids, SamplingParams(max_tokens=16, temperature=0))]

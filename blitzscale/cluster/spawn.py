@@ -2,8 +2,9 @@
 
 `LocalCluster` does everything else (control socket, mailbox, store, pool, respawn); a
 spawner only runs `worker_main(WorkerConfig)` somewhere. `ProcessSpawner` starts local
-processes (the default); `cluster/ray_spawner.py` starts Ray actors on a Ray cluster's nodes;
-`cluster/spawners.py` picks one.
+processes (the default; `process_main` runs it and ends the process at once);
+`cluster/ray_spawner.py` starts Ray actors on a Ray cluster's nodes; `cluster/spawners.py`
+picks one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import multiprocessing as mp
 from typing import Protocol
 
 from blitzscale.errors import BlitzScaleError
-from blitzscale.worker.worker import WorkerConfig, worker_main
+from blitzscale.worker.worker import WorkerConfig, process_main
 
 LOCAL_NODE = "local"
 
@@ -80,7 +81,7 @@ class ProcessSpawner:
         return whole_instances(min(num_workers, visible), tp, f"{visible} visible")
 
     def spawn(self, cfg: WorkerConfig, name: str) -> mp.Process:
-        p = mp.get_context("spawn").Process(target=worker_main, args=(cfg,), name=name, daemon=True)
+        p = mp.get_context("spawn").Process(target=process_main, args=(cfg,), name=name, daemon=True)
         p.start()
         return p
 

@@ -1,6 +1,9 @@
 """A local Ray cluster of two emulated nodes (2 CPUs each, small object stores), shared by
 the module; its nodes are separate raylets on this machine, so actors on them are
-separate processes placed by Ray exactly as on two machines."""
+separate processes placed by Ray exactly as on two machines.
+
+Every test here is in the `ray` xdist group: one xdist worker runs them in turn, so two Ray
+instances never start on this machine at once."""
 
 from __future__ import annotations
 
@@ -8,10 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from tests.serve.conftest import smollm2_engine_texts
-
-__all__ = ["smollm2_engine_texts"]  # the local engine's answers (a fixture), for these tests too
 
 NODES = 2
 CPUS_PER_NODE = 2

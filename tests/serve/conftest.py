@@ -38,7 +38,9 @@ def make_service(**sections: dict[str, Any]) -> Callable[[], Iterator[tuple[Serv
 
 FAST_PLANNER = {"scale_down_idle_s": 0.3, "shutting_null_keep_s": 0.3, "tokens_prefilled_per_sec": 2000.0}
 
-pd_service = pytest.fixture(scope="module")(
+# One PD cluster for the session, shared by the modules of the `pd_service` xdist group
+# (test_http, test_sampling_paths, then test_scaling, which scales it up and back down).
+pd_service = pytest.fixture(scope="session")(
     make_service(cluster={"num_workers": 4}, router={"mode": "pd"}, planner=FAST_PLANNER)
 )
 
@@ -80,12 +82,9 @@ def stop_http(server: Any, lt: LoopThread) -> None:
     lt.run(stop())
 
 
-@pytest.fixture(scope="module")
-def smollm2_engine_texts() -> list[str]:
-    """What a local engine produces for test_http's PROMPTS (greedy, 16 tokens)."""
-    from blitzscale.engine import LLMEngine, SamplingParams
-    from tests.serve.test_http import PROMPTS
-
-    engine = LLMEngine.from_model("smollm2-135m")
-    ids = [engine.tokenizer(p).input_ids for p in PROMPTS]
-    return [o.text for o in engine.generate(ids, SamplingParams(max_tokens=16, temperature=0))]
+@pytest.fixture(scope="session")
+def pd_url(pd_service: tuple[ServingCluster, LoopThread]) -> Iterator[str]:
+    """`pd_service` over HTTP (one app per service: its metrics live in the service's registry)."""
+    url, server = start_http(*pd_service)
+    yield url
+    stop_http(server, pd_service[1])

@@ -18,13 +18,6 @@ CHAT = [{"role": "user", "content": "What is the tallest mountain on Earth?"}]
 
 
 @pytest.fixture(scope="module")
-def pd_url(pd_service: tuple[ServingCluster, LoopThread]) -> Iterator[str]:
-    url, server = start_http(*pd_service)
-    yield url
-    stop_http(server, pd_service[1])
-
-
-@pytest.fixture(scope="module")
 def colocated_url(colocated_service: tuple[ServingCluster, LoopThread]) -> Iterator[str]:
     url, server = start_http(*colocated_service)
     yield url

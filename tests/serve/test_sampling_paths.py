@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
-from blitzscale.serve.background import LoopThread
-from blitzscale.serve.server import ServingCluster
-from tests.serve.conftest import start_http, stop_http
 
 PROMPT = "Once upon a time, in a land far away, there lived a"
 BODY = {
@@ -40,13 +36,6 @@ def local_params(**kw: Any) -> SamplingParams:
         repetition_penalty=1.3, logit_bias=((28, -100.0),), min_tokens=6, logprobs=3,
     )  # fmt: skip
     return dataclasses.replace(base, **kw)
-
-
-@pytest.fixture(scope="module")
-def pd_url(pd_service: tuple[ServingCluster, LoopThread]) -> Iterator[str]:
-    url, server = start_http(*pd_service)
-    yield url
-    stop_http(server, pd_service[1])
 
 
 @pytest.fixture(scope="module")

@@ -82,15 +82,21 @@ def _serving(service: ServingCluster) -> list[tuple[int, ...]]:
     return sorted(i.ranks for i in service.router.instances.values() if i.accepts is not None)
 
 
-def _second_instance_ups(service: ServingCluster, path: str) -> list[dict[str, Any]]:
-    """Once instance (2, 3) serves beside (0, 1) (it may come up after the burst on a loaded
-    machine): the scale-up events by `path`."""
+def _second_instance_up(service: ServingCluster) -> dict[str, Any]:
+    """The first scale-up event of instance (2, 3), once its load has ended and it serves
+    beside (0, 1) (both may come after the burst on a loaded machine). Serving alone does
+    not say the load ended: a live target (blitz) serves from the moment its load begins,
+    and its event is recorded when the last shard has landed."""
     assert service.scaler is not None
     deadline = time.monotonic() + 180
-    while _serving(service) != [(0, 1), (2, 3)]:
+
+    def ups() -> list[dict[str, Any]]:
+        return [e for e in service.scaler.events if e["direction"] == "up" and e["ranks"] == [2, 3]]
+
+    while not ups() or _serving(service) != [(0, 1), (2, 3)]:
         assert time.monotonic() < deadline, service.scaler.events
         time.sleep(0.1)
-    return [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == path]
+    return ups()[0]
 
 
 def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
@@ -126,8 +132,8 @@ def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
             return [t.result() for t in tasks]
 
         assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
-        ups = _second_instance_ups(service, "network")
-        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], service.scaler.events
+        up = _second_instance_up(service)
+        assert up["path"] == "network" and up["sources"] == [0, 1], service.scaler.events
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
         assert 2 in ran_on  # the multicast instance served too
         text = generate_latest(service.registry).decode()
@@ -223,8 +229,8 @@ def test_allcache_tp2_scales_up_from_the_host_copy_of_every_shard(
             return await asyncio.gather(*(_one(service, f"h{n}.{i}", TEXTS[i % 3]) for i in range(n)))
 
         assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
-        ups = _second_instance_ups(service, "host")
-        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], service.scaler.events
+        up = _second_instance_up(service)
+        assert up["path"] == "host" and up["sources"] == [0, 1], service.scaler.events
         assert pool.host_holder(str(folder)) == 0  # still the one host copy
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
 

@@ -8,8 +8,13 @@ thread per worker and mixed steps."""
 
 from __future__ import annotations
 
+import pytest
+
 from blitzscale.bench.fidelity import FidelityConfig, run_fidelity
 
+# Beside another test of the suite (parallel runs) the simulated TTFT came out 5x the live
+# one at load 15: that load is not sampled by the calibration, which assumes it stays put.
+pytestmark = pytest.mark.alone
 
 def test_live_and_simulated_agree() -> None:
     """Calibrated: the simulated cores carry the other work sampled on the machine during
