@@ -57,9 +57,9 @@ def _one(cfg: StandbyBenchConfig, standby: str) -> dict[str, Any]:
         "cluster_start_s": round(start_s, 3),
         "host_load_s": round(load_s, 3),
         "activate_s": round(activate_s, 4),
-        "engine_s_on_worker": round(float(reply["engine_s"]), 4),
-        "used_standby": bool(reply["standby"]),
-        "num_kv_blocks": reply["num_kv_blocks"],
+        "engine_s_on_worker": round(reply.engine_s, 4),
+        "used_standby": reply.standby,
+        "num_kv_blocks": reply.num_kv_blocks,
     }
 
 

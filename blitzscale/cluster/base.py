@@ -4,20 +4,32 @@
 (`cluster/spawn.py`); the simulated backend implements the same. Every operation is async
 and returns when it is done: operations on different ranks run side by side, operations on
 one rank in the order they were called.
-A failed operation raises `BlitzScaleError` (a `ClusterOpError` names each rank's answer).
+A failed operation raises `BlitzScaleError` (a `ClusterOpError` names each rank's answer);
+one that succeeds returns its typed result (cluster/results.py, and the workers' replies in
+messages.py): never a dict read by key.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
+from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
 from blitzscale.control.costmodel import CostReport
 from blitzscale.core.roles import Role
-from blitzscale.messages import ActivateMsg, Message, ProfileMsg, ReplyMsg
+from blitzscale.messages import (
+    ActivateMsg,
+    ActivateResult,
+    HostCopyResult,
+    LoadResult,
+    Message,
+    ProfileMsg,
+    ReleaseResult,
+    ReplyMsg,
+)
 
 
 class Cluster(Protocol):
@@ -41,7 +53,7 @@ class Cluster(Protocol):
         """Ranks with no live worker now; each newly dead one is forgotten by the pool."""
         ...
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> ClusterStatus: ...
 
     def next_op(self) -> int: ...
 
@@ -49,7 +61,7 @@ class Cluster(Protocol):
 
     async def load(
         self, model: str, rank: int, source: str, *, max_bytes_per_s: float = 0.0, cold: bool = False
-    ) -> dict[str, Any]:
+    ) -> LoadResult:
         """`cold`: read from the disk itself (no page cache), as a scale-up from an SSD."""
         ...
 
@@ -63,15 +75,18 @@ class Cluster(Protocol):
         from_host: bool = False,
         live: dict[int, Message] | None = None,
         on_live: Callable[[ReplyMsg], None] | None = None,
-    ) -> dict[int, dict[str, Any]]: ...
+    ) -> dict[int, TransferResult]:
+        """One result per receiving rank. `live`: ActivateMsgs sent to targets right behind
+        the transfer; `on_live` sees their replies (each an `ActivateResult` when ok)."""
+        ...
 
-    async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]: ...
+    async def cache_on_host(self, model: str, rank: int) -> HostCopyResult: ...
 
     async def release_host_copy(self, model: str) -> None: ...
 
     # --- serving ------------------------------------------------------------------------
 
-    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]: ...
+    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, ActivateResult]: ...
 
     async def set_role(self, rank: int, role: Role) -> None: ...
 
@@ -79,7 +94,7 @@ class Cluster(Protocol):
 
     # --- the rest -----------------------------------------------------------------------
 
-    async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]: ...
+    async def release(self, model: str, rank: int, host_copy: bool = False) -> ReleaseResult: ...
 
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str: ...
 
@@ -87,6 +102,6 @@ class Cluster(Protocol):
         """What `msg.model` costs on `rank`'s device (measured there, or read back)."""
         ...
 
-    async def respawn(self, rank: int) -> dict[str, Any]: ...
+    async def respawn(self, rank: int) -> RespawnResult: ...
 
     def kill(self, rank: int) -> None: ...

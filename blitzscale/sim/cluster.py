@@ -13,15 +13,26 @@ import itertools
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from typing import Any
 
 from blitzscale import clock
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
+from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
 from blitzscale.control.costmodel import CostReport, Profile
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, HelloMsg, KVSentMsg, Message, ProfileMsg, ReplyMsg
+from blitzscale.messages import (
+    ActivateMsg,
+    ActivateResult,
+    HelloMsg,
+    HostCopyResult,
+    KVSentMsg,
+    LoadResult,
+    Message,
+    ProfileMsg,
+    ReleaseResult,
+    ReplyMsg,
+)
 from blitzscale.sim.cores import HostCores
 from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
 from blitzscale.sim.links import Links, Topology
@@ -93,8 +104,9 @@ class SimCluster:
     def dead_now(self) -> set[int]:
         return set()
 
-    def status(self) -> dict[str, Any]:
-        return {"alive": self.alive_ranks(), "dead": [], "pool": self.pool.snapshot()}
+    def status(self) -> ClusterStatus:
+        alive = tuple(self.alive_ranks())
+        return ClusterStatus(alive=alive, dead=(), nodes=self.nodes(), pool=self.pool.snapshot())
 
     def next_op(self) -> int:
         return next(self._ops)
@@ -122,7 +134,7 @@ class SimCluster:
 
     async def load(
         self, model: str, rank: int, source: str, *, max_bytes_per_s: float = 0.0, cold: bool = False
-    ) -> dict[str, Any]:
+    ) -> LoadResult:
         nbytes = self.profile.weight_bytes
         async with AsyncExitStack() as stack:
             await self._hold(stack, [rank])
@@ -136,7 +148,7 @@ class SimCluster:
             with self.links.using(links):
                 await asyncio.sleep(seconds)
             self.pool.commit_load(model, [rank])
-        return {"seconds": seconds, "bytes": nbytes}
+        return LoadResult(path="disk", bytes=nbytes, seconds=seconds)
 
     async def transfer(
         self,
@@ -148,7 +160,7 @@ class SimCluster:
         from_host: bool = False,
         live: dict[int, Message] | None = None,
         on_live: Callable[[ReplyMsg], None] | None = None,
-    ) -> dict[int, dict[str, Any]]:
+    ) -> dict[int, TransferResult]:
         if any(t in self.pool.gpu_holders(model) for t in targets):
             raise BlitzScaleError(f"a target of {targets} already holds {model}")
         async with AsyncExitStack() as stack:
@@ -173,7 +185,7 @@ class SimCluster:
         from_host: bool,
         live: dict[int, Message] | None,
         on_live: Callable[[ReplyMsg], None] | None,
-    ) -> dict[int, dict[str, Any]]:
+    ) -> dict[int, TransferResult]:
         nbytes = self.profile.weight_bytes
         if from_host:
             holder = sources[0] if sources else 0
@@ -194,20 +206,14 @@ class SimCluster:
                 on_live(ReplyMsg(op_id=msg.op_id, rank=rank, ok=True, result=self._engine_info(msg)))
         with self.links.using(links):
             await asyncio.sleep(seconds)
-        return {
-            t: {
-                "seconds": seconds,
-                "first_layer_s": first,
-                "bytes": nbytes,
-                "senders_done_s": seconds,
-                "replied_s": seconds,
-            }
-            for t in targets
-        }
+        done = TransferResult(
+            seconds=seconds, first_layer_s=first, bytes=nbytes, senders_done_s=seconds, replied_s=seconds
+        )
+        return dict.fromkeys(targets, done)
 
-    async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
+    async def cache_on_host(self, model: str, rank: int) -> HostCopyResult:
         self.pool.add_host_copy(model, rank)
-        return {"bytes": self.profile.weight_bytes}
+        return HostCopyResult(bytes=self.profile.weight_bytes, pinned=True)  # (the host links' rates)
 
     async def release_host_copy(self, model: str) -> None:
         self.pool.drop_host_copy(model)
@@ -224,10 +230,10 @@ class SimCluster:
             kv_blocks=e.num_kv_blocks or max(1, p.kv_tokens // e.block_size),
         )
 
-    def _engine_info(self, msg: ActivateMsg) -> dict[str, Any]:
+    def _engine_info(self, msg: ActivateMsg) -> ActivateResult:
         """What a worker's activation reply says: its KV blocks and context limit."""
         shape = self._shape(msg)
-        return {"num_kv_blocks": shape.kv_blocks, "max_model_len": shape.max_model_len}
+        return ActivateResult(num_kv_blocks=shape.kv_blocks, max_model_len=shape.max_model_len)
 
     def _start_engine(
         self, rank: int, msg: ActivateMsg, loaded_at: float | None = None, first_layers_at: float = 0.0
@@ -251,7 +257,7 @@ class SimCluster:
         if loaded_at is not None:
             e.live_events(first_layers_at)
 
-    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]:
+    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, ActivateResult]:
         async with AsyncExitStack() as stack:
             await self._hold(stack, list(msgs))
             for rank, msg in msgs.items():
@@ -269,14 +275,14 @@ class SimCluster:
             e.stop()
             del self.engines[rank]
 
-    async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
+    async def release(self, model: str, rank: int, host_copy: bool = False) -> ReleaseResult:
         async with AsyncExitStack() as stack:
             await self._hold(stack, [rank])
             self.pool.release(model, rank)
             if host_copy and self.pool.host_holder(model) == rank:
                 self.pool.drop_host_copy(model)
             self._lost(rank)
-        return {"freed_bytes": self.profile.weight_bytes}
+        return ReleaseResult(freed_bytes=self.profile.weight_bytes)
 
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         return "simulated"
@@ -286,7 +292,7 @@ class SimCluster:
         p = self.profile
         return CostReport(p.device, p.weight_bytes, p.kv_bytes_per_token, p.num_layers, p, cached=True)
 
-    async def respawn(self, rank: int) -> dict[str, Any]:
+    async def respawn(self, rank: int) -> RespawnResult:
         raise BlitzScaleError("simulated workers do not die")
 
     def kill(self, rank: int) -> None:

@@ -90,7 +90,7 @@ def _second_instance_ups(service: ServingCluster, path: str) -> list[dict[str, A
     while _serving(service) != [(0, 1), (2, 3)]:
         assert time.monotonic() < deadline, service.scaler.events
         time.sleep(0.1)
-    return [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == path]
+    return [e for e in service.scaler.events if e.direction == "up" and e.path == path]
 
 
 def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
@@ -127,7 +127,7 @@ def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
 
         assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
         ups = _second_instance_ups(service, "network")
-        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], service.scaler.events
+        assert ups and ups[0].ranks == (2, 3) and ups[0].sources == (0, 1), service.scaler.events
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
         assert 2 in ran_on  # the multicast instance served too
         text = generate_latest(service.registry).decode()
@@ -181,7 +181,7 @@ def test_live_tp2_target_serves_as_its_shards_land_and_relays_to_its_partner(
             out = []
             for _ in range(12):
                 out += await burst(6)
-                if any(e["path"] == "network" for e in service.scaler.events if e["direction"] == "up"):
+                if any(e.path == "network" for e in service.scaler.events if e.direction == "up"):
                     break
             return out
 
@@ -189,12 +189,12 @@ def test_live_tp2_target_serves_as_its_shards_land_and_relays_to_its_partner(
         assert outs == [reference[TEXTS[i % 3]] for _ in range(len(outs) // 6) for i in range(6)]
         deadline = time.monotonic() + 120
         def network_ups() -> list[dict[str, Any]]:
-            return [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "network"]
+            return [e for e in service.scaler.events if e.direction == "up" and e.path == "network"]
 
         while not (ups := network_ups()):
             assert time.monotonic() < deadline, service.scaler.events
             time.sleep(0.1)
-        assert ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], ups
+        assert ups[0].ranks == (2, 3) and ups[0].sources == (0, 1), ups
         target = router.instances[2]
         seen = [b for _, _, b in target.transitions]
         assert seen[:1] == ["new_prefill"], seen  # it served while loading
@@ -224,7 +224,7 @@ def test_allcache_tp2_scales_up_from_the_host_copy_of_every_shard(
 
         assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
         ups = _second_instance_ups(service, "host")
-        assert ups and ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], service.scaler.events
+        assert ups and ups[0].ranks == (2, 3) and ups[0].sources == (0, 1), service.scaler.events
         assert pool.host_holder(str(folder)) == 0  # still the one host copy
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
 
