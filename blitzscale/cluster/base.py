@@ -15,21 +15,13 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
 from blitzscale.control.costmodel import CostReport
 from blitzscale.core.roles import Role
-from blitzscale.messages import (
-    ActivateMsg,
-    ActivateResult,
-    HostCopyResult,
-    LoadResult,
-    Message,
-    ProfileMsg,
-    ReleaseResult,
-    ReplyMsg,
-)
+from blitzscale.messages import ActivateResult, HostCopyResult, LoadResult, ReleaseResult
 
 
 class Cluster(Protocol):
@@ -55,8 +47,6 @@ class Cluster(Protocol):
 
     def status(self) -> ClusterStatus: ...
 
-    def next_op(self) -> int: ...
-
     # --- loads: disk (local source), network (device copies), host (the one host copy) ---
 
     async def load(
@@ -73,11 +63,11 @@ class Cluster(Protocol):
         targets: list[int],
         *,
         from_host: bool = False,
-        live: dict[int, Message] | None = None,
-        on_live: Callable[[ReplyMsg], None] | None = None,
+        live: dict[int, Activation] | None = None,
+        on_live: Callable[[LiveStart], None] | None = None,
     ) -> dict[int, TransferResult]:
-        """One result per receiving rank. `live`: ActivateMsgs sent to targets right behind
-        the transfer; `on_live` sees their replies (each an `ActivateResult` when ok)."""
+        """One result per receiving rank. `live`: engines started on targets right behind
+        the transfer, serving while the weights arrive; `on_live` sees each start."""
         ...
 
     async def cache_on_host(self, model: str, rank: int) -> HostCopyResult: ...
@@ -86,7 +76,7 @@ class Cluster(Protocol):
 
     # --- serving ------------------------------------------------------------------------
 
-    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, ActivateResult]: ...
+    async def activate(self, ranks: dict[int, Activation]) -> dict[int, ActivateResult]: ...
 
     async def set_role(self, rank: int, role: Role) -> None: ...
 
@@ -98,8 +88,8 @@ class Cluster(Protocol):
 
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str: ...
 
-    async def cost_report(self, rank: int, msg: ProfileMsg) -> CostReport:
-        """What `msg.model` costs on `rank`'s device (measured there, or read back)."""
+    async def cost_report(self, rank: int, query: CostQuery) -> CostReport:
+        """What `query.model` costs on `rank`'s device (measured there, or read back)."""
         ...
 
     async def respawn(self, rank: int) -> RespawnResult: ...

@@ -31,6 +31,7 @@ import zmq
 from blitzscale.checkpoint.native import rank_file
 from blitzscale.cluster.blocking import Blocking
 from blitzscale.cluster.calls import Calls, ClusterOpError, result_of
+from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
@@ -43,7 +44,6 @@ from blitzscale.control.costmodel import CostReport
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
-    ActivateMsg,
     ActivateResult,
     ChecksumMsg,
     ChecksumResult,
@@ -57,7 +57,6 @@ from blitzscale.messages import (
     LoadResult,
     Message,
     NoResult,
-    ProfileMsg,
     ProfileResult,
     ReleaseMsg,
     ReleaseResult,
@@ -431,15 +430,15 @@ class LocalCluster:
         from_host: bool = False,
         max_bytes_per_s: float = 0.0,
         piece_bytes: int | None = None,
-        live: dict[int, Message] | None = None,
-        on_live: Callable[[ReplyMsg], None] | None = None,
+        live: dict[int, Activation] | None = None,
+        on_live: Callable[[LiveStart], None] | None = None,
     ) -> dict[int, TransferResult]:
         """Stream a model from `sources` (device copies, or the one host copy) to `targets`.
 
         Targets that complete enter the pool; the others do not, whatever happened.
-        `live`: messages (ActivateMsg with live=True) sent to targets right behind the
-        transfer, so they serve while weights arrive; `on_live` gets their replies as they
-        come, long before the transfer ends. With tp > 1 `sources` and `targets` are whole
+        `live`: engines started on targets right behind the transfer (ActivateMsg with
+        live=True), so they serve while weights arrive; `on_live` sees each start as its
+        reply comes, long before the transfer ends. With tp > 1 `sources` and `targets` are whole
         instances' ranks: shard k moves from the sources' ranks k to the targets' ranks k."""
         rate = max_bytes_per_s or (0.0 if from_host else self.cfg.transfer_bytes_per_s)
         if self.tp > 1:
@@ -472,13 +471,13 @@ class LocalCluster:
         from_host: bool = False,
         max_bytes_per_s: float = 0.0,
         piece_bytes: int | None = None,
-        live: dict[int, Message] | None = None,
-        on_live: Callable[[ReplyMsg], None] | None = None,
+        live: dict[int, Activation] | None = None,
+        on_live: Callable[[LiveStart], None] | None = None,
     ) -> dict[int, TransferResult]:
         """Tensor-parallel instances: shard k streams from the sources' rank k to the targets'
         rank k (from the host copy's shard k with `from_host`); all shards move at once,
-        each as its own chain plan. `live`: as in `transfer` (ActivateMsgs to the targets'
-        leaders, whose shards follow them)."""
+        each as its own chain plan. `live`: as in `transfer` (the targets' leaders, whose
+        shards follow them)."""
         tp = len(sources[0])
         if any(len(i) != tp for i in sources + targets):
             raise BlitzScaleError(f"all instances must have tp={tp}: {sources} -> {targets}")
@@ -495,8 +494,8 @@ class LocalCluster:
         from_host: bool,
         max_bytes_per_s: float,
         piece_bytes: int | None,
-        live: dict[int, Message] | None,
-        on_live: Callable[[ReplyMsg], None] | None,
+        live: dict[int, Activation] | None,
+        on_live: Callable[[LiveStart], None] | None,
     ) -> dict[int, TransferResult]:
         receivers = [t for s in shards for t in s.targets]
         msgs: dict[int, Message] = {}
@@ -525,12 +524,13 @@ class LocalCluster:
                     raise BlitzScaleError(f"rank {r} appears in two shards of one transfer")
                 msgs[r] = msg
                 chains_of[r] = chains
-        extra = list((live or {}).items())
-        live_ops = {m.op_id for _, m in extra}  # type: ignore[union-attr]
+        starts = {r: a.message(self.next_op(), live=True) for r, a in (live or {}).items()}
+        extra: list[tuple[int, Message]] = list(starts.items())
+        live_ops = {m.op_id for m in starts.values()}
 
         def seen(reply: ReplyMsg) -> None:
             if reply.op_id in live_ops and on_live is not None:
-                on_live(reply)
+                on_live(LiveStart.of_reply(reply))
 
         async with self._holding(list(msgs)):
             self.pool.begin_load(model, receivers)
@@ -652,9 +652,10 @@ class LocalCluster:
             replies = await self.calls.each_ok(msgs, what)
         return {r: result_of(m, kind) for r, m in replies.items()}
 
-    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, ActivateResult]:
-        """Start engines on ranks that hold the model (or, live, are receiving it)."""
-        return await self.command_many(dict(msgs), ActivateResult)
+    async def activate(self, ranks: dict[int, Activation]) -> dict[int, ActivateResult]:
+        """Start engines on ranks that hold the model."""
+        msgs: dict[int, Message] = {r: a.message(self.next_op()) for r, a in ranks.items()}
+        return await self.command_many(msgs, ActivateResult)
 
     async def set_role(self, rank: int, role: Role) -> None:
         await self.command(rank, SetRoleMsg(op_id=self.next_op(), role=role), NoResult)
@@ -678,8 +679,8 @@ class LocalCluster:
             replies = await self.calls.each_ok({rank: msg}, f"checksum {model} on rank {rank}")
         return result_of(replies[rank], ChecksumResult).checksum
 
-    async def cost_report(self, rank: int, msg: ProfileMsg) -> CostReport:
-        r = await self.command(rank, msg, ProfileResult)
+    async def cost_report(self, rank: int, query: CostQuery) -> CostReport:
+        r = await self.command(rank, query.message(self.next_op()), ProfileResult)
         return CostReport(
             r.device_name, r.weight_bytes, r.kv_bytes_per_token, r.num_layers, r.profile, r.cached, r.probe_s
         )

@@ -13,13 +13,13 @@ from typing import Protocol
 
 from blitzscale import clock
 from blitzscale.cluster.base import Cluster
+from blitzscale.cluster.commands import Activation, LiveStart
 from blitzscale.cluster.results import TransferResult, transfer_bytes
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, ActivateResult, ReplyMsg
 from blitzscale.serve.events import Direction
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.models import ScaledModel
@@ -52,7 +52,7 @@ class LoadsOwner(Protocol):
         """The instances these ranks belong to, in order."""
         ...
 
-    def activate_msg(self, role: Role, live: bool = False, model: str | None = None) -> ActivateMsg: ...
+    def activation(self, role: Role, model: str | None = None) -> Activation: ...
 
     async def activate_many(self, ranks: list[int], role: Role, model: str | None = None) -> None: ...
 
@@ -174,15 +174,15 @@ class Loads:
         self.router.live.begin(ids, partner.rank if partner is not None else None)
         activated: set[int] = set()
 
-        def on_live(reply: ReplyMsg) -> None:  # on this loop, as each reply arrives
-            if reply.ok and isinstance(reply.result, ActivateResult):
-                activated.add(reply.rank)
-                self.scaler.metrics.activated(reply.result)
+        def on_live(start: LiveStart) -> None:  # on this loop, as each reply arrives
+            if start.result is not None:
+                activated.add(start.rank)
+                self.scaler.metrics.activated(start.result)
             else:
-                log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
+                log.warning("live activation of rank %d failed: %s", start.rank, start.error)
             self.router.wake()
 
-        live = {t: self.scaler.activate_msg(role, live=True, model=model) for t in ids}
+        live = dict.fromkeys(ids, self.scaler.activation(role, model))
         t0 = clock.now()
         try:
             report = await self.cluster.transfer(

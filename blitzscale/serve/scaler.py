@@ -17,6 +17,7 @@ from typing import Any
 
 from blitzscale import clock
 from blitzscale.cluster.base import Cluster
+from blitzscale.cluster.commands import Activation
 from blitzscale.cluster.results import TransferResult
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.config import PlannerConfig, PolicyConfig
@@ -35,7 +36,6 @@ from blitzscale.control.policies import (
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.roles import Role
-from blitzscale.messages import ActivateMsg
 from blitzscale.serve.events import Direction, ScaleEvent
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
@@ -173,21 +173,14 @@ class Scaler:
         await self.cluster.cache_on_host(model, rank)
         return True
 
-    def activate_msg(self, role: Role, live: bool = False, model: str | None = None) -> ActivateMsg:
+    def activation(self, role: Role, model: str | None = None) -> Activation:
+        """What an instance of `model` (None: the default) is started with in `role`."""
         spec = self._model(model)
-        return ActivateMsg(
-            op_id=self.cluster.next_op(),
-            model=spec.name,
-            source=spec.source,
-            role=role,
-            engine=self.engine,
-            live=live,
-            pace=self.pace,
-        )
+        return Activation(model=spec.name, source=spec.source, role=role, engine=self.engine, pace=self.pace)
 
     async def activate_many(self, ranks: list[int], role: Role, model: str | None = None) -> None:
         """Start engines on freshly loaded instances, all at once."""
-        results = await self.cluster.activate({rank: self.activate_msg(role, model=model) for rank in ranks})
+        results = await self.cluster.activate(dict.fromkeys(ranks, self.activation(role, model)))
         for res in results.values():
             self.metrics.activated(res)
         for rank in ranks:

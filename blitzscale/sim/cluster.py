@@ -15,6 +15,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 from blitzscale import clock
+from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
@@ -22,16 +23,13 @@ from blitzscale.control.costmodel import CostReport, Profile
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
-    ActivateMsg,
     ActivateResult,
     HelloMsg,
     HostCopyResult,
     KVSentMsg,
     LoadResult,
     Message,
-    ProfileMsg,
     ReleaseResult,
-    ReplyMsg,
 )
 from blitzscale.sim.cores import HostCores
 from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
@@ -158,8 +156,8 @@ class SimCluster:
         targets: list[int],
         *,
         from_host: bool = False,
-        live: dict[int, Message] | None = None,
-        on_live: Callable[[ReplyMsg], None] | None = None,
+        live: dict[int, Activation] | None = None,
+        on_live: Callable[[LiveStart], None] | None = None,
     ) -> dict[int, TransferResult]:
         if any(t in self.pool.gpu_holders(model) for t in targets):
             raise BlitzScaleError(f"a target of {targets} already holds {model}")
@@ -183,8 +181,8 @@ class SimCluster:
         sources: list[int],
         targets: list[int],
         from_host: bool,
-        live: dict[int, Message] | None,
-        on_live: Callable[[ReplyMsg], None] | None,
+        live: dict[int, Activation] | None,
+        on_live: Callable[[LiveStart], None] | None,
     ) -> dict[int, TransferResult]:
         nbytes = self.profile.weight_bytes
         if from_host:
@@ -199,11 +197,10 @@ class SimCluster:
             seconds = max(self.links.multicast_seconds(s, t, nbytes, self.piece_bytes) for s, t in groups)
             first = 2 * self.piece_bytes / self.links.rate(links) + self.topo.latency_s
         t0 = clock.now()
-        for rank, msg in (live or {}).items():  # ZigZag: engines start before weights land
-            assert isinstance(msg, ActivateMsg)
-            self._start_engine(rank, msg, loaded_at=t0 + seconds, first_layers_at=t0 + first)
+        for rank, act in (live or {}).items():  # ZigZag: engines start before weights land
+            self._start_engine(rank, act, loaded_at=t0 + seconds, first_layers_at=t0 + first)
             if on_live is not None:
-                on_live(ReplyMsg(op_id=msg.op_id, rank=rank, ok=True, result=self._engine_info(msg)))
+                on_live(LiveStart(rank, self._engine_info(act)))
         with self.links.using(links):
             await asyncio.sleep(seconds)
         done = TransferResult(
@@ -220,8 +217,8 @@ class SimCluster:
 
     # --- serving ------------------------------------------------------------------------
 
-    def _shape(self, msg: ActivateMsg) -> EngineShape:
-        e, p = msg.engine, self.profile
+    def _shape(self, act: Activation) -> EngineShape:
+        e, p = act.engine, self.profile
         return EngineShape(
             block_size=e.block_size,
             max_num_batched_tokens=e.max_num_batched_tokens,
@@ -230,21 +227,21 @@ class SimCluster:
             kv_blocks=e.num_kv_blocks or max(1, p.kv_tokens // e.block_size),
         )
 
-    def _engine_info(self, msg: ActivateMsg) -> ActivateResult:
+    def _engine_info(self, act: Activation) -> ActivateResult:
         """What a worker's activation reply says: its KV blocks and context limit."""
-        shape = self._shape(msg)
+        shape = self._shape(act)
         return ActivateResult(num_kv_blocks=shape.kv_blocks, max_model_len=shape.max_model_len)
 
     def _start_engine(
-        self, rank: int, msg: ActivateMsg, loaded_at: float | None = None, first_layers_at: float = 0.0
+        self, rank: int, act: Activation, loaded_at: float | None = None, first_layers_at: float = 0.0
     ) -> None:
         if rank in self.engines:
             raise BlitzScaleError(f"rank {rank} is already serving")
         e = SimEngine(
             rank=rank,
-            role=msg.role,
+            role=act.role,
             profile=self.profile,
-            shape=self._shape(msg),
+            shape=self._shape(act),
             emit=self._emit,
             recorder=self.recorder,
             kv_move=self._kv_move,
@@ -257,12 +254,12 @@ class SimCluster:
         if loaded_at is not None:
             e.live_events(first_layers_at)
 
-    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, ActivateResult]:
+    async def activate(self, ranks: dict[int, Activation]) -> dict[int, ActivateResult]:
         async with AsyncExitStack() as stack:
-            await self._hold(stack, list(msgs))
-            for rank, msg in msgs.items():
-                self._start_engine(rank, msg)
-        return {rank: self._engine_info(msg) for rank, msg in msgs.items()}
+            await self._hold(stack, list(ranks))
+            for rank, act in ranks.items():
+                self._start_engine(rank, act)
+        return {rank: self._engine_info(act) for rank, act in ranks.items()}
 
     async def set_role(self, rank: int, role: Role) -> None:
         self.engines[rank].role = role
@@ -287,7 +284,7 @@ class SimCluster:
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         return "simulated"
 
-    async def cost_report(self, rank: int, msg: ProfileMsg) -> CostReport:
+    async def cost_report(self, rank: int, query: CostQuery) -> CostReport:
         """A simulated GPU costs what its profile says."""
         p = self.profile
         return CostReport(p.device, p.weight_bytes, p.kv_bytes_per_token, p.num_layers, p, cached=True)

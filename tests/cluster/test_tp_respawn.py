@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import time
 
+from blitzscale.cluster.commands import Activation
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.core.config import EngineConfig
-from blitzscale.messages import ActivateMsg, ActivateResult
+from blitzscale.messages import ActivateResult
 from tests.cluster.conftest import SRC, M
 
 ENGINE = EngineConfig(block_size=16, num_kv_blocks=16, max_model_len=256)
 
 
 def _activate(c: LocalCluster) -> ActivateResult:
-    msg = ActivateMsg(op_id=c.next_op(), model=M, source=SRC, role="colocated", engine=ENGINE)
-    return c.blocking.activate({0: msg})[0]
+    return c.blocking.activate({0: Activation(model=M, source=SRC, role="colocated", engine=ENGINE)})[0]
 
 
 def test_a_dead_shard_brings_its_group_back_whole_with_a_rebuilt_instance_group() -> None:
