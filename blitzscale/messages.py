@@ -32,14 +32,115 @@ class HelloMsg(Msg):
     incarnation: int = 0  # 0 at cluster start, +1 each time the rank is respawned
 
 
+# --- what a command's reply carries: one result type per command ----------------------
+
+
+class Result(msgspec.Struct, tag=True, kw_only=True, frozen=True):
+    """Base of a reply's result; the tag is the class name."""
+
+
+class NoResult(Result):
+    """A command that answers nothing but done (deactivate, set role, drop a host copy)."""
+
+
+class LoadResult(Result):
+    """`LoadMsg`: how the weights came (`path`: "disk" or "random") and what it took."""
+
+    path: str
+    bytes: int
+    seconds: float
+    GBps: float = 0.0  # (our format only, as are the fields below)
+    first_layer_s: float = 0.0
+    direct_io: bool = False
+    readers: int = 0
+
+
+class TransferRankResult(Result):
+    """`TransferMsg`: one rank's part, on its own wall clock (seconds since the epoch).
+    `start`: its buffers were ready; `received_at`: the command reached it."""
+
+    start: float
+    received_at: float
+    done_at: float
+    first_layer_at: float | None = None
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    is_target: bool = False
+    ready_order: list[int] = []  # segments, in the order they became ready
+
+
+class HostCopyResult(Result):
+    """`HostCacheMsg` (keep): the host copy's bytes, and whether its memory is pinned."""
+
+    bytes: int
+    pinned: bool
+
+
+class ActivateResult(Result):
+    """`ActivateMsg`: the engine's KV blocks and context limit; `standby`: it was the
+    worker's standby engine (worker/standby.py), `engine_s`: starting it took this long."""
+
+    num_kv_blocks: int
+    max_model_len: int
+    standby: bool = False
+    engine_s: float = 0.0
+
+
+class ReleaseResult(Result):
+    """`ReleaseMsg`: bytes freed, what the device holds after, and whether the buffer (and
+    engine) were kept as the worker's standby."""
+
+    freed_bytes: int
+    device_bytes_in_use: int = 0
+    standby: bool = False
+
+
+class ChecksumResult(Result):
+    checksum: str
+    dtype: str
+    bytes: int
+
+
+class ProfileResult(Result):
+    """`ProfileMsg`: the device's name and the model's shape; with `measure`, its cost model
+    on this device (`cached`: read back from the cache folder, `probe_s`: what it took)."""
+
+    device_name: str
+    weight_bytes: int
+    kv_bytes_per_token: int
+    num_layers: int
+    profile: Profile | None = None
+    cached: bool = False
+    probe_s: float = 0.0
+
+
+class LinkResult(Result):
+    """`LinkMsg` / `InstanceLinkMsg`: seconds building the link (or the group)."""
+
+    seconds: float
+
+
+ReplyResult = (
+    NoResult
+    | LoadResult
+    | TransferRankResult
+    | HostCopyResult
+    | ActivateResult
+    | ReleaseResult
+    | ChecksumResult
+    | ProfileResult
+    | LinkResult
+)
+
+
 class ReplyMsg(Msg):
-    """Answer to one command; `ok=False` carries a one-line error."""
+    """Answer to one command; `ok=False` carries a one-line error (and `NoResult`)."""
 
     op_id: int
     rank: int
     ok: bool
     error: str = ""
-    result: dict[str, Any] = {}
+    result: ReplyResult = NoResult()
 
 
 # --- controller -> worker ------------------------------------------------------------
@@ -99,7 +200,7 @@ class ChecksumMsg(Msg):
 class ProfileMsg(Msg):
     """Measure (or read back from `cache_dir`) the cost model of `model` served with
     `engine` on this rank's device (worker/costprobe.py); `measure=False` only names the
-    device. The reply's result: `device_name`, and `profile` (a Profile's JSON)."""
+    device. The reply's result: a `ProfileResult`."""
 
     op_id: int
     model: str

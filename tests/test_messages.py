@@ -5,17 +5,69 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from blitzscale.messages import LoadMsg, ReplyMsg, TransferMsg, decode, encode
+from blitzscale.control.costmodel import load_profile
+from blitzscale.messages import (
+    ActivateResult,
+    ChecksumResult,
+    HostCopyResult,
+    LinkResult,
+    LoadMsg,
+    LoadResult,
+    NoResult,
+    ProfileResult,
+    ReleaseResult,
+    ReplyMsg,
+    TransferMsg,
+    TransferRankResult,
+    decode,
+    encode,
+)
 
 
 def test_round_trip_keeps_type_and_fields() -> None:
     msgs = [
         TransferMsg(op_id=3, model="m", source="random:x", chains=[[0, 1, 2], [3, 2, 1]], num_stripes=2),
-        ReplyMsg(op_id=3, rank=1, ok=False, error="boom", result={"seconds": 0.5, "order": [1, 2]}),
+        ReplyMsg(op_id=3, rank=1, ok=False, error="boom"),
         LoadMsg(op_id=4, model="m", source="/tmp/x", direct_io=True),
     ]
     for m in msgs:
         assert decode(encode(m)) == m
+
+
+def test_every_reply_result_comes_back_as_its_own_type() -> None:
+    """A reply carries one typed result per command (never a dict read by key)."""
+    results = [
+        NoResult(),
+        LoadResult(
+            path="disk", bytes=10, seconds=0.5, GBps=2.0, first_layer_s=0.1, direct_io=True, readers=8
+        ),
+        TransferRankResult(
+            start=1.0, received_at=0.9, done_at=2.0, first_layer_at=None, ready_order=[2, 0, 1]
+        ),
+        HostCopyResult(bytes=7, pinned=True),
+        ActivateResult(num_kv_blocks=64, max_model_len=512, standby=True, engine_s=0.02),
+        ReleaseResult(freed_bytes=9, device_bytes_in_use=0, standby=False),
+        ChecksumResult(checksum="abc", dtype="float32", bytes=3),
+        ProfileResult(
+            device_name="cpu",
+            weight_bytes=1,
+            kv_bytes_per_token=2,
+            num_layers=3,
+            profile=load_profile("llama3-8b-a100"),
+        ),
+        LinkResult(seconds=0.25),
+    ]
+    for res in results:
+        back = decode(encode(ReplyMsg(op_id=1, rank=0, ok=True, result=res)))
+        assert isinstance(back, ReplyMsg) and type(back.result) is type(res) and back.result == res
+
+
+def test_a_reply_with_an_untyped_result_is_refused() -> None:
+    raw = msgspec.msgpack.encode(
+        {"type": "ReplyMsg", "op_id": 1, "rank": 0, "ok": True, "result": {"bytes": 3}}
+    )
+    with pytest.raises(msgspec.ValidationError):
+        decode(raw)
 
 
 @pytest.mark.parametrize("data", [b"", b"\x93\x01\x02", b"cos\nsystem\n(S'ls'\ntR.", encode(3)])  # type: ignore[arg-type]

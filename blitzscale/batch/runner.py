@@ -27,6 +27,7 @@ from blitzscale.batch.report import write_comparison_csv
 from blitzscale.client.summary import Summary
 from blitzscale.demo.result import RunResult
 from blitzscale.errors import InvalidRequestError
+from blitzscale.serve.events import events_json
 
 Execute = Callable[[RunSpec, Path, Summary | None], RunResult]
 """(run, its folder, the SLO reference's summary or None) -> the replay's result."""
@@ -99,7 +100,7 @@ def _run_one(run: RunSpec, run_dir: Path, execute: Execute, reference: Summary |
         error = _one_line(f"{type(e).__name__}: {e}")
         return store.write_status(run_dir, run, store.FAILED, error=error, seconds=time.time() - started)
     summary = result.summary
-    store.write_summary(run_dir, summary, list(result.events))
+    store.write_summary(run_dir, summary, events_json(result.events))
     counts = {
         "num_requests": summary.num_requests,
         "num_ok": summary.num_ok,

@@ -26,6 +26,7 @@ from blitzscale.control.costmodel import load_profile
 from blitzscale.demo.workload import Workload
 from blitzscale.serve.background import BackgroundService
 from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.events import ScaleEvent
 from blitzscale.sim.config import SimPreset, load_model
 from blitzscale.sim.links import Topology
 from blitzscale.sim.runner import SimSetup, simulate
@@ -91,7 +92,7 @@ def requests(cfg: FidelityConfig) -> list[TraceRequest]:
     ).requests()
 
 
-def _side(records: list, events: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+def _side(records: list, events: list[ScaleEvent], wall_s: float) -> dict[str, Any]:
     s = summarize(records)
     return {
         "requests": s.num_requests,
@@ -99,8 +100,8 @@ def _side(records: list, events: list[dict[str, Any]], wall_s: float) -> dict[st
         "ttft_mean_s": round(s.ttft_s.mean, 4),
         "ttft_p99_s": round(s.ttft_s.p99, 4),
         "tbt_p99_s": round(s.tbt_s.p99, 4),
-        "scale_ups": sum(1 for e in events if e["direction"] == "up"),
-        "scale_downs": sum(1 for e in events if e["direction"] == "down"),
+        "scale_ups": sum(1 for e in events if e.is_up),
+        "scale_downs": sum(1 for e in events if e.direction == "down"),
         "wall_s": round(wall_s, 2),
     }
 
@@ -135,7 +136,7 @@ def run_sim(cfg: FidelityConfig, reqs: list[TraceRequest], background_threads: f
     )
     t = time.perf_counter()
     res = simulate(setup, reqs, cfg.policy)
-    after_start = [e for e in res.events if e["time"] > 0]  # (as live: not the first instance's load)
+    after_start = [e for e in res.events if e.time > 0]  # (as live: not the first instance's load)
     return _side(res.records, after_start, time.perf_counter() - t)
 
 

@@ -106,7 +106,7 @@ async def _burst(
     done = time.monotonic() - t0
     while scaler.busy:  # the load may outlast the burst
         await asyncio.sleep(0.05)
-    ups = [e for e in scaler.events if e["direction"] == "up" and e["ranks"] == [1]]
+    ups = [e for e in scaler.events if e.is_up and e.ranks == (1,)]
     values = sorted(ttft.values())
     return {
         "path": path,
@@ -117,12 +117,12 @@ async def _burst(
             "max": values[-1],
         },
         "burst_done_s": done,
-        "load_s": ups[-1]["seconds"] if ups else None,
-        "link_s": ups[-1].get("link_s") if ups else None,  # the transfer itself, from the report
-        "first_layer_s": ups[-1].get("first_layer_s") if ups else None,
-        "senders_done_s": ups[-1].get("senders_done_s") if ups else None,
-        "replied_s": ups[-1].get("replied_s") if ups else None,  # all replies at the controller
-        "load_done_at_s": (ups[-1]["time"] - t0) if ups else None,
+        "load_s": ups[-1].seconds if ups else None,
+        "link_s": ups[-1].link_s if ups else None,  # the transfer itself, from the report
+        "first_layer_s": ups[-1].first_layer_s if ups else None,
+        "senders_done_s": ups[-1].senders_done_s if ups else None,
+        "replied_s": ups[-1].replied_s if ups else None,  # all replies at the controller
+        "load_done_at_s": (ups[-1].time - t0) if ups else None,
         "live_requests": router.live.requests_total,
         "live_layers": router.live.layers_total,
         "relays": router.live.relays_total,

@@ -253,8 +253,8 @@ async def _soak(cfg: SoakConfig, svc: BackgroundService) -> dict[str, Any]:
         "kills": soak.kills,
         "worker_restarts": router.respawner.restarts if router is not None else 0,
         "workers_alive_at_end": len(svc.service.cluster.alive_ranks()) if svc.service.cluster else 0,
-        "scale_ups": sum(1 for e in events if e["direction"] == "up"),
-        "scale_downs": sum(1 for e in events if e["direction"] == "down"),
+        "scale_ups": sum(1 for e in events if e.is_up),
+        "scale_downs": sum(1 for e in events if e.direction == "down"),
         "refused_by_router": dict(router.num_refused) if router is not None else {},
     }
 

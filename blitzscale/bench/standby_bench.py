@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
+from blitzscale.cluster.commands import Activation
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.engine import EngineConfig
-from blitzscale.messages import ActivateMsg
 from blitzscale.worker.standby import StandbySpec
 
 M = "bench-model"
@@ -47,9 +47,9 @@ def _one(cfg: StandbyBenchConfig, standby: str) -> dict[str, Any]:
         t = time.perf_counter()
         c.transfer(M, cfg.model, [0], [0], from_host=True)
         load_s = time.perf_counter() - t
-        msg = ActivateMsg(op_id=c.next_op(), model=M, source=cfg.model, role="colocated", engine=engine)
+        act = Activation(model=M, source=cfg.model, role="colocated", engine=engine)
         t = time.perf_counter()
-        reply = c.activate({0: msg})[0]
+        reply = c.activate({0: act})[0]
         activate_s = time.perf_counter() - t
         c.deactivate(0)
     return {
@@ -57,9 +57,9 @@ def _one(cfg: StandbyBenchConfig, standby: str) -> dict[str, Any]:
         "cluster_start_s": round(start_s, 3),
         "host_load_s": round(load_s, 3),
         "activate_s": round(activate_s, 4),
-        "engine_s_on_worker": round(float(reply["engine_s"]), 4),
-        "used_standby": bool(reply["standby"]),
-        "num_kv_blocks": reply["num_kv_blocks"],
+        "engine_s_on_worker": round(reply.engine_s, 4),
+        "used_standby": reply.standby,
+        "num_kv_blocks": reply.num_kv_blocks,
     }
 
 

@@ -19,6 +19,7 @@ import httpx
 from blitzscale.bench.soak import PROMPTS
 from blitzscale.serve.background import BackgroundService
 from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.events import ScaleEvent
 
 
 @dataclass(frozen=True)
@@ -79,22 +80,22 @@ def run_steady(cfg: SteadyConfig) -> dict[str, Any]:
 
         asyncio.run(load())
         t_end = time.monotonic()  # the last streams end after `seconds`; what follows is not load
-        events = [e for e in scaler.events if t0 <= e["time"] <= t_end]
-        late = [e for e in events if e["time"] - t0 >= cfg.settle_s]
+        events = [e for e in scaler.events if t0 <= e.time <= t_end]
+        late = [e for e in events if e.time - t0 >= cfg.settle_s]
         return {
             "config": asdict(cfg),
             "load_s": round(t_end - t0, 1),
             "requests": len(done),
             "requests_ok": sum(1 for s in done if s == "200"),
             "requests_failed": dict(Counter(s for s in done if s != "200")),
-            "scale_ups": sum(1 for e in events if e["direction"] == "up"),
-            "releases": sum(1 for e in events if e["direction"] == "down"),
-            "scale_ups_after_settle": sum(1 for e in late if e["direction"] == "up"),
-            "releases_after_settle": sum(1 for e in late if e["direction"] == "down"),
+            "scale_ups": sum(1 for e in events if e.is_up),
+            "releases": sum(1 for e in events if e.direction == "down"),
+            "scale_ups_after_settle": sum(1 for e in late if e.is_up),
+            "releases_after_settle": sum(1 for e in late if e.direction == "down"),
             "events": [_event(e, t0) for e in events],
         }
 
 
-def _event(e: dict[str, Any], t0: float) -> dict[str, Any]:
-    at = round(e["time"] - t0, 2)
-    return {"at_s": at, "direction": e["direction"], "path": e["path"], "ranks": e["ranks"]}
+def _event(e: ScaleEvent, t0: float) -> dict[str, Any]:
+    at = round(e.time - t0, 2)
+    return {"at_s": at, "direction": e.direction, "path": e.path, "ranks": list(e.ranks)}

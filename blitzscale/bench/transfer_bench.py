@@ -7,11 +7,13 @@ send/recv, pinned host-to-device copy, raw disk reads) are measured in the same 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from blitzscale.checkpoint import native, resolve_model
@@ -20,6 +22,7 @@ from blitzscale.checkpoint.pack import hf_state_dict
 from blitzscale.cluster.blocking import Blocking
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.results import TransferResult
 from blitzscale.errors import BlitzScaleError
 from blitzscale.transfer.disk import drop_page_cache
 
@@ -39,14 +42,15 @@ class TransferBenchConfig:
     limits: bool = False
 
 
-def _checked(c: Blocking, ranks: list[int], report: dict[int, dict[str, Any]], ref: str) -> list[dict]:
+def _checked(c: Blocking, ranks: list[int], report: dict[int, TransferResult], ref: str) -> list[dict]:
     rows = []
     for r in ranks:
         ck = c.checksum(M, r)
+        fields = {**dataclasses.asdict(report[r]), "GBps": report[r].GBps}
         rows.append(
             {
                 "rank": r,
-                **{k: _round(v) for k, v in report[r].items() if k != "ready_order"},
+                **{k: _round(v) for k, v in fields.items() if k != "ready_order"},
                 "checksum": ck,
                 "source_checksum": ref,
                 "identical": ck == ref,
@@ -134,8 +138,8 @@ def _from_disk(c: Blocking, cfg: TransferBenchConfig, kind: str) -> dict[str, An
             for f in files:
                 drop_page_cache(f)
         t = time.perf_counter()
-        res = c.load(M, 0, str(folder), readers=cfg.readers, direct_io=direct)
-        res["wall_s"] = time.perf_counter() - t
+        loaded = c.load(M, 0, str(folder), readers=cfg.readers, direct_io=direct)
+        res = {**msgspec.structs.asdict(loaded), "wall_s": time.perf_counter() - t}
         res["checksum"] = c.checksum(M, 0)
         out[temp] = {k: _round(v) for k, v in res.items()}
         c.release(M, 0)

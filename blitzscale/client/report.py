@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 from blitzscale.client.record import RequestRecord
 from blitzscale.client.summary import Summary, tbt_values
 
-ScaleEvent = Mapping[str, Any]  # {"time": s, "direction": "up"|"down", "path": "nvlink"|...}
+EventJSON = Mapping[str, Any]  # a ScaleEvent's JSON (serve/events.py), or a server watch's
 
 _DIRECTION_COLORS = {"up": "tab:green", "down": "tab:red"}
 _PATH_STYLES = ("--", ":", "-.", (0, (5, 1, 1, 1)))
@@ -43,7 +43,7 @@ def plot_ttft_over_time(
     records: Sequence[RequestRecord],
     path: Path,
     instance_samples: Sequence[tuple[float, int]] | None = None,
-    scale_events: Sequence[ScaleEvent] | None = None,
+    scale_events: Sequence[EventJSON] | None = None,
 ) -> Path:
     """TTFT of each successful request at its send time; the instance count as a step line on
     a second y axis sharing the time axis, so latency spikes line up with scaling."""
@@ -133,7 +133,7 @@ def write_report(
     records: Sequence[RequestRecord],
     summary: Summary,
     instance_samples: Sequence[tuple[float, int]] | None = None,
-    scale_events: Sequence[ScaleEvent] | None = None,
+    scale_events: Sequence[EventJSON] | None = None,
     info: ReportInfo | None = None,
 ) -> Path:
     """Write ttft_over_time.png, ttft_cdf.png, tbt_cdf.png (instances_by_state.png when
@@ -177,7 +177,7 @@ def key_rows(summary: Summary, info: ReportInfo) -> list[tuple[str, str]]:
     ]
 
 
-def event_rows(events: Sequence[ScaleEvent]) -> list[list[str]]:
+def event_rows(events: Sequence[EventJSON]) -> list[list[str]]:
     """One row per scale event: when, direction, path, ranks, sources, duration, MB."""
     rows = []
     for e in events:
@@ -226,7 +226,7 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def render_html(
     summary: Summary,
     images: Mapping[str, bytes],
-    events: Sequence[ScaleEvent] = (),
+    events: Sequence[EventJSON] = (),
     info: ReportInfo | None = None,
 ) -> str:
     """One HTML page with no outside references: key figures with units, the scale events,

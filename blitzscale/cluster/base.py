@@ -4,20 +4,24 @@
 (`cluster/spawn.py`); the simulated backend implements the same. Every operation is async
 and returns when it is done: operations on different ranks run side by side, operations on
 one rank in the order they were called.
-A failed operation raises `BlitzScaleError` (a `ClusterOpError` names each rank's answer).
+A failed operation raises `BlitzScaleError` (a `ClusterOpError` names each rank's answer);
+one that succeeds returns its typed result (cluster/results.py, and the workers' replies in
+messages.py): never a dict read by key.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
+from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
+from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
 from blitzscale.control.costmodel import CostReport
 from blitzscale.core.roles import Role
-from blitzscale.messages import ActivateMsg, Message, ProfileMsg, ReplyMsg
+from blitzscale.messages import ActivateResult, HostCopyResult, LoadResult, ReleaseResult
 
 
 class Cluster(Protocol):
@@ -41,15 +45,13 @@ class Cluster(Protocol):
         """Ranks with no live worker now; each newly dead one is forgotten by the pool."""
         ...
 
-    def status(self) -> dict[str, Any]: ...
-
-    def next_op(self) -> int: ...
+    def status(self) -> ClusterStatus: ...
 
     # --- loads: disk (local source), network (device copies), host (the one host copy) ---
 
     async def load(
         self, model: str, rank: int, source: str, *, max_bytes_per_s: float = 0.0, cold: bool = False
-    ) -> dict[str, Any]:
+    ) -> LoadResult:
         """`cold`: read from the disk itself (no page cache), as a scale-up from an SSD."""
         ...
 
@@ -61,17 +63,20 @@ class Cluster(Protocol):
         targets: list[int],
         *,
         from_host: bool = False,
-        live: dict[int, Message] | None = None,
-        on_live: Callable[[ReplyMsg], None] | None = None,
-    ) -> dict[int, dict[str, Any]]: ...
+        live: dict[int, Activation] | None = None,
+        on_live: Callable[[LiveStart], None] | None = None,
+    ) -> dict[int, TransferResult]:
+        """One result per receiving rank. `live`: engines started on targets right behind
+        the transfer, serving while the weights arrive; `on_live` sees each start."""
+        ...
 
-    async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]: ...
+    async def cache_on_host(self, model: str, rank: int) -> HostCopyResult: ...
 
     async def release_host_copy(self, model: str) -> None: ...
 
     # --- serving ------------------------------------------------------------------------
 
-    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]: ...
+    async def activate(self, ranks: dict[int, Activation]) -> dict[int, ActivateResult]: ...
 
     async def set_role(self, rank: int, role: Role) -> None: ...
 
@@ -79,14 +84,14 @@ class Cluster(Protocol):
 
     # --- the rest -----------------------------------------------------------------------
 
-    async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]: ...
+    async def release(self, model: str, rank: int, host_copy: bool = False) -> ReleaseResult: ...
 
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str: ...
 
-    async def cost_report(self, rank: int, msg: ProfileMsg) -> CostReport:
-        """What `msg.model` costs on `rank`'s device (measured there, or read back)."""
+    async def cost_report(self, rank: int, query: CostQuery) -> CostReport:
+        """What `query.model` costs on `rank`'s device (measured there, or read back)."""
         ...
 
-    async def respawn(self, rank: int) -> dict[str, Any]: ...
+    async def respawn(self, rank: int) -> RespawnResult: ...
 
     def kill(self, rank: int) -> None: ...

@@ -11,12 +11,22 @@ import asyncio
 import time
 from asyncio import FIRST_COMPLETED
 from collections.abc import Callable
+from typing import TypeVar
 
 from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import Message, ReplyMsg
+from blitzscale.messages import Message, ReplyMsg, Result
 
 Key = tuple[int, int]  # (rank, op id)
+R = TypeVar("R", bound=Result)
+
+
+def result_of(reply: ReplyMsg, kind: type[R]) -> R:
+    """A successful reply's result, which must be of the command's result type."""
+    if not isinstance(reply.result, kind):
+        got = type(reply.result).__name__
+        raise BlitzScaleError(f"rank {reply.rank} answered op {reply.op_id} with {got}, not {kind.__name__}")
+    return reply.result
 
 
 class ClusterOpError(BlitzScaleError):

@@ -24,17 +24,19 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 
 from blitzscale.checkpoint.native import rank_file
 from blitzscale.cluster.blocking import Blocking
-from blitzscale.cluster.calls import Calls, ClusterOpError
+from blitzscale.cluster.calls import Calls, ClusterOpError, result_of
+from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
+from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
 from blitzscale.cluster.shards import ShardPlan, neighbour_pairs, transfer_report
 from blitzscale.cluster.spawn import Spawner, WorkerHandle
 from blitzscale.cluster.spawners import make_spawner
@@ -42,27 +44,35 @@ from blitzscale.control.costmodel import CostReport
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
-    ActivateMsg,
+    ActivateResult,
     ChecksumMsg,
+    ChecksumResult,
     DeactivateMsg,
     HelloMsg,
     HostCacheMsg,
+    HostCopyResult,
     InstanceLinkMsg,
     LinkMsg,
     LoadMsg,
+    LoadResult,
     Message,
-    ProfileMsg,
+    NoResult,
+    ProfileResult,
     ReleaseMsg,
+    ReleaseResult,
     ReplyMsg,
+    Result,
     SetRoleMsg,
     ShutdownMsg,
     TransferMsg,
+    TransferRankResult,
 )
 from blitzscale.transfer.disk import drop_page_cache
 from blitzscale.worker.standby import StandbySpec
 from blitzscale.worker.worker import WorkerConfig
 
 log = logging.getLogger("blitzscale.cluster")
+R = TypeVar("R", bound=Result)
 
 
 def free_port(host: str) -> int:
@@ -298,7 +308,7 @@ class LocalCluster:
             raise BlitzScaleError(f"workers {died} exited during start-up (see their output above)")
         return died
 
-    async def respawn(self, rank: int) -> dict[str, Any]:
+    async def respawn(self, rank: int) -> RespawnResult:
         """Replace the dead worker `rank` with a fresh process (its next incarnation) and
         rebuild every live worker's link to it; the rank is usable again (holding nothing)
         once all of them have answered. Other operations go on meanwhile."""
@@ -318,7 +328,7 @@ class LocalCluster:
             await self._relink_group(rank)
         seconds = time.monotonic() - t
         log.warning("worker %d respawned (incarnation %d) in %.1f s", rank, incarnation, seconds)
-        return {"rank": rank, "incarnation": incarnation, "seconds": seconds}
+        return RespawnResult(rank=rank, incarnation=incarnation, seconds=seconds)
 
     async def _respawn(self, rank: int, deadline: float) -> int:
         await asyncio.to_thread(self.procs[rank].join, 1)  # reap the old process
@@ -385,7 +395,7 @@ class LocalCluster:
         *,
         max_bytes_per_s: float = 0.0,
         cold: bool = False,
-    ) -> dict[str, Any]:
+    ) -> LoadResult:
         """Load from a local source (disk, HF folder, random weights) onto one rank; with
         `cold`, from the disk itself (the file's pages are dropped from the page cache)."""
         if cold and rank_file(Path(source), 0).exists():
@@ -408,7 +418,7 @@ class LocalCluster:
                 self.pool.abort_load(model, [rank])
                 raise
             self.pool.commit_load(model, [rank])
-        return replies[rank].result
+        return result_of(replies[rank], LoadResult)
 
     async def transfer(
         self,
@@ -420,15 +430,15 @@ class LocalCluster:
         from_host: bool = False,
         max_bytes_per_s: float = 0.0,
         piece_bytes: int | None = None,
-        live: dict[int, Message] | None = None,
-        on_live: Callable[[ReplyMsg], None] | None = None,
-    ) -> dict[int, dict[str, Any]]:
+        live: dict[int, Activation] | None = None,
+        on_live: Callable[[LiveStart], None] | None = None,
+    ) -> dict[int, TransferResult]:
         """Stream a model from `sources` (device copies, or the one host copy) to `targets`.
 
         Targets that complete enter the pool; the others do not, whatever happened.
-        `live`: messages (ActivateMsg with live=True) sent to targets right behind the
-        transfer, so they serve while weights arrive; `on_live` gets their replies as they
-        come, long before the transfer ends. With tp > 1 `sources` and `targets` are whole
+        `live`: engines started on targets right behind the transfer (ActivateMsg with
+        live=True), so they serve while weights arrive; `on_live` sees each start as its
+        reply comes, long before the transfer ends. With tp > 1 `sources` and `targets` are whole
         instances' ranks: shard k moves from the sources' ranks k to the targets' ranks k."""
         rate = max_bytes_per_s or (0.0 if from_host else self.cfg.transfer_bytes_per_s)
         if self.tp > 1:
@@ -461,13 +471,13 @@ class LocalCluster:
         from_host: bool = False,
         max_bytes_per_s: float = 0.0,
         piece_bytes: int | None = None,
-        live: dict[int, Message] | None = None,
-        on_live: Callable[[ReplyMsg], None] | None = None,
-    ) -> dict[int, dict[str, Any]]:
+        live: dict[int, Activation] | None = None,
+        on_live: Callable[[LiveStart], None] | None = None,
+    ) -> dict[int, TransferResult]:
         """Tensor-parallel instances: shard k streams from the sources' rank k to the targets'
         rank k (from the host copy's shard k with `from_host`); all shards move at once,
-        each as its own chain plan. `live`: as in `transfer` (ActivateMsgs to the targets'
-        leaders, whose shards follow them)."""
+        each as its own chain plan. `live`: as in `transfer` (the targets' leaders, whose
+        shards follow them)."""
         tp = len(sources[0])
         if any(len(i) != tp for i in sources + targets):
             raise BlitzScaleError(f"all instances must have tp={tp}: {sources} -> {targets}")
@@ -484,9 +494,9 @@ class LocalCluster:
         from_host: bool,
         max_bytes_per_s: float,
         piece_bytes: int | None,
-        live: dict[int, Message] | None,
-        on_live: Callable[[ReplyMsg], None] | None,
-    ) -> dict[int, dict[str, Any]]:
+        live: dict[int, Activation] | None,
+        on_live: Callable[[LiveStart], None] | None,
+    ) -> dict[int, TransferResult]:
         receivers = [t for s in shards for t in s.targets]
         msgs: dict[int, Message] = {}
         chains_of: dict[int, list[list[int]]] = {}
@@ -514,12 +524,13 @@ class LocalCluster:
                     raise BlitzScaleError(f"rank {r} appears in two shards of one transfer")
                 msgs[r] = msg
                 chains_of[r] = chains
-        extra = list((live or {}).items())
-        live_ops = {m.op_id for _, m in extra}  # type: ignore[union-attr]
+        starts = {r: a.message(self.next_op(), live=True) for r, a in (live or {}).items()}
+        extra: list[tuple[int, Message]] = list(starts.items())
+        live_ops = {m.op_id for m in starts.values()}
 
         def seen(reply: ReplyMsg) -> None:
             if reply.op_id in live_ops and on_live is not None:
-                on_live(reply)
+                on_live(LiveStart.of_reply(reply))
 
         async with self._holding(list(msgs)):
             self.pool.begin_load(model, receivers)
@@ -537,13 +548,8 @@ class LocalCluster:
         if len(done) < len(receivers) or not all(m.ok for m in replies.values()):
             what = " ".join(f"{s.sources} -> {s.targets}" for s in shards)
             raise ClusterOpError(f"transfer {model} {what}", replies)
-        report = transfer_report(replies, receivers, chains_of)
-        heads = [r for r in msgs if r not in receivers]
-        t0 = min(replies[r].result["start"] for r in msgs)
-        for entry in report.values():  # when the senders saw their last send complete
-            entry["senders_done_s"] = max((replies[h].result["done_at"] - t0 for h in heads), default=0.0)
-            entry["replied_s"] = time.time() - t0
-        return report
+        results = {r: result_of(m, TransferRankResult) for r, m in replies.items()}
+        return transfer_report(results, receivers, chains_of, time.time())
 
     async def _mend_links(self, chains: list[list[int]]) -> None:
         """After a failed transfer: whichever rank failed broke its weights links to its
@@ -588,7 +594,7 @@ class LocalCluster:
                 raise
             self.pool.commit_load(model, ranks)
 
-    async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
+    async def cache_on_host(self, model: str, rank: int) -> HostCopyResult:
         """Make `rank`'s device copy the cluster's one host copy of `model`. With tp > 1
         `rank` leads an instance and each of its shards keeps its own shard in its host's
         memory: together they are the one host copy (the pool names the leader)."""
@@ -607,10 +613,8 @@ class LocalCluster:
                     with contextlib.suppress(BlitzScaleError):
                         await self.calls.ops(drop, f"drop host copy of {model}")
                 raise
-        return {
-            "bytes": sum(int(m.result["bytes"]) for m in replies.values()),
-            "pinned": all(m.result["pinned"] for m in replies.values()),
-        }
+        shards = [result_of(m, HostCopyResult) for m in replies.values()]
+        return HostCopyResult(bytes=sum(s.bytes for s in shards), pinned=all(s.pinned for s in shards))
 
     async def release_host_copy(self, model: str) -> None:
         rank = self.pool.host_holder(model)
@@ -624,7 +628,7 @@ class LocalCluster:
             if self.pool.drop_host_copy(model) is not None:
                 await self.calls.each_ok(msgs, f"drop host copy of {model}")
 
-    async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
+    async def release(self, model: str, rank: int, host_copy: bool = False) -> ReleaseResult:
         """Free `rank`'s device copy (and with `host_copy` its share of the host copy: with
         tp > 1 the caller releases every shard of the instance)."""
         msg = ReleaseMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
@@ -633,47 +637,53 @@ class LocalCluster:
             if host_copy and self.pool.host_holder(model) == self.group_of(rank).start:
                 self.pool.drop_host_copy(model)
             replies = await self.calls.each_ok({rank: msg}, f"release {model} on rank {rank}")
-        return replies[rank].result
+        return result_of(replies[rank], ReleaseResult)
 
-    async def command(self, rank: int, msg: Message) -> dict[str, Any]:
-        """Any other command to one worker; raises ClusterOpError if it fails."""
-        return (await self.command_many({rank: msg}))[rank]
+    async def command(self, rank: int, msg: Message, kind: type[R]) -> R:
+        """Any other command to one worker, answered with a `kind`; raises ClusterOpError
+        if it fails."""
+        return (await self.command_many({rank: msg}, kind))[rank]
 
-    async def command_many(self, msgs: dict[int, Message]) -> dict[int, dict[str, Any]]:
-        """Commands to several workers at once (they run concurrently)."""
+    async def command_many(self, msgs: dict[int, Message], kind: type[R]) -> dict[int, R]:
+        """Commands to several workers at once (they run concurrently), each answered with
+        a `kind`."""
         what = f"{type(next(iter(msgs.values()))).__name__} on ranks {sorted(msgs)}"
         async with self._holding(list(msgs)):
             replies = await self.calls.each_ok(msgs, what)
-        return {r: m.result for r, m in replies.items()}
+        return {r: result_of(m, kind) for r, m in replies.items()}
 
-    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]:
-        """Start engines on ranks that hold the model (or, live, are receiving it)."""
-        return await self.command_many(dict(msgs))
+    async def activate(self, ranks: dict[int, Activation]) -> dict[int, ActivateResult]:
+        """Start engines on ranks that hold the model."""
+        msgs: dict[int, Message] = {r: a.message(self.next_op()) for r, a in ranks.items()}
+        return await self.command_many(msgs, ActivateResult)
 
     async def set_role(self, rank: int, role: Role) -> None:
-        await self.command(rank, SetRoleMsg(op_id=self.next_op(), role=role))
+        await self.command(rank, SetRoleMsg(op_id=self.next_op(), role=role), NoResult)
 
     async def deactivate(self, rank: int) -> None:
-        await self.command(rank, DeactivateMsg(op_id=self.next_op()))
+        await self.command(rank, DeactivateMsg(op_id=self.next_op()), NoResult)
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "alive": self.alive_ranks(),
-            "nodes": list(self.nodes()),
-            "dead": sorted(self.dead),
-            "incarnations": list(self.incarnations),
-            "restarts": dict(self.restarts),
-            "pool": self.pool.snapshot(),
-        }
+    def status(self) -> ClusterStatus:
+        return ClusterStatus(
+            alive=tuple(self.alive_ranks()),
+            dead=tuple(sorted(self.dead)),
+            nodes=self.nodes(),
+            incarnations=tuple(self.incarnations),
+            restarts=dict(self.restarts),
+            pool=self.pool.snapshot(),
+        )
 
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         msg = ChecksumMsg(op_id=self.next_op(), model=model, host_copy=host_copy)
         async with self._holding([rank]):
             replies = await self.calls.each_ok({rank: msg}, f"checksum {model} on rank {rank}")
-        return replies[rank].result["checksum"]
+        return result_of(replies[rank], ChecksumResult).checksum
 
-    async def cost_report(self, rank: int, msg: ProfileMsg) -> CostReport:
-        return CostReport.from_result(await self.command(rank, msg))
+    async def cost_report(self, rank: int, query: CostQuery) -> CostReport:
+        r = await self.command(rank, query.message(self.next_op()), ProfileResult)
+        return CostReport(
+            r.device_name, r.weight_bytes, r.kv_bytes_per_token, r.num_layers, r.profile, r.cached, r.probe_s
+        )
 
 
 def check_tp_workers(num_workers: int, tp: int) -> None:

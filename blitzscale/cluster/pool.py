@@ -22,6 +22,15 @@ class ModelCopies:
     host: int | None = None  # rank whose host memory holds the one host copy
 
 
+@dataclass(frozen=True)
+class CopiesView:
+    """Where one model's copies are, at one moment (`ParameterPool.snapshot`)."""
+
+    gpu: tuple[int, ...]
+    loading: tuple[int, ...]
+    host: int | None
+
+
 class ParameterPool:
     def __init__(self) -> None:
         self._models: dict[str, ModelCopies] = {}
@@ -85,8 +94,8 @@ class ParameterPool:
         rank, e.host = e.host, None
         return rank
 
-    def snapshot(self) -> dict[str, dict[str, object]]:
+    def snapshot(self) -> dict[str, CopiesView]:
         return {
-            m: {"gpu": sorted(c.gpu), "loading": sorted(c.loading), "host": c.host}
+            m: CopiesView(tuple(sorted(c.gpu)), tuple(sorted(c.loading)), c.host)
             for m, c in sorted(self._models.items())
         }

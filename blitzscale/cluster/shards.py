@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
 
-from blitzscale.messages import ReplyMsg
+from blitzscale.cluster.results import TransferResult
+from blitzscale.messages import TransferRankResult
 from blitzscale.transfer.plan import chains_for
 
 
@@ -28,23 +28,30 @@ def neighbour_pairs(chains: list[list[int]]) -> list[tuple[int, int]]:
 
 
 def transfer_report(
-    replies: dict[int, ReplyMsg], receivers: list[int], chains_of: dict[int, list[list[int]]]
-) -> dict[int, dict[str, Any]]:
-    """Per receiver: seconds to completion and to the first layer, counted from the moment
-    it and every rank upstream of it in its chains had its buffers ready (so one slow
-    allocation elsewhere is not charged to the link). `alloc_s` is its own preparation."""
+    results: dict[int, TransferRankResult],
+    receivers: list[int],
+    chains_of: dict[int, list[list[int]]],
+    replied_at: float,
+) -> dict[int, TransferResult]:
+    """Per receiver (`TransferResult`): seconds to completion and to the first layer,
+    counted from the moment it and every rank upstream of it in its chains had its buffers
+    ready (so one slow allocation elsewhere is not charged to the link). `results`: every
+    participant's reply; `replied_at`: when the controller had them all (wall clock)."""
+    t_first = min(res.start for res in results.values())
+    heads = [r for r in results if r not in receivers]
+    senders_done = max((results[h].done_at - t_first for h in heads), default=0.0)
     out = {}
     for r in receivers:
         upstream = {r} | {c[k] for c in chains_of[r] if r in c for k in range(c.index(r))}
-        t0 = max(replies[u].result["start"] for u in upstream)
-        res = replies[r].result
-        seconds = res["done_at"] - t0
-        out[r] = {
-            "seconds": seconds,
-            "first_layer_s": (res["first_layer_at"] or res["done_at"]) - t0,
-            "alloc_s": res["start"] - res["received_at"],
-            "ready_order": res["ready_order"],
-            "bytes": res["bytes_received"],
-            "GBps": res["bytes_received"] / seconds / 1e9 if seconds > 0 else float("inf"),
-        }
+        t0 = max(results[u].start for u in upstream)
+        res = results[r]
+        out[r] = TransferResult(
+            seconds=res.done_at - t0,
+            first_layer_s=(res.first_layer_at or res.done_at) - t0,
+            bytes=res.bytes_received,
+            alloc_s=res.start - res.received_at,
+            ready_order=tuple(res.ready_order),
+            senders_done_s=senders_done,
+            replied_s=replied_at - t_first,
+        )
     return out

@@ -249,19 +249,6 @@ class CostReport:
     cached: bool = False  # read back from the cache folder, not measured now
     probe_s: float = 0.0
 
-    @classmethod
-    def from_result(cls, d: dict[str, Any]) -> CostReport:
-        p = d.get("profile")
-        return cls(
-            device_name=str(d["device_name"]),
-            weight_bytes=int(d["weight_bytes"]),
-            kv_bytes_per_token=int(d["kv_bytes_per_token"]),
-            num_layers=int(d["num_layers"]),
-            profile=Profile.from_json(p, "the worker's cost model") if p else None,
-            cached=bool(d.get("cached", False)),
-            probe_s=float(d.get("probe_s", 0.0)),
-        )
-
     def check(self, profile: Profile, where: str) -> None:
         """`profile` must be of this model and this kind of device (names both if not)."""
         profile.check_fits(self.weight_bytes, self.kv_bytes_per_token, self.num_layers, where)

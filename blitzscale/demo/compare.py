@@ -8,6 +8,7 @@ from rich.table import Table
 
 from blitzscale.client.summary import summarize
 from blitzscale.demo.result import RunResult
+from blitzscale.serve.events import ScaleEvent
 
 
 def _ms(x: float | None) -> str:
@@ -31,10 +32,8 @@ def comparison_table(results: list[RunResult]) -> Table:
         ("instance-seconds (CPU)", [_num(r.summary.gpu_seconds) for r in results]),
     ]
     for path in ("network", "host", "disk"):
-        rows.append(
-            (f"scale-ups via {path}", [str(Counter(e["path"] for e in _ups(r))[path]) for r in results])
-        )
-    rows.append(("mean load time (s)", [_mean([e["seconds"] for e in _ups(r)]) for r in results]))
+        rows.append((f"scale-ups via {path}", [str(Counter(e.path for e in _ups(r))[path]) for r in results]))
+    rows.append(("mean load time (s)", [_mean([e.seconds for e in _ups(r)]) for r in results]))
     rows.append(("live: requests / layers / relays", [" / ".join(map(str, r.live)) for r in results]))
     if any(r.paced[0] for r in results):
         rows.append(("paced steps (over reference)", [_paced(r) for r in results]))
@@ -44,8 +43,8 @@ def comparison_table(results: list[RunResult]) -> Table:
     return t
 
 
-def _ups(r: RunResult) -> list[dict]:
-    return [e for e in r.events if e["direction"] == "up"]
+def _ups(r: RunResult) -> list[ScaleEvent]:
+    return [e for e in r.events if e.is_up]
 
 
 def _paced(r: RunResult) -> str:
@@ -133,14 +132,14 @@ def models_table(results: list[RunResult]) -> Table | None:
         t.add_column(r.policy, justify="right")
     for name in names:
         sums = [summarize(r.by_model.get(name, [])) for r in results]
-        mine = [[e for e in r.events if e.get("model") == name] for r in results]
+        mine = [[e for e in r.events if e.model == name] for r in results]
         rows = [
             ("requests ok", [f"{s.num_ok}/{s.num_requests}" for s in sums]),
             ("TTFT p50 / p90 (ms)", [f"{_ms(s.ttft_s.p50)} / {_ms(s.ttft_s.p90)}" for s in sums]),
-            ("releases", [str(sum(1 for e in ev if e["direction"] == "down")) for ev in mine]),
+            ("releases", [str(sum(1 for e in ev if e.direction == "down")) for ev in mine]),
         ]
         for path in ("network", "host", "disk"):
-            counts = [str(sum(1 for e in ev if e["direction"] == "up" and e["path"] == path)) for ev in mine]
+            counts = [str(sum(1 for e in ev if e.is_up and e.path == path)) for ev in mine]
             rows.append((f"loads via {path}", counts))
         for k, (label, values) in enumerate(rows):
             t.add_row(name if k == 0 else "", label, *values)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from blitzscale.client.record import RequestRecord
 from blitzscale.client.summary import Summary
+from blitzscale.serve.events import ScaleEvent
 
 Paced = tuple[int, int, float, float]  # a run's paced steps: all, over their reference, compute s, paced s
 
@@ -19,7 +19,7 @@ class RunResult:
     summary: Summary
     records: list[RequestRecord]
     samples: list[tuple[float, int]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[ScaleEvent] = field(default_factory=list)  # times from the run's start
     report: Path | None = None
     live: tuple[int, int, int] = (0, 0, 0)  # requests, layers and relays of live scaling
     by_model: dict[str, list[RequestRecord]] = field(default_factory=dict)  # several models' records

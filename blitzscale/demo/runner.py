@@ -24,6 +24,7 @@ from blitzscale.client.traces import TraceRequest
 from blitzscale.demo.result import Paced, RunResult
 from blitzscale.serve.background import BackgroundService
 from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.events import ScaleEvent, events_json
 
 PLAIN_EVERY_S = 5.0  # progress lines when the console is not a terminal (a pipe, a file)
 
@@ -152,7 +153,7 @@ def _replay_live(
             worker.join(timeout=0.25)
         sample()
     records = [r for name in traces for r in per_model[name]]
-    events = [{**e, "time": e["time"] - start} for e in scaler.events[events_before:]]
+    events = [e.shifted(start) for e in scaler.events[events_before:]]
     summary = summarize(
         records,
         slo_ttft_s=slo[0] if slo else None,
@@ -169,7 +170,7 @@ def _replay_live(
         config_toml=svc.cfg.to_toml(),
         state_samples=states,
     )
-    report = write_report(out, records, summary, samples, events, info)
+    report = write_report(out, records, summary, samples, events_json(events), info)
     live = (router.live.requests_total, router.live.layers_total, router.live.relays_total)
     by = per_model if by_model else {}
     total: Paced = (
@@ -181,18 +182,16 @@ def _replay_live(
     return RunResult(policy, summary, records, samples, events, report, live, by, total)
 
 
-def _progress_line(policy: str, now: float, total: int, router: Any, events: list[dict[str, Any]]) -> str:
+def _progress_line(policy: str, now: float, total: int, router: Any, events: list[ScaleEvent]) -> str:
     serving = sum(1 for i in router.instances.values() if i.accepts is not None)
-    ups = sum(1 for e in events if e["direction"] == "up")
+    ups = sum(1 for e in events if e.is_up)
     return (
         f"{policy}: t={now:5.1f}s  {total} requests, in flight {len(router.reqs)}, "
         f"queue {len(router.queue)}, {serving} serving, {ups} scale-ups so far"
     )
 
 
-def _view(
-    policy: str, now: float, total: int, router: Any, events: list[dict[str, Any]], start: float
-) -> Group:
+def _view(policy: str, now: float, total: int, router: Any, events: list[ScaleEvent], start: float) -> Group:
     head = f"{policy}: t={now:5.1f}s  queue={len(router.queue)}  in flight={len(router.reqs)}"
     inst = Table(title=escape(head))
     for col in ("instance", "model", "state", "running", "KV blocks used"):
@@ -211,19 +210,19 @@ def _view(
         ev.add_column(col)
     for e in events[-8:]:
         ev.add_row(
-            f"{e['time'] - start:5.1f}",
-            e.get("model", "-"),
-            e["direction"],
-            e["path"],
-            _on_nodes(e["ranks"], e.get("nodes", [])),
-            _on_nodes(e["sources"], e.get("source_nodes", [])) if e["sources"] else "-",
-            f"{e['seconds']:.2f}",
-            f"{e['bytes'] / 1e6:.0f}",
+            f"{e.time - start:5.1f}",
+            e.model or "-",
+            e.direction,
+            e.path,
+            _on_nodes(e.ranks, e.nodes),
+            _on_nodes(e.sources, e.source_nodes) if e.sources else "-",
+            f"{e.seconds:.2f}",
+            f"{e.bytes / 1e6:.0f}",
         )
     return Group(inst, ev)
 
 
-def _on_nodes(ranks: list[int], nodes: list[str]) -> str:
+def _on_nodes(ranks: tuple[int, ...], nodes: tuple[str, ...]) -> str:
     """`[2, 3] @ 2cfc4611`: the ranks and, on a cluster of several nodes, theirs."""
     named = [n for n in nodes if n not in ("local", "?")]
-    return f"{ranks} @ {','.join(named)}" if named else str(ranks)
+    return f"{list(ranks)} @ {','.join(named)}" if named else str(list(ranks))

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from blitzscale.cluster.base import Cluster
+from blitzscale.cluster.commands import CostQuery
 from blitzscale.control.costmodel import CostReport, Profile, ProfileError, load_profile
 from blitzscale.core.config import EngineConfig
-from blitzscale.messages import ProfileMsg
 from blitzscale.serve.config import ModelEntry, ServeConfig
 
 log = logging.getLogger("blitzscale.serve")
@@ -49,15 +49,8 @@ def profile_file(cfg: ServeConfig) -> Profile | None:
 async def _report(
     cluster: Cluster, model: ModelEntry, folder: str, engine: EngineConfig, cache: Path, measure: bool
 ) -> CostReport:
-    msg = ProfileMsg(
-        op_id=cluster.next_op(),
-        model=model.name,
-        source=folder,
-        engine=engine,
-        cache_dir=str(cache),
-        measure=measure,
-    )
-    return await cluster.cost_report(0, msg)
+    query = CostQuery(model=model.name, source=folder, engine=engine, cache_dir=str(cache), measure=measure)
+    return await cluster.cost_report(0, query)
 
 
 async def cost_models(

@@ -9,16 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from blitzscale import clock
 from blitzscale.cluster.base import Cluster
+from blitzscale.cluster.commands import Activation, LiveStart
+from blitzscale.cluster.results import TransferResult, transfer_bytes
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, ReplyMsg
+from blitzscale.serve.events import Direction
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.models import ScaledModel
 from blitzscale.serve.router import Router
@@ -50,19 +52,19 @@ class LoadsOwner(Protocol):
         """The instances these ranks belong to, in order."""
         ...
 
-    def activate_msg(self, role: Role, live: bool = False, model: str | None = None) -> ActivateMsg: ...
+    def activation(self, role: Role, model: str | None = None) -> Activation: ...
 
     async def activate_many(self, ranks: list[int], role: Role, model: str | None = None) -> None: ...
 
     def record(
         self,
-        direction: str,
+        direction: Direction,
         path: str,
         ranks: list[int],
         seconds: float,
         nbytes: int,
         sources: list[int],
-        report: dict[int, dict[str, Any]] | None = None,
+        report: dict[int, TransferResult] | None = None,
         standby: bool | None = None,
         model: str | None = None,
     ) -> None:
@@ -172,15 +174,15 @@ class Loads:
         self.router.live.begin(ids, partner.rank if partner is not None else None)
         activated: set[int] = set()
 
-        def on_live(reply: ReplyMsg) -> None:  # on this loop, as each reply arrives
-            if reply.ok:
-                activated.add(reply.rank)
-                self.scaler.metrics.activated(reply.result)
+        def on_live(start: LiveStart) -> None:  # on this loop, as each reply arrives
+            if start.result is not None:
+                activated.add(start.rank)
+                self.scaler.metrics.activated(start.result)
             else:
-                log.warning("live activation of rank %d failed: %s", reply.rank, reply.error)
+                log.warning("live activation of rank %d failed: %s", start.rank, start.error)
             self.router.wake()
 
-        live = {t: self.scaler.activate_msg(role, live=True, model=model) for t in ids}
+        live = dict.fromkeys(ids, self.scaler.activation(role, model))
         t0 = clock.now()
         try:
             report = await self.cluster.transfer(
@@ -198,7 +200,7 @@ class Loads:
                 self.router.live.end(t)
             return
         self._load_succeeded(a.target_ranks)
-        nbytes = sum(v["bytes"] for v in report.values())
+        nbytes = transfer_bytes(report)
         self.scaler.record(
             "up",
             "network",
@@ -226,7 +228,7 @@ class Loads:
         for group in groups:
             t0 = clock.now()
             report = await self.cluster.transfer(name, source, list(sources), list(group))
-            nbytes = sum(v["bytes"] for v in report.values())
+            nbytes = transfer_bytes(report)
             self.scaler.record(
                 "up", "network", list(group), clock.now() - t0, nbytes, list(sources), report, model=name
             )
@@ -238,7 +240,7 @@ class Loads:
         source = self.scaler.models[model].source
         t0 = clock.now()
         report = await self.cluster.transfer(model, source, shards, list(targets), from_host=True)
-        nbytes = sum(v["bytes"] for v in report.values())
+        nbytes = transfer_bytes(report)
         self.scaler.record("up", "host", list(targets), clock.now() - t0, nbytes, shards, report, model=model)
 
     async def from_disk(
@@ -257,10 +259,12 @@ class Loads:
             ),
             return_exceptions=True,
         )
-        for err in done:
-            if isinstance(err, BaseException):
-                raise err
-        return clock.now() - t0, sum(int(r.get("bytes", 0)) for r in done)  # type: ignore[union-attr]
+        loaded = []
+        for res in done:
+            if isinstance(res, BaseException):
+                raise res
+            loaded.append(res)
+        return clock.now() - t0, sum(r.bytes for r in loaded)
 
     async def _load_disk(self, target: tuple[int, ...], role: Role, model: str, cold: bool) -> None:
         """`cold`: from the disk itself, as a scale-up from an SSD would."""

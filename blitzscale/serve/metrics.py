@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from blitzscale.control.snapshot import InstanceState
+from blitzscale.messages import ActivateResult
 
 if TYPE_CHECKING:
     from blitzscale.serve.router import Router
@@ -159,9 +160,9 @@ class _RouterCollector(Collector):
 
 
 class ClusterMetrics:
-    def activated(self, result: dict[str, object]) -> None:
+    def activated(self, result: ActivateResult) -> None:
         """Count one activation from its reply (worker/standby.py)."""
-        self.activations.labels(engine="standby" if result.get("standby") else "built").inc()
+        self.activations.labels(engine="standby" if result.standby else "built").inc()
 
     def __init__(self, registry: CollectorRegistry, router: Router) -> None:
         registry.register(_RouterCollector(router))

@@ -17,6 +17,8 @@ from typing import Any
 
 from blitzscale import clock
 from blitzscale.cluster.base import Cluster
+from blitzscale.cluster.commands import Activation
+from blitzscale.cluster.results import TransferResult
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.costmodel import Profile
@@ -34,7 +36,7 @@ from blitzscale.control.policies import (
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.roles import Role
-from blitzscale.messages import ActivateMsg
+from blitzscale.serve.events import Direction, ScaleEvent
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
 from blitzscale.serve.metrics import ClusterMetrics
@@ -85,7 +87,7 @@ class Scaler:
         self.backoff = LoadBackoff(base_s=planner.load_retry_s, max_failures=planner.max_load_failures)
         router.on_rank_back.append(self.backoff.fresh)  # a respawned worker starts with a clean slate
         self.busy: set[int] = set()  # instances with an action in flight
-        self.events: list[dict[str, Any]] = []  # scale events, for the demo and tests
+        self.events: list[ScaleEvent] = []  # for the demo, the simulator and tests
         self._tasks: set[asyncio.Task[None]] = set()
         self.loads = Loads(self)  # how weights get onto new instances
 
@@ -171,21 +173,14 @@ class Scaler:
         await self.cluster.cache_on_host(model, rank)
         return True
 
-    def activate_msg(self, role: Role, live: bool = False, model: str | None = None) -> ActivateMsg:
+    def activation(self, role: Role, model: str | None = None) -> Activation:
+        """What an instance of `model` (None: the default) is started with in `role`."""
         spec = self._model(model)
-        return ActivateMsg(
-            op_id=self.cluster.next_op(),
-            model=spec.name,
-            source=spec.source,
-            role=role,
-            engine=self.engine,
-            live=live,
-            pace=self.pace,
-        )
+        return Activation(model=spec.name, source=spec.source, role=role, engine=self.engine, pace=self.pace)
 
     async def activate_many(self, ranks: list[int], role: Role, model: str | None = None) -> None:
         """Start engines on freshly loaded instances, all at once."""
-        results = await self.cluster.activate({rank: self.activate_msg(role, model=model) for rank in ranks})
+        results = await self.cluster.activate(dict.fromkeys(ranks, self.activation(role, model)))
         for res in results.values():
             self.metrics.activated(res)
         for rank in ranks:
@@ -349,19 +344,19 @@ class Scaler:
                 log.error("keeping a host copy of %s failed: %s", model, e)
         res = await asyncio.gather(*(self.cluster.release(model, r) for r in inst.ranks))
         self.state.move(inst.id, InstanceState.INACTIVE, "(released)")
-        freed = sum(int(x.get("freed_bytes", 0)) for x in res)
-        kept = all(x.get("standby") for x in res)
+        freed = sum(x.freed_bytes for x in res)
+        kept = all(x.standby for x in res)
         self.record("down", "release", list(inst.ranks), 0.0, freed, [], standby=kept, model=model)
 
     def record(
         self,
-        direction: str,
+        direction: Direction,
         path: str,
         ranks: list[int],
         seconds: float,
         nbytes: int,
         sources: list[int],
-        report: dict[int, dict[str, Any]] | None = None,
+        report: dict[int, TransferResult] | None = None,
         standby: bool | None = None,
         model: str | None = None,
     ) -> None:
@@ -377,25 +372,24 @@ class Scaler:
                 self.state.loaded(rank, seconds)
             if nbytes and ids:
                 self.model_bytes[name] = nbytes // len(ids)
-        event = {
-            "model": name,
-            "time": clock.now(),
-            "direction": direction,
-            "path": path,
-            "ranks": ranks,
-            "sources": sources,
-            "seconds": round(seconds, 4),
-            "bytes": nbytes,
-            "nodes": self.nodes_of(ranks),  # where the ranks and the sources live
-            "source_nodes": self.nodes_of(sources),
-        }
-        if report:
-            event["link_s"] = round(max(v["seconds"] for v in report.values()), 4)
-            event["first_layer_s"] = round(min(v["first_layer_s"] for v in report.values()), 4)
-            event["senders_done_s"] = round(max(v.get("senders_done_s", 0.0) for v in report.values()), 4)
-            event["replied_s"] = round(max(v.get("replied_s", 0.0) for v in report.values()), 4)
-        if standby is not None:
-            event["standby"] = standby
+        per = list((report or {}).values())
+        event = ScaleEvent(
+            model=name,
+            time=clock.now(),
+            direction=direction,
+            path=path,
+            ranks=tuple(ranks),
+            sources=tuple(sources),
+            seconds=round(seconds, 4),
+            bytes=nbytes,
+            nodes=tuple(self.nodes_of(ranks)),  # where the ranks and the sources live
+            source_nodes=tuple(self.nodes_of(sources)),
+            link_s=round(max(v.seconds for v in per), 4) if per else None,
+            first_layer_s=round(min(v.first_layer_s for v in per), 4) if per else None,
+            senders_done_s=round(max(v.senders_done_s for v in per), 4) if per else None,
+            replied_s=round(max(v.replied_s for v in per), 4) if per else None,
+            standby=standby,
+        )
         self.events.append(event)
         log.info(
             "scale %s %s via %s: ranks %s (nodes %s) from %s (nodes %s) in %.3f s (%d bytes)",
@@ -403,9 +397,9 @@ class Scaler:
             direction,
             path,
             ranks,
-            ",".join(event["nodes"]),
+            ",".join(event.nodes),
             sources,
-            ",".join(event["source_nodes"]) or "-",
+            ",".join(event.source_nodes) or "-",
             seconds,
             nbytes,
         )

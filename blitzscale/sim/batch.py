@@ -24,6 +24,7 @@ from blitzscale.client.report import write_report
 from blitzscale.client.summary import Summary, summarize
 from blitzscale.demo.result import RunResult
 from blitzscale.errors import InvalidRequestError
+from blitzscale.serve.events import events_json
 from blitzscale.sim.config import SimConfigError, SimModel, SimPreset, load_model, load_preset
 from blitzscale.sim.runner import SimSetup, sim_report_info, simulate
 
@@ -91,7 +92,7 @@ def sim_executor(preset: SimPreset) -> Execute:
         summary = replace(summary, gpu_seconds=res.gpu_seconds)
         write_records(run_dir / "requests.jsonl", res.records)
         info = sim_report_info(run.policy, res.states)
-        report = write_report(run_dir, res.records, summary, res.samples, res.events, info)
+        report = write_report(run_dir, res.records, summary, res.samples, events_json(res.events), info)
         return RunResult(run.policy, summary, res.records, res.samples, res.events, report)
 
     return execute

@@ -13,15 +13,24 @@ import itertools
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from typing import Any
 
 from blitzscale import clock
+from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
+from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
 from blitzscale.control.costmodel import CostReport, Profile
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateMsg, HelloMsg, KVSentMsg, Message, ProfileMsg, ReplyMsg
+from blitzscale.messages import (
+    ActivateResult,
+    HelloMsg,
+    HostCopyResult,
+    KVSentMsg,
+    LoadResult,
+    Message,
+    ReleaseResult,
+)
 from blitzscale.sim.cores import HostCores
 from blitzscale.sim.engine import EngineShape, Recorder, SimEngine
 from blitzscale.sim.links import Links, Topology
@@ -93,8 +102,9 @@ class SimCluster:
     def dead_now(self) -> set[int]:
         return set()
 
-    def status(self) -> dict[str, Any]:
-        return {"alive": self.alive_ranks(), "dead": [], "pool": self.pool.snapshot()}
+    def status(self) -> ClusterStatus:
+        alive = tuple(self.alive_ranks())
+        return ClusterStatus(alive=alive, dead=(), nodes=self.nodes(), pool=self.pool.snapshot())
 
     def next_op(self) -> int:
         return next(self._ops)
@@ -122,7 +132,7 @@ class SimCluster:
 
     async def load(
         self, model: str, rank: int, source: str, *, max_bytes_per_s: float = 0.0, cold: bool = False
-    ) -> dict[str, Any]:
+    ) -> LoadResult:
         nbytes = self.profile.weight_bytes
         async with AsyncExitStack() as stack:
             await self._hold(stack, [rank])
@@ -136,7 +146,7 @@ class SimCluster:
             with self.links.using(links):
                 await asyncio.sleep(seconds)
             self.pool.commit_load(model, [rank])
-        return {"seconds": seconds, "bytes": nbytes}
+        return LoadResult(path="disk", bytes=nbytes, seconds=seconds)
 
     async def transfer(
         self,
@@ -146,9 +156,9 @@ class SimCluster:
         targets: list[int],
         *,
         from_host: bool = False,
-        live: dict[int, Message] | None = None,
-        on_live: Callable[[ReplyMsg], None] | None = None,
-    ) -> dict[int, dict[str, Any]]:
+        live: dict[int, Activation] | None = None,
+        on_live: Callable[[LiveStart], None] | None = None,
+    ) -> dict[int, TransferResult]:
         if any(t in self.pool.gpu_holders(model) for t in targets):
             raise BlitzScaleError(f"a target of {targets} already holds {model}")
         async with AsyncExitStack() as stack:
@@ -171,9 +181,9 @@ class SimCluster:
         sources: list[int],
         targets: list[int],
         from_host: bool,
-        live: dict[int, Message] | None,
-        on_live: Callable[[ReplyMsg], None] | None,
-    ) -> dict[int, dict[str, Any]]:
+        live: dict[int, Activation] | None,
+        on_live: Callable[[LiveStart], None] | None,
+    ) -> dict[int, TransferResult]:
         nbytes = self.profile.weight_bytes
         if from_host:
             holder = sources[0] if sources else 0
@@ -187,36 +197,29 @@ class SimCluster:
             seconds = max(self.links.multicast_seconds(s, t, nbytes, self.piece_bytes) for s, t in groups)
             first = 2 * self.piece_bytes / self.links.rate(links) + self.topo.latency_s
         t0 = clock.now()
-        for rank, msg in (live or {}).items():  # ZigZag: engines start before weights land
-            assert isinstance(msg, ActivateMsg)
-            self._start_engine(rank, msg, loaded_at=t0 + seconds, first_layers_at=t0 + first)
+        for rank, act in (live or {}).items():  # ZigZag: engines start before weights land
+            self._start_engine(rank, act, loaded_at=t0 + seconds, first_layers_at=t0 + first)
             if on_live is not None:
-                on_live(ReplyMsg(op_id=msg.op_id, rank=rank, ok=True, result=self._engine_info(msg)))
+                on_live(LiveStart(rank, self._engine_info(act)))
         with self.links.using(links):
             await asyncio.sleep(seconds)
-        return {
-            t: {
-                "seconds": seconds,
-                "first_layer_s": first,
-                "bytes": nbytes,
-                "senders_done_s": seconds,
-                "replied_s": seconds,
-            }
-            for t in targets
-        }
+        done = TransferResult(
+            seconds=seconds, first_layer_s=first, bytes=nbytes, senders_done_s=seconds, replied_s=seconds
+        )
+        return dict.fromkeys(targets, done)
 
-    async def cache_on_host(self, model: str, rank: int) -> dict[str, Any]:
+    async def cache_on_host(self, model: str, rank: int) -> HostCopyResult:
         self.pool.add_host_copy(model, rank)
-        return {"bytes": self.profile.weight_bytes}
+        return HostCopyResult(bytes=self.profile.weight_bytes, pinned=True)  # (the host links' rates)
 
     async def release_host_copy(self, model: str) -> None:
         self.pool.drop_host_copy(model)
 
     # --- serving ------------------------------------------------------------------------
 
-    def _shape(self, msg: ActivateMsg) -> EngineShape:
+    def _shape(self, act: Activation) -> EngineShape:
         # (what is 0 is sized as a worker's engine sizes it: for a GPU, unless told already)
-        e, p = msg.engine.for_device("cuda"), self.profile
+        e, p = act.engine.for_device("cuda"), self.profile
         return EngineShape(
             block_size=e.block_size,
             max_num_batched_tokens=e.max_num_batched_tokens,
@@ -225,21 +228,21 @@ class SimCluster:
             kv_blocks=e.num_kv_blocks or max(1, p.kv_tokens // e.block_size),
         )
 
-    def _engine_info(self, msg: ActivateMsg) -> dict[str, Any]:
+    def _engine_info(self, act: Activation) -> ActivateResult:
         """What a worker's activation reply says: its KV blocks and context limit."""
-        shape = self._shape(msg)
-        return {"num_kv_blocks": shape.kv_blocks, "max_model_len": shape.max_model_len}
+        shape = self._shape(act)
+        return ActivateResult(num_kv_blocks=shape.kv_blocks, max_model_len=shape.max_model_len)
 
     def _start_engine(
-        self, rank: int, msg: ActivateMsg, loaded_at: float | None = None, first_layers_at: float = 0.0
+        self, rank: int, act: Activation, loaded_at: float | None = None, first_layers_at: float = 0.0
     ) -> None:
         if rank in self.engines:
             raise BlitzScaleError(f"rank {rank} is already serving")
         e = SimEngine(
             rank=rank,
-            role=msg.role,
+            role=act.role,
             profile=self.profile,
-            shape=self._shape(msg),
+            shape=self._shape(act),
             emit=self._emit,
             recorder=self.recorder,
             kv_move=self._kv_move,
@@ -252,12 +255,12 @@ class SimCluster:
         if loaded_at is not None:
             e.live_events(first_layers_at)
 
-    async def activate(self, msgs: dict[int, ActivateMsg]) -> dict[int, dict[str, Any]]:
+    async def activate(self, ranks: dict[int, Activation]) -> dict[int, ActivateResult]:
         async with AsyncExitStack() as stack:
-            await self._hold(stack, list(msgs))
-            for rank, msg in msgs.items():
-                self._start_engine(rank, msg)
-        return {rank: self._engine_info(msg) for rank, msg in msgs.items()}
+            await self._hold(stack, list(ranks))
+            for rank, act in ranks.items():
+                self._start_engine(rank, act)
+        return {rank: self._engine_info(act) for rank, act in ranks.items()}
 
     async def set_role(self, rank: int, role: Role) -> None:
         self.engines[rank].role = role
@@ -270,24 +273,24 @@ class SimCluster:
             e.stop()
             del self.engines[rank]
 
-    async def release(self, model: str, rank: int, host_copy: bool = False) -> dict[str, Any]:
+    async def release(self, model: str, rank: int, host_copy: bool = False) -> ReleaseResult:
         async with AsyncExitStack() as stack:
             await self._hold(stack, [rank])
             self.pool.release(model, rank)
             if host_copy and self.pool.host_holder(model) == rank:
                 self.pool.drop_host_copy(model)
             self._lost(rank)
-        return {"freed_bytes": self.profile.weight_bytes}
+        return ReleaseResult(freed_bytes=self.profile.weight_bytes)
 
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         return "simulated"
 
-    async def cost_report(self, rank: int, msg: ProfileMsg) -> CostReport:
+    async def cost_report(self, rank: int, query: CostQuery) -> CostReport:
         """A simulated GPU costs what its profile says."""
         p = self.profile
         return CostReport(p.device, p.weight_bytes, p.kv_bytes_per_token, p.num_layers, p, cached=True)
 
-    async def respawn(self, rank: int) -> dict[str, Any]:
+    async def respawn(self, rank: int) -> RespawnResult:
         raise BlitzScaleError("simulated workers do not die")
 
     def kill(self, rank: int) -> None:

@@ -15,6 +15,7 @@ from blitzscale.client.record import write_records
 from blitzscale.client.report import write_report
 from blitzscale.client.summary import summarize
 from blitzscale.client.traces import TraceRequest
+from blitzscale.serve.events import events_json
 from blitzscale.sim.runner import SimSetup, fixed_counts, sim_report_info, simulate
 
 
@@ -61,7 +62,7 @@ def run_policies(
             }
             (folder / "summary.json").write_text(json.dumps(body, indent=2) + "\n")
             info = sim_report_info(policy, res.states)
-            write_report(folder, res.records, summary, res.samples, res.events, info)
+            write_report(folder, res.records, summary, res.samples, events_json(res.events), info)
             rows.append(
                 {
                     "policy": policy,
@@ -72,10 +73,8 @@ def run_policies(
                     "tbt_p99_s": summary.tbt_s.p99,
                     "slo_attainment": summary.slo_attainment,
                     "gpu_seconds": round(res.gpu_seconds, 1),
-                    "scale_ups": sum(1 for e in res.events if e["direction"] == "up"),
-                    "disk_loads": sum(
-                        1 for e in res.events if e["direction"] == "up" and e["path"] == "disk"
-                    ),
+                    "scale_ups": sum(1 for e in res.events if e.is_up),
+                    "disk_loads": sum(1 for e in res.events if e.is_up and e.path == "disk"),
                     "peak_instances": list(res.peak),
                     "sim_wall_s": round(res.sim_wall_s, 2),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%S"),

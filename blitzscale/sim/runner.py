@@ -27,6 +27,7 @@ from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import BlitzScaleError
 from blitzscale.serve.config import SERVE_ENGINE
 from blitzscale.serve.controlplane import ControlPlaneSpec, build_control_plane
+from blitzscale.serve.events import ScaleEvent
 from blitzscale.serve.models import ScaledModel, ServedModel
 from blitzscale.serve.router import Router, RouterConfig
 from blitzscale.sim import clock as sim_clock
@@ -76,7 +77,7 @@ class SimResult:
     samples: list[tuple[float, int]]
     states: list[tuple[float, dict[str, int]]]  # instances by state, sampled with `samples`
     peak: tuple[int, int]  # most prefill-side and decode instances serving at once
-    events: list[dict[str, Any]]
+    events: list[ScaleEvent]  # times from the trace's start
     gpu_seconds: float
     sim_wall_s: float
     messages: int
@@ -185,7 +186,7 @@ async def _run(
     sampling.cancel()
     await control.stop()
     await cluster.stop()
-    events = [{**e, "time": e["time"] - t0} for e in scaler.events]
+    events = [e.shifted(t0) for e in scaler.events]
     return SimResult(
         policy=policy,
         records=[r for r in records if r is not None],

@@ -18,6 +18,7 @@ import torch
 from blitzscale.checkpoint import native
 from blitzscale.checkpoint.pack import copy_weights
 from blitzscale.errors import CheckpointError
+from blitzscale.messages import LoadResult
 from blitzscale.model.weights import ModelWeights
 
 CHUNK_BYTES = 64 << 20
@@ -90,7 +91,7 @@ def load_native(
     chunk_bytes: int = CHUNK_BYTES,
     direct: bool = False,
     max_bytes_per_s: float = 0.0,
-) -> tuple[ModelWeights, dict[str, float | int | str]]:
+) -> tuple[ModelWeights, LoadResult]:
     """`max_bytes_per_s` caps the read rate (0: none), to reproduce a slower disk."""
     path = native.rank_file(folder, rank)
     device = torch.device(device)
@@ -117,14 +118,15 @@ def load_native(
         os.close(fd)
     first_layer_at = weights.readiness.first_ready_at(1)
     seconds = time.perf_counter() - t0
-    stats = {
-        "bytes": weights.layout.nbytes,
-        "seconds": seconds,
-        "GBps": weights.layout.nbytes / seconds / 1e9,
-        "first_layer_s": (first_layer_at - t0) if first_layer_at else seconds,
-        "direct_io": int(used_direct),
-        "readers": readers,
-    }
+    stats = LoadResult(
+        path="disk",
+        bytes=weights.layout.nbytes,
+        seconds=seconds,
+        GBps=weights.layout.nbytes / seconds / 1e9,
+        first_layer_s=(first_layer_at - t0) if first_layer_at else seconds,
+        direct_io=used_direct,
+        readers=readers,
+    )
     if dtype is not None and dtype != weights.dtype:
         lay = weights.layout
         cast = ModelWeights.empty(weights.config, dtype, device, lay.tp_size, lay.tp_rank)

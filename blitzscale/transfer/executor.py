@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import TransferMsg
+from blitzscale.messages import TransferMsg, TransferRankResult
 from blitzscale.model.layout import WeightLayout
 from blitzscale.model.readiness import SegmentReadiness
 from blitzscale.transfer.plan import Piece, make_pieces, pieces_per_segment, role_of
@@ -53,16 +53,18 @@ class TransferStats:
     is_target: bool = False
     ready_order: list[int] = field(default_factory=list)  # segments, in the order they became ready
 
-    def as_result(self) -> dict[str, float | int | bool | None]:
-        return {
-            "start": self.start,
-            "first_layer_at": self.first_layer_at,
-            "done_at": self.done_at,
-            "bytes_received": self.bytes_received,
-            "bytes_sent": self.bytes_sent,
-            "is_target": self.is_target,
-            "ready_order": self.ready_order,
-        }
+    def as_result(self, received_at: float) -> TransferRankResult:
+        """The reply's result; `received_at`: when the command reached the rank."""
+        return TransferRankResult(
+            start=self.start,
+            received_at=received_at,
+            done_at=self.done_at if self.done_at is not None else time.time(),
+            first_layer_at=self.first_layer_at,
+            bytes_received=self.bytes_received,
+            bytes_sent=self.bytes_sent,
+            is_target=self.is_target,
+            ready_order=list(self.ready_order),
+        )
 
 
 _MAX_STAGED = 4

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from blitzscale.checkpoint import load_weights, resolve_model
+from blitzscale.messages import LoadResult
 from blitzscale.model.weights import ModelWeights
 from blitzscale.transfer.disk import load_native
 
@@ -18,7 +21,7 @@ def load_local(
     readers: int,
     direct_io: bool = False,
     max_bytes_per_s: float = 0.0,
-) -> tuple[ModelWeights, dict[str, float | int | str]]:
+) -> tuple[ModelWeights, LoadResult]:
     """Weights on `device`, and how they came (path, bytes, seconds)."""
     src = resolve_model(spec)
     if src.kind == "native":
@@ -31,6 +34,8 @@ def load_local(
             direct=direct_io,
             max_bytes_per_s=max_bytes_per_s,
         )
-        return weights, {"path": "disk", **stats}
+        return weights, stats
+    t = time.perf_counter()
     weights = load_weights(src, dtype=dtype, device=device, tp_size=tp_size, tp_rank=tp_rank)
-    return weights, {"path": "random" if src.kind == "random" else "disk", "bytes": weights.layout.nbytes}
+    path = "random" if src.kind == "random" else "disk"
+    return weights, LoadResult(path=path, bytes=weights.layout.nbytes, seconds=time.perf_counter() - t)

@@ -28,6 +28,7 @@ from blitzscale.engine.work import StepTally
 from blitzscale.errors import BlitzScaleError, KVIntegrityError
 from blitzscale.messages import (
     ActivateMsg,
+    ActivateResult,
     GenerateMsg,
     KVFailedMsg,
     KVReadyMsg,
@@ -101,7 +102,7 @@ class ServingLoop:
 
     def activate(
         self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg, engine: LLMEngine | None = None
-    ) -> dict[str, Any]:
+    ) -> ActivateResult:
         """Serve `weights` with a new engine, or with `engine`, built on them beforehand."""
         if self.engine is not None:
             raise BlitzScaleError(f"rank {self.rank} is already serving")
@@ -128,7 +129,7 @@ class ServingLoop:
         if msg.live:  # a TP target runs a segment once every shard has it
             self.ready = InstanceReadiness(weights.readiness, tp) if tp is not None else None
             self.engine.start_live(self.ready)
-        return {"num_kv_blocks": total, "max_model_len": self.engine.max_model_len}
+        return ActivateResult(num_kv_blocks=total, max_model_len=self.engine.max_model_len)
 
     def deactivate(self) -> None:
         if not self.is_idle:

@@ -30,20 +30,30 @@ from blitzscale.errors import BlitzScaleError
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.messages import (
     ActivateMsg,
+    ActivateResult,
     ChecksumMsg,
+    ChecksumResult,
     DeactivateMsg,
     HelloMsg,
     HostCacheMsg,
+    HostCopyResult,
     InstanceLinkMsg,
     LinkMsg,
+    LinkResult,
     LoadMsg,
+    LoadResult,
     Message,
+    NoResult,
     ProfileMsg,
+    ProfileResult,
     ReleaseMsg,
+    ReleaseResult,
     ReplyMsg,
+    ReplyResult,
     SetRoleMsg,
     ShutdownMsg,
     TransferMsg,
+    TransferRankResult,
     decode,
     worker_frames,
 )
@@ -231,7 +241,7 @@ class Worker:
                 if msg is None:
                     continue
                 if isinstance(msg, ShutdownMsg):
-                    self._reply(msg.op_id, True, {})
+                    self._reply(msg.op_id, True, NoResult())
                     return
                 self._handle_control(msg)
             if self.data is not None and self.data in events:
@@ -262,9 +272,9 @@ class Worker:
                 return
             self._reply(op_id, True, self.handle(msg))
         except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
-            self._reply(op_id, False, {}, f"{type(e).__name__}: {e}")
+            self._reply(op_id, False, NoResult(), f"{type(e).__name__}: {e}")
 
-    def _reply(self, op_id: int, ok: bool, result: dict[str, Any], error: str = "") -> None:
+    def _reply(self, op_id: int, ok: bool, result: ReplyResult, error: str = "") -> None:
         self._send_control(ReplyMsg(op_id=op_id, rank=self.rank, ok=ok, error=error, result=result))
 
     def _start_transfer(self, msg: TransferMsg) -> None:
@@ -277,10 +287,11 @@ class Worker:
         self._in_transfer = True
 
         def run() -> None:
+            result: ReplyResult
             try:
                 result, ok, err = self._transfer(msg), True, ""
             except Exception as e:  # any failure is the transfer's, answered, never a dead thread
-                result, ok, err = {}, False, f"{type(e).__name__}: {e}"
+                result, ok, err = NoResult(), False, f"{type(e).__name__}: {e}"
             # Before the reply leaves: the controller may send the next command (activate,
             # the next transfer) the moment it has it, and the main thread settles first.
             self._ended.put((msg.model, err))
@@ -327,7 +338,7 @@ class Worker:
                 ok, err = True, ""
             except Exception as e:  # answered, never a dead thread
                 ok, err = False, f"{type(e).__name__}: {e}"
-            result = {"seconds": time.perf_counter() - t}
+            result = LinkResult(seconds=time.perf_counter() - t)
             reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
             self._reply_from_thread(reply)
 
@@ -338,10 +349,11 @@ class Worker:
         was respawned), on a thread: every member builds it at once."""
 
         def run() -> None:
+            result: ReplyResult
             try:
-                result, ok, err = {"seconds": self.links.connect_instance(msg.incarnations)}, True, ""
+                result, ok, err = LinkResult(seconds=self.links.connect_instance(msg.incarnations)), True, ""
             except Exception as e:  # answered, never a dead thread
-                result, ok, err = {}, False, f"{type(e).__name__}: {e}"
+                result, ok, err = NoResult(), False, f"{type(e).__name__}: {e}"
             reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
             self._reply_from_thread(reply)
 
@@ -376,7 +388,7 @@ class Worker:
 
     # --- commands ----------------------------------------------------------------------
 
-    def handle(self, msg: Message) -> dict[str, Any]:
+    def handle(self, msg: Message) -> ReplyResult:
         if isinstance(msg, LoadMsg):
             return self._load(msg)
         if isinstance(msg, HostCacheMsg):
@@ -395,13 +407,13 @@ class Worker:
             if engine is not None:  # its weights' release may make it the standby again
                 self._retired = (self.serving_model, engine)
             self.serving_model = ""
-            return {}
+            return NoResult()
         if isinstance(msg, SetRoleMsg):
             self.serving.role = msg.role
-            return {}
+            return NoResult()
         raise ValueError(f"worker cannot handle {type(msg).__name__}")
 
-    def _load(self, msg: LoadMsg) -> dict[str, Any]:
+    def _load(self, msg: LoadMsg) -> LoadResult:
         if msg.model in self.models:
             raise ValueError(f"rank {self.rank} already holds {msg.model}")
         t = time.perf_counter()
@@ -418,9 +430,9 @@ class Worker:
         )
         _sync(self.device)
         self.models[msg.model] = weights
-        return {**stats, "seconds": time.perf_counter() - t, "bytes": weights.layout.nbytes}
+        return msgspec.structs.replace(stats, seconds=time.perf_counter() - t, bytes=weights.layout.nbytes)
 
-    def _transfer(self, msg: TransferMsg) -> dict[str, Any]:
+    def _transfer(self, msg: TransferMsg) -> TransferRankResult:
         received_at = time.time()
         fresh = self.loading.get(msg.model)
         weights = fresh or self.models.get(msg.model)
@@ -441,12 +453,12 @@ class Worker:
         # No device-wide synchronize here: every piece's completion was observed on its own
         # event, and a synchronize would also wait for the engine's work, which on a busy
         # source never pauses (a 44 ms transfer was reported done after 4.4 s).
-        return {**stats.as_result(), "received_at": received_at}
+        return stats.as_result(received_at)
 
-    def _host_cache(self, msg: HostCacheMsg) -> dict[str, Any]:
+    def _host_cache(self, msg: HostCacheMsg) -> HostCopyResult | NoResult:
         if not msg.keep:
             self.host_copies.pop(msg.model, None)
-            return {}
+            return NoResult()
         if msg.model in self.host_copies:
             raise ValueError(f"rank {self.rank} already has a host copy of {msg.model}")
         weights = self.models.get(msg.model)
@@ -459,9 +471,9 @@ class Worker:
         host.buffer.copy_(weights.buffer)
         host.readiness.mark_all_ready()
         self.host_copies[msg.model] = host
-        return {"bytes": host.layout.nbytes, "pinned": pin}
+        return HostCopyResult(bytes=host.layout.nbytes, pinned=pin)
 
-    def _activate(self, msg: ActivateMsg) -> dict[str, Any]:
+    def _activate(self, msg: ActivateMsg) -> ActivateResult:
         weights = self.models.get(msg.model)
         if weights is None and msg.live:  # a live target: serve what has landed so far
             weights = self.loading.get(msg.model)
@@ -473,14 +485,15 @@ class Worker:
         standby = self.standby.take_engine(weights, msg.engine)
         result = self.serving.activate(weights, self._tokenizer(msg.source).result(), msg, standby)
         self.serving_model = msg.model
-        return {**result, "standby": standby is not None, "engine_s": time.perf_counter() - t}
+        took = time.perf_counter() - t
+        return msgspec.structs.replace(result, standby=standby is not None, engine_s=took)
 
     def _tokenizer(self, source: str) -> Future[Any]:
         if source not in self._tokenizers:
             self._tokenizers[source] = self._loader.submit(lambda: load_tokenizer(resolve_model(source)))
         return self._tokenizers[source]
 
-    def _release(self, msg: ReleaseMsg) -> dict[str, Any]:
+    def _release(self, msg: ReleaseMsg) -> ReleaseResult:
         if msg.model == self.serving_model:
             raise ValueError(f"rank {self.rank} is serving {msg.model}; deactivate it first")
         if self.follower is not None and self.follower.model_name == msg.model:
@@ -498,33 +511,33 @@ class Worker:
         free_device_memory(self.device)
         if not kept:  # (after a disk load dropped it, or a failed live load lost it)
             self.standby.arm()
-        return {"freed_bytes": freed, "device_bytes_in_use": self.device_bytes_in_use(), "standby": kept}
+        return ReleaseResult(freed_bytes=freed, device_bytes_in_use=self.device_bytes_in_use(), standby=kept)
 
-    def _checksum(self, msg: ChecksumMsg) -> dict[str, Any]:
+    def _checksum(self, msg: ChecksumMsg) -> ChecksumResult:
         store = self.host_copies if msg.host_copy else self.models
         weights = store.get(msg.model)
         if weights is None:
             raise ValueError(
                 f"rank {self.rank} holds no {'host' if msg.host_copy else 'device'} copy of {msg.model}"
             )
-        return {
-            "checksum": buffer_checksum(weights.buffer),
-            "dtype": dtype_name(weights.dtype),
-            "bytes": weights.layout.nbytes,
-        }
+        return ChecksumResult(
+            checksum=buffer_checksum(weights.buffer),
+            dtype=dtype_name(weights.dtype),
+            bytes=weights.layout.nbytes,
+        )
 
-    def _profile(self, msg: ProfileMsg) -> dict[str, Any]:
+    def _profile(self, msg: ProfileMsg) -> ProfileResult:
         """This device's name, the model's shape and, if asked, its cost model here (from
         the cache folder when it was measured before): a CostReport's fields."""
         config = load_config(resolve_model(msg.source))
         dtype = parse_dtype(self.cfg.dtype)
         layout = build_layout(config, torch.empty((), dtype=dtype).element_size())
-        out: dict[str, Any] = {
-            "device_name": costprobe.device_name(self.device),
-            "weight_bytes": layout.nbytes,
-            "kv_bytes_per_token": KVCache.bytes_per_block(config, 1, dtype),
-            "num_layers": config.num_layers,
-        }
+        out = ProfileResult(
+            device_name=costprobe.device_name(self.device),
+            weight_bytes=layout.nbytes,
+            kv_bytes_per_token=KVCache.bytes_per_block(config, 1, dtype),
+            num_layers=config.num_layers,
+        )
         if not msg.measure:
             return out
         key = costprobe.cache_key(config, dtype, self.device, msg.engine.for_device(self.device.type))
@@ -539,7 +552,7 @@ class Worker:
         took = time.perf_counter() - t
         how = "read back" if cached else "measured"
         log.info("rank %d: cost model of %s %s in %.2f s", self.rank, msg.model, how, took)
-        return {**out, "profile": profile.to_json(), "cached": cached, "probe_s": took}
+        return msgspec.structs.replace(out, profile=profile, cached=cached, probe_s=took)
 
     def _measure(self, msg: ProfileMsg, config: Any, dtype: torch.dtype) -> Profile:
         engine_cfg = msg.engine.for_device(self.device.type)

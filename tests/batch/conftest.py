@@ -14,6 +14,7 @@ from blitzscale.batch.template import load_template
 from blitzscale.client.record import RequestRecord
 from blitzscale.client.summary import Summary, summarize
 from blitzscale.demo.result import RunResult
+from blitzscale.serve.events import ScaleEvent
 
 TRACE_CSV = "timestamp_ms,prefill,decode\n0,10,4\n500,20,4\n1000,30,4\n1500,40,4\n"
 
@@ -53,15 +54,18 @@ def result(policy: str, ok: bool = True, ttft_s: float = 0.1, ref: Summary | Non
         instance_samples=[(0.0, 1), (1.0, 2), (2.0, 2)],
     )
     events = [
-        {
-            "time": 0.5,
-            "direction": "up",
-            "path": "network",
-            "ranks": [1],
-            "sources": [0],
-            "seconds": 0.1,
-            "bytes": 1000,
-        }
+        ScaleEvent(
+            model="m",
+            time=0.5,
+            direction="up",
+            path="network",
+            ranks=(1,),
+            sources=(0,),
+            seconds=0.1,
+            bytes=1000,
+            nodes=("local",),
+            source_nodes=("local",),
+        )
     ]
     return RunResult(policy, summary, recs, [(0.0, 1), (2.0, 2)], events if ok else [])
 

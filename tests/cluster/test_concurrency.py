@@ -14,6 +14,7 @@ import pytest
 from blitzscale.checkpoint.convert import convert
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import LocalCluster
+from blitzscale.messages import LoadResult
 
 M = "tiny"
 SRC = "random:tiny-llama3"
@@ -35,7 +36,7 @@ def cluster() -> Iterator[LocalCluster]:
 
 def _rate(c: LocalCluster) -> float:
     """Bytes per second that make one copy of the model take SLOW_S to move."""
-    size = asyncio.run(c.load(M, 0, SRC))["bytes"]
+    size = asyncio.run(c.load(M, 0, SRC)).bytes
     asyncio.run(c.release(M, 0))
     return size / SLOW_S
 
@@ -49,15 +50,15 @@ async def _timed(aw: Awaitable[T]) -> tuple[float, float, T]:
 def test_disk_loads_on_two_ranks_overlap(cluster: LocalCluster, tiny_dir: Path) -> None:
     rate = _rate(cluster)
 
-    async def both() -> list[tuple[float, float, Any]]:
+    async def both() -> list[tuple[float, float, LoadResult]]:
         loads = [cluster.load(M, r, str(tiny_dir), max_bytes_per_s=rate) for r in (1, 2)]
         return await asyncio.gather(*(_timed(x) for x in loads))
 
     t0 = time.monotonic()
     (s1, e1, r1), (s2, e2, r2) = asyncio.run(both())
     wall = time.monotonic() - t0
-    own = r1["seconds"] + r2["seconds"]  # each load's own time, measured on its worker
-    assert min(r1["seconds"], r2["seconds"]) >= 0.8 * SLOW_S  # the cap held
+    own = r1.seconds + r2.seconds  # each load's own time, measured on its worker
+    assert min(r1.seconds, r2.seconds) >= 0.8 * SLOW_S  # the cap held
     assert wall < 0.8 * own, f"two {SLOW_S} s loads took {wall:.1f} s: they ran one after the other"
     assert s2 < e1 and s1 < e2
     for r in (1, 2):

@@ -45,7 +45,7 @@ def _reset(c: Blocking) -> None:
 def test_world_is_warm_and_disk_load_marks_every_segment(cluster: Blocking, smollm2_dir: Path) -> None:
     assert sorted(cluster.hellos) == [0, 1, 2, 3]
     res = cluster.load(M, 0, str(smollm2_dir))
-    assert res["path"] == "disk" and res["bytes"] > 500e6
+    assert res.path == "disk" and res.bytes > 500e6 and res.seconds > 0
     assert cluster.pool.gpu_holders(M) == [0]
     _reset(cluster)
 
@@ -59,9 +59,9 @@ def test_chain_multicast_to_three_targets_is_bit_identical_in_layer_order(
     num_segments = 32  # embed + 30 layers + head
     for r in (1, 2, 3):
         assert cluster.checksum(M, r) == ref
-        order = report[r]["ready_order"]
-        assert order == list(range(num_segments)), f"rank {r} readiness order {order}"
-        assert report[r]["first_layer_s"] < report[r]["seconds"]
+        order = report[r].ready_order
+        assert order == tuple(range(num_segments)), f"rank {r} readiness order {order}"
+        assert report[r].first_layer_s < report[r].seconds
     assert cluster.pool.gpu_holders(M) == [0, 1, 2, 3]
     _reset(cluster)
 
@@ -72,7 +72,7 @@ def test_striped_from_two_sources_is_bit_identical(cluster: Blocking, smollm2_di
     cluster.transfer(M, str(smollm2_dir), [0], [1])
     report = cluster.transfer(M, str(smollm2_dir), [0, 1], [2, 3])
     for r in (2, 3):
-        assert report[r]["bytes"] == report[2]["bytes"] > 500e6
+        assert report[r].bytes == report[2].bytes > 500e6
         assert cluster.checksum(M, r) == ref
     _reset(cluster)
 
@@ -80,7 +80,8 @@ def test_striped_from_two_sources_is_bit_identical(cluster: Blocking, smollm2_di
 def test_scale_from_zero_uses_the_one_host_copy(cluster: Blocking, smollm2_dir: Path) -> None:
     cluster.load(M, 0, str(smollm2_dir))
     ref = cluster.checksum(M, 0)
-    cluster.cache_on_host(M, 0)
+    copy = cluster.cache_on_host(M, 0)
+    assert copy.bytes > 500e6 and copy.pinned is False  # (CPU workers: nothing to pin for)
     with pytest.raises(PoolError, match="one host copy"):
         cluster.cache_on_host(M, 0)
     cluster.transfer(M, str(smollm2_dir), [0], [1])
@@ -99,7 +100,7 @@ def test_scale_from_zero_uses_the_one_host_copy(cluster: Blocking, smollm2_dir: 
 def test_release_returns_the_memory(cluster: Blocking, smollm2_dir: Path) -> None:
     cluster.load(M, 2, str(smollm2_dir))
     res = cluster.release(M, 2)
-    assert res["freed_bytes"] > 500e6 and res["device_bytes_in_use"] == 0
+    assert res.freed_bytes > 500e6 and res.device_bytes_in_use == 0 and res.standby is False
     assert cluster.pool.models_on(2) == []
 
 
@@ -164,6 +165,6 @@ def test_configured_bandwidth_cap_slows_a_transfer_to_its_rate(smollm2_dir: Path
     with LocalCluster(ClusterConfig(num_workers=2, transfer_bytes_per_s=rate)).blocking as c:
         c.load(M, 0, str(smollm2_dir))
         report = c.transfer(M, str(smollm2_dir), [0], [1], piece_bytes=8 << 20)
-        nbytes = report[1]["bytes"]
-        assert report[1]["seconds"] >= 0.9 * nbytes / rate
+        nbytes = report[1].bytes
+        assert report[1].seconds >= 0.9 * nbytes / rate and report[1].GBps <= 1.1 * rate / 1e9
         assert c.checksum(M, 1) == c.checksum(M, 0)

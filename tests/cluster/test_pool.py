@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blitzscale.cluster.pool import ParameterPool, PoolError
+from blitzscale.cluster.pool import CopiesView, ParameterPool, PoolError
 
 
 def test_one_host_copy_per_model_in_the_whole_cluster() -> None:
@@ -40,4 +40,4 @@ def test_a_dead_rank_holds_nothing() -> None:
     pool.commit_load("m", [0, 1])
     pool.add_host_copy("m", 1)
     pool.forget_rank(1)
-    assert pool.snapshot() == {"m": {"gpu": [0], "loading": [], "host": None}}
+    assert pool.snapshot() == {"m": CopiesView(gpu=(0,), loading=(), host=None)}

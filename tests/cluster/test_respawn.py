@@ -30,7 +30,7 @@ def test_a_respawned_worker_takes_and_gives_weights_over_rebuilt_links(cluster: 
         cluster.checksum(M, 1)
 
     res = cluster.respawn(1)
-    assert res["incarnation"] == 1 and cluster.restarts[1] == 1
+    assert res.rank == 1 and res.incarnation == 1 and cluster.restarts[1] == 1
     assert cluster.alive_ranks() == [0, 1, 2] and cluster.hellos[1].incarnation == 1
     assert cluster.pool.gpu_holders(M) == [0, 2]  # the new process holds nothing
     cluster.transfer(M, SRC, [2], [1])  # the rebuilt link 2-1
@@ -43,7 +43,7 @@ def test_a_respawned_worker_takes_and_gives_weights_over_rebuilt_links(cluster: 
     assert cluster.checksum(M, 2) == ref
 
     _kill(cluster, 1)  # a second death: the next incarnation
-    assert cluster.respawn(1)["incarnation"] == 2
+    assert cluster.respawn(1).incarnation == 2
     cluster.transfer(M, SRC, [0, 2], [1])  # striped from both survivors
     assert cluster.checksum(M, 1) == ref
 

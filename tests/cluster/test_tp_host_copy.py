@@ -23,7 +23,7 @@ def test_a_tp2_host_copy_is_one_copy_of_shards_and_loads_shard_k_to_shard_k() ->
             b.cache_on_host(M, 1)
         res = b.cache_on_host(M, 0)
         assert c.pool.host_holder(M) == 0
-        assert res["bytes"] > 0
+        assert res.bytes > 0
         with pytest.raises(PoolError, match="one host copy"):
             b.cache_on_host(M, 0)
         for r in (0, 1):  # scale to zero: only the host copy is left

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import time
 
+from blitzscale.cluster.commands import Activation
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.core.config import EngineConfig
-from blitzscale.messages import ActivateMsg
+from blitzscale.messages import ActivateResult
 from tests.cluster.conftest import SRC, M
 
 ENGINE = EngineConfig(block_size=16, num_kv_blocks=16, max_model_len=256)
 
 
-def _activate(c: LocalCluster) -> dict:
-    msg = ActivateMsg(op_id=c.next_op(), model=M, source=SRC, role="colocated", engine=ENGINE)
-    return c.blocking.activate({0: msg})[0]
+def _activate(c: LocalCluster) -> ActivateResult:
+    return c.blocking.activate({0: Activation(model=M, source=SRC, role="colocated", engine=ENGINE)})[0]
 
 
 def test_a_dead_shard_brings_its_group_back_whole_with_a_rebuilt_instance_group() -> None:
@@ -25,7 +25,7 @@ def test_a_dead_shard_brings_its_group_back_whole_with_a_rebuilt_instance_group(
         b = c.blocking
         for r in (0, 1):
             b.load(M, r, SRC)
-        assert _activate(c)["num_kv_blocks"] == 16  # the follower built its cache (all_ok)
+        assert _activate(c).num_kv_blocks == 16  # the follower built its cache (all_ok)
         b.deactivate(0)
 
         c.kill(1)
@@ -38,10 +38,10 @@ def test_a_dead_shard_brings_its_group_back_whole_with_a_rebuilt_instance_group(
         assert c.find_dead() == [0]
         assert sorted(c.dead) == [0, 1] and c.pool.gpu_holders(M) == []
 
-        b.respawn(1)
+        assert b.respawn(1).incarnation == 1
         b.respawn(0)  # the last member back: the group is rebuilt among incarnations 1 and 1
         assert c.alive_ranks() == [0, 1] and c.incarnations == [1, 1]
         for r in (0, 1):
             b.load(M, r, SRC)
-        assert _activate(c)["num_kv_blocks"] == 16  # leads its shard over the rebuilt group
+        assert _activate(c).num_kv_blocks == 16  # leads its shard over the rebuilt group
         b.deactivate(0)

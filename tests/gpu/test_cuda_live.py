@@ -71,10 +71,10 @@ def test_live_scaling_over_nccl_keeps_tokens_and_serves_while_loading(tmp_path) 
             return outs
 
         assert lt.run(live_burst()) == ref
-        load = [e for e in scaler.events if e["ranks"] == [1]][-1]
-        assert load["seconds"] > 3
-        early = [rid for rid, t in first.items() if rid.startswith("live") and t < load["time"]]
-        when = {rid: round(t - load["time"], 2) for rid, t in first.items() if rid.startswith("live")}
+        load = [e for e in scaler.events if e.ranks == (1,)][-1]
+        assert load.seconds > 3
+        early = [rid for rid, t in first.items() if rid.startswith("live") and t < load.time]
+        when = {rid: round(t - load.time, 2) for rid, t in first.items() if rid.startswith("live")}
         stats = (load, router.live.relays_total, router.live.requests_total, router.live.layers_total, when)
         assert early, f"no request got its first token while the new instance was loading: {stats}"
         assert router.live.requests_total > 0 and router.live.layers_total > 0

@@ -27,13 +27,13 @@ def cluster(ray_cluster: Any) -> Iterator[Blocking]:
 def test_a_chain_across_nodes_gives_every_rank_the_same_bytes(cluster: Blocking) -> None:
     assert isinstance(cluster.spawner, RaySpawner)  # chosen by [cluster] backend
     nodes = cluster.nodes()
-    assert len(set(nodes)) == 2 and cluster.status()["nodes"] == list(nodes)
+    assert len(set(nodes)) == 2 and cluster.status().nodes == nodes
     cluster.load(M, 0, SRC)
     ref = cluster.checksum(M, 0)
     other = [r for r in range(4) if nodes[r] != nodes[0]]
     same = [r for r in range(1, 4) if nodes[r] == nodes[0]]
     report = cluster.transfer(M, SRC, [0], same + other)  # inside node A, then to node B
-    assert sorted(report) == sorted(same + other) and all(v["bytes"] > 0 for v in report.values())
+    assert sorted(report) == sorted(same + other) and all(v.bytes > 0 for v in report.values())
     assert all(cluster.checksum(M, r) == ref for r in range(4))
     cluster.release(M, other[0])
     cluster.transfer(M, SRC, [other[1]], [other[0]])  # inside node B
@@ -50,7 +50,7 @@ def test_a_killed_actor_is_found_dead_and_comes_back_on_its_node(cluster: Blocki
     assert cluster.find_dead() == [victim]
     assert victim not in cluster.alive_ranks() and victim not in cluster.pool.gpu_holders(M)
     res = cluster.respawn(victim)
-    assert res["incarnation"] == 1 and cluster.alive_ranks() == [0, 1, 2, 3]
+    assert res.incarnation == 1 and cluster.alive_ranks() == [0, 1, 2, 3]
     assert cluster.nodes()[victim] == nodes[victim]  # its bundle, its node
     cluster.transfer(M, SRC, [0], [victim])  # over the rebuilt link, across nodes or not
     assert cluster.checksum(M, victim) == cluster.checksum(M, 0)

@@ -155,16 +155,16 @@ def test_burst_scales_up_with_weights_crossing_nodes(served: Served) -> None:
     crossing = [
         e
         for e in service.scaler.events
-        if e["direction"] == "up"
-        and e["path"] == "network"
-        and any(nodes[t] != nodes[s] for t in e["ranks"] for s in e["sources"])
+        if e.direction == "up"
+        and e.path == "network"
+        and any(nodes[t] != nodes[s] for t in e.ranks for s in e.sources)
     ]
     assert crossing, service.scaler.events
     e = crossing[0]
-    assert set(e["source_nodes"]) == {nodes[s] for s in e["sources"]}
-    assert set(e["nodes"]) == {nodes[t] for t in e["ranks"]}
-    assert len(set(e["nodes"]) | set(e["source_nodes"])) == 2  # both nodes named
-    assert e["bytes"] > 0
+    assert set(e.source_nodes) == {nodes[s] for s in e.sources}
+    assert set(e.nodes) == {nodes[t] for t in e.ranks}
+    assert len(set(e.nodes) | set(e.source_nodes)) == 2  # both nodes named
+    assert e.bytes > 0
 
 
 def test_a_killed_worker_actor_is_detected_and_the_rest_keep_serving(served: Served) -> None:

@@ -111,17 +111,17 @@ def test_live_target_serves_while_loading_and_tokens_do_not_change(mode: str, wo
         assert outs[:4] == refs, "tokens changed under live scaling"
         assert len(set(map(tuple, outs))) > 1  # the prompts differ, so do the outputs
 
-        loads = [e for e in service.scaler.events if e["path"] == "network" and e["direction"] == "up"]
+        loads = [e for e in service.scaler.events if e.path == "network" and e.direction == "up"]
         live_load = loads[-1]
-        loaded_at = live_load["time"]
-        assert live_load["seconds"] > 4, live_load  # the cap made it slow
+        loaded_at = live_load.time
+        assert live_load.seconds > 4, live_load  # the cap made it slow
         early_live = [rid for rid, (t, live) in client.first.items() if live and t < loaded_at]
         assert early_live, f"no live request got its first token before the load ended: {client.first}"
         assert metric(service, "blitzscale_live_requests_total") >= len(early_live)
         assert metric(service, "blitzscale_live_layers_total") > 0
         assert metric(service, "blitzscale_live_relays_total") >= 1
 
-        target = service.router.instances[live_load["ranks"][0]]
+        target = service.router.instances[live_load.ranks[0]]
         seen = [b for _, _, b in target.transitions]
         assert seen[:1] == ["new_prefill"] and "refractory_prefill" in seen, seen
         wait_for(lambda: not service.router.live.pairs)  # drained: everyone is back to normal

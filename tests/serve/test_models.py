@@ -127,18 +127,18 @@ def test_two_models_serve_scale_to_zero_and_come_back_by_reclaiming_a_rank(
     assert len(_host_copies_on_workers(service, lt, "b")) == 1  # the cluster's one host copy of b
     assert len(_host_copies_on_workers(service, lt, "a")) <= 1
     events = service.scaler.events
-    disk_b = sum(1 for e in events if e["model"] == "b" and e["path"] == "disk")
+    disk_b = sum(1 for e in events if e.model == "b" and e.path == "disk")
     seen = len(events)
 
     # b's next request waits in the queue while a idle rank of a is reclaimed for it
     assert lt.run(_one(service, "b1", ids, "b")) == want
     later = service.scaler.events[seen:]
-    released_a = [e for e in later if e["model"] == "a" and e["direction"] == "down"]
-    up_b = [e for e in later if e["model"] == "b" and e["direction"] == "up"]
+    released_a = [e for e in later if e.model == "a" and e.direction == "down"]
+    up_b = [e for e in later if e.model == "b" and e.direction == "up"]
     assert released_a, later
-    assert up_b and up_b[0]["path"] == "host", later  # from its host copy, not the disk
-    assert up_b[0]["ranks"] == released_a[0]["ranks"]
-    assert sum(1 for e in service.scaler.events if e["model"] == "b" and e["path"] == "disk") == disk_b
+    assert up_b and up_b[0].path == "host", later  # from its host copy, not the disk
+    assert up_b[0].ranks == released_a[0].ranks
+    assert sum(1 for e in service.scaler.events if e.model == "b" and e.path == "disk") == disk_b
     assert len(_serving(service, "a")) == 2  # a keeps what it had: b never took its last
     assert len(_host_copies_on_workers(service, lt, "b")) == 1
     revived = [

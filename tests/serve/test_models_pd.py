@@ -79,7 +79,7 @@ def test_each_model_decodes_on_its_own_instances_and_b_comes_back_from_zero(
         time.sleep(0.1)
     seen_events = len(service.scaler.events)
     assert lt.run(run("b", "b2")) == outs[1]  # back from zero: a prefill and a decode instance
-    ups = [e for e in service.scaler.events[seen_events:] if e["model"] == "b" and e["direction"] == "up"]
-    assert ups and all(e["path"] in ("host", "network") for e in ups), ups
+    ups = [e for e in service.scaler.events[seen_events:] if e.model == "b" and e.direction == "up"]
+    assert ups and all(e.path in ("host", "network") for e in ups), ups
     roles = {i.state for i in router.instances.values() if i.model == "b"}
     assert InstanceState.DECODE in roles or InstanceState.MUTATING_TO_DECODE in roles, roles

@@ -34,7 +34,7 @@ def test_burst_scales_up_over_the_network_and_idle_scales_down(
     assert service.router is not None and service.scaler is not None
     ids = service.router.encode("Tell me a long story about a dragon who learns to program. " * 8)
     before = _serving(service)
-    disk_loads = sum(1 for e in service.scaler.events if e["path"] == "disk")
+    disk_loads = sum(1 for e in service.scaler.events if e.path == "disk")
     ref = lt.run(_one(service, "ref", ids))
 
     async def burst() -> tuple[list[list[int]], int]:
@@ -47,11 +47,11 @@ def test_burst_scales_up_over_the_network_and_idle_scales_down(
 
     outs, peak = lt.run(burst())
     assert all(o == ref for o in outs), "tokens changed while the cluster scaled"
-    ups = [e for e in service.scaler.events if e["direction"] == "up"]
-    network = [e for e in ups if e["path"] == "network" and e["ranks"] != [1]]
+    ups = [e for e in service.scaler.events if e.direction == "up"]
+    network = [e for e in ups if e.path == "network" and e.ranks != (1,)]
     assert peak > before, f"no scale-up: {before} -> {peak}"
-    assert network and all(e["sources"] for e in network), ups
-    assert sum(1 for e in ups if e["path"] == "disk") == disk_loads  # nothing new read from disk
+    assert network and all(e.sources for e in network), ups
+    assert sum(1 for e in ups if e.path == "disk") == disk_loads  # nothing new read from disk
     text = _metrics(service)
     assert 'blitzscale_transfer_bytes_total{model="smollm2-135m",path="network"}' in text
 
@@ -70,7 +70,7 @@ def test_burst_scales_up_over_the_network_and_idle_scales_down(
         time.sleep(0.2)
     assert _serving(service) == before
     assert released()
-    assert any(e["direction"] == "down" for e in service.scaler.events)
+    assert any(e.direction == "down" for e in service.scaler.events)
 
 
 def _metrics(service: ServingCluster) -> str:

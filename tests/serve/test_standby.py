@@ -41,24 +41,24 @@ def _burst_until_scaled(
     service: ServingCluster, lt: LoopThread, ids: list[int], ref: list[int], tag: str
 ) -> None:
     assert service.router is not None and service.scaler is not None
-    ups = sum(1 for e in service.scaler.events if e["direction"] == "up" and e["path"] == "network")
+    ups = sum(1 for e in service.scaler.events if e.direction == "up" and e.path == "network")
     deadline = time.monotonic() + 180
     n = 0
     while time.monotonic() < deadline:
         outs = lt.run(_many(service, [f"{tag}{n}-{i}" for i in range(12)], ids))
         assert all(o == ref for o in outs), "tokens changed while the cluster scaled"
         n += 1
-        if sum(1 for e in service.scaler.events if e["direction"] == "up" and e["path"] == "network") > ups:
+        if sum(1 for e in service.scaler.events if e.direction == "up" and e.path == "network") > ups:
             return
     raise AssertionError("no scale-up over the network")
 
 
 def _wait_released(service: ServingCluster, lt: LoopThread, ids: list[int]) -> dict:
     assert service.router is not None and service.scaler is not None
-    downs = len([e for e in service.scaler.events if e["direction"] == "down"])
+    downs = len([e for e in service.scaler.events if e.direction == "down"])
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        events = [e for e in service.scaler.events if e["direction"] == "down"]
+        events = [e for e in service.scaler.events if e.direction == "down"]
         if len(events) > downs:
             return events[-1]
         lt.run(_one(service, "trickle", ids[:8]))
@@ -79,7 +79,7 @@ def test_scale_up_uses_the_standby_and_a_release_rearms_it(
     _burst_until_scaled(service, lt, ids, ref, "a")
     assert _activations(service, "standby") == 1
     down = _wait_released(service, lt, ids)
-    assert down["standby"] is True, down  # buffer and engine kept as the standby
+    assert down.standby is True, down  # buffer and engine kept as the standby
     assert any(i.state is InstanceState.INACTIVE for i in service.router.instances.values())
 
     _burst_until_scaled(service, lt, ids, ref, "b")

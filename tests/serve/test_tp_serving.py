@@ -25,6 +25,7 @@ from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
+from blitzscale.serve.events import ScaleEvent
 from blitzscale.serve.server import ServingCluster
 from tests.conftest import save_tiny_hf_folder
 from tests.serve.conftest import FAST_PLANNER, running, start_http, stop_http
@@ -82,7 +83,7 @@ def _serving(service: ServingCluster) -> list[tuple[int, ...]]:
     return sorted(i.ranks for i in service.router.instances.values() if i.accepts is not None)
 
 
-def _second_instance_up(service: ServingCluster) -> dict[str, Any]:
+def _second_instance_up(service: ServingCluster) -> ScaleEvent:
     """The first scale-up event of instance (2, 3), once its load has ended and it serves
     beside (0, 1) (both may come after the burst on a loaded machine). Serving alone does
     not say the load ended: a live target (blitz) serves from the moment its load begins,
@@ -90,8 +91,8 @@ def _second_instance_up(service: ServingCluster) -> dict[str, Any]:
     assert service.scaler is not None
     deadline = time.monotonic() + 180
 
-    def ups() -> list[dict[str, Any]]:
-        return [e for e in service.scaler.events if e["direction"] == "up" and e["ranks"] == [2, 3]]
+    def ups() -> list[ScaleEvent]:
+        return [e for e in service.scaler.events if e.direction == "up" and e.ranks == (2, 3)]
 
     while not ups() or _serving(service) != [(0, 1), (2, 3)]:
         assert time.monotonic() < deadline, service.scaler.events
@@ -133,7 +134,7 @@ def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
 
         assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
         up = _second_instance_up(service)
-        assert up["path"] == "network" and up["sources"] == [0, 1], service.scaler.events
+        assert up.path == "network" and up.sources == (0, 1), service.scaler.events
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
         assert 2 in ran_on  # the multicast instance served too
         text = generate_latest(service.registry).decode()
@@ -187,7 +188,7 @@ def test_live_tp2_target_serves_as_its_shards_land_and_relays_to_its_partner(
             out = []
             for _ in range(12):
                 out += await burst(6)
-                if any(e["path"] == "network" for e in service.scaler.events if e["direction"] == "up"):
+                if any(e.path == "network" for e in service.scaler.events if e.direction == "up"):
                     break
             return out
 
@@ -195,12 +196,12 @@ def test_live_tp2_target_serves_as_its_shards_land_and_relays_to_its_partner(
         assert outs == [reference[TEXTS[i % 3]] for _ in range(len(outs) // 6) for i in range(6)]
         deadline = time.monotonic() + 120
         def network_ups() -> list[dict[str, Any]]:
-            return [e for e in service.scaler.events if e["direction"] == "up" and e["path"] == "network"]
+            return [e for e in service.scaler.events if e.direction == "up" and e.path == "network"]
 
         while not (ups := network_ups()):
             assert time.monotonic() < deadline, service.scaler.events
             time.sleep(0.1)
-        assert ups[0]["ranks"] == [2, 3] and ups[0]["sources"] == [0, 1], ups
+        assert ups[0].ranks == (2, 3) and ups[0].sources == (0, 1), ups
         target = router.instances[2]
         seen = [b for _, _, b in target.transitions]
         assert seen[:1] == ["new_prefill"], seen  # it served while loading
@@ -230,7 +231,7 @@ def test_allcache_tp2_scales_up_from_the_host_copy_of_every_shard(
 
         assert lt.run(burst(24)) == [reference[TEXTS[i % 3]] for i in range(24)], "tokens changed"
         up = _second_instance_up(service)
-        assert up["path"] == "host" and up["sources"] == [0, 1], service.scaler.events
+        assert up.path == "host" and up.sources == (0, 1), service.scaler.events
         assert pool.host_holder(str(folder)) == 0  # still the one host copy
         assert lt.run(burst(8)) == [reference[TEXTS[i % 3]] for i in range(8)]
 

@@ -35,7 +35,7 @@ def workload() -> tuple[SimSetup, list, list[str]]:
 
 def _loads(res: object) -> Counter[tuple[str, str]]:
     events = res.events  # type: ignore[attr-defined]
-    return Counter((e["model"], e["path"]) for e in events if e["direction"] == "up" and e["time"] > 0)
+    return Counter((e.model, e.path) for e in events if e.direction == "up" and e.time > 0)
 
 
 def test_blitz_brings_models_back_from_zero_without_reading_the_disk(workload: tuple) -> None:
@@ -45,7 +45,7 @@ def test_blitz_brings_models_back_from_zero_without_reading_the_disk(workload: t
     loads = _loads(res)
     assert not [k for k in loads if k[1] == "disk"], loads  # after bring-up: never the disk
     assert {m for m, p in loads if p == "host"} == set(NAMES), loads  # each came back from its host copy
-    releases = Counter(e["model"] for e in res.events if e["direction"] == "down")
+    releases = Counter(e.model for e in res.events if e.direction == "down")
     assert set(releases) == set(NAMES)  # each went to zero (or down) between its rounds
 
 

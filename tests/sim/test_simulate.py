@@ -31,9 +31,9 @@ def test_blitz_serves_every_request_and_scales_over_the_network(setup: SimSetup,
     assert len(res.records) == len(trace) and all(r.is_ok for r in res.records)
     assert [r.output_tokens for r in res.records] == [max(1, t.output_tokens) for t in trace]
     assert all(r.ttft_s is not None and r.ttft_s > 0 for r in res.records)
-    ups = [e for e in res.events if e["direction"] == "up"]
-    assert ups[0]["path"] == "disk"  # the first instance, from disk
-    assert len(ups) > 2 and {e["path"] for e in ups[1:]} == {"network"}  # then GPU to GPU only
+    ups = [e for e in res.events if e.direction == "up"]
+    assert ups[0].path == "disk"  # the first instance, from disk
+    assert len(ups) > 2 and {e.path for e in ups[1:]} == {"network"}  # then GPU to GPU only
     assert 0 < res.gpu_seconds <= setup.preset.topology.world_size * (res.samples[-1][0] + 30)
     again = simulate(setup, trace, "blitz")
     assert [(r.ttft_s, r.e2e_s) for r in again.records] == [(r.ttft_s, r.e2e_s) for r in res.records]
@@ -42,7 +42,7 @@ def test_blitz_serves_every_request_and_scales_over_the_network(setup: SimSetup,
 def test_serverless_llm_loads_from_host_memory_or_disk_never_from_gpus(setup: SimSetup, trace: list) -> None:
     res = simulate(setup, trace, "sllm")
     assert all(r.is_ok for r in res.records)
-    paths = {e["path"] for e in res.events if e["direction"] == "up" and e["time"] > 0}  # after bring-up
+    paths = {e.path for e in res.events if e.direction == "up" and e.time > 0}  # after bring-up
     assert paths <= {"disk", "host"} and "host" in paths
 
 
@@ -51,8 +51,8 @@ def test_fixed_provisioning_never_scales(setup: SimSetup, trace: list) -> None:
 
     res = simulate(replace(setup, fixed=(2, 1)), trace, "fixed-peak")
     assert all(r.is_ok for r in res.records)
-    assert [e["path"] for e in res.events if e["direction"] == "up"] == ["disk", "network"]
-    assert not [e for e in res.events if e["direction"] == "down"]
+    assert [e.path for e in res.events if e.direction == "up"] == ["disk", "network"]
+    assert not [e for e in res.events if e.direction == "down"]
 
 
 def test_the_cli_writes_each_policy_and_a_comparison(tmp_path: Path) -> None:

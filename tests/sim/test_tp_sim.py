@@ -46,14 +46,14 @@ def test_tp2_instances_scale_on_aligned_rank_pairs(tp_setup: tuple[SimSetup, lis
     setup, trace = tp_setup
     res = simulate(setup, trace, "blitz")
     assert all(r.is_ok for r in res.records) and len(res.records) == len(trace)
-    ups = [e for e in res.events if e["direction"] == "up"]
+    ups = [e for e in res.events if e.direction == "up"]
     assert len(ups) >= 3  # the first prefill and decode instances, and a scale-up
     for e in ups:
-        ranks = e["ranks"]
+        ranks = e.ranks
         assert len(ranks) % 2 == 0 and all(ranks[i] % 2 == 0 and ranks[i + 1] == ranks[i] + 1
                                            for i in range(0, len(ranks), 2)), e  # fmt: skip
-        if e["path"] == "network":
-            assert len(e["sources"]) % 2 == 0, e  # whole source instances, shard to shard
+        if e.path == "network":
+            assert len(e.sources) % 2 == 0, e  # whole source instances, shard to shard
     # GPU time counts both shards: at least two GPUs for each instance-second served
     instance_s = sum((t1 - t0) * n for (t0, n), (t1, _) in zip(res.samples, res.samples[1:], strict=False))
     assert res.gpu_seconds >= 2 * instance_s * 0.99
@@ -66,10 +66,10 @@ def test_tp2_instances_load_from_host_copies_of_their_shards(
     setup, trace = tp_setup
     res = simulate(setup, trace, policy)
     assert all(r.is_ok for r in res.records) and len(res.records) == len(trace)
-    hosts = [e for e in res.events if e["direction"] == "up" and e["path"] == "host"]
+    hosts = [e for e in res.events if e.direction == "up" and e.path == "host"]
     assert hosts, res.events  # (allcache: every scale-up; sllm: a hit in the host's cache)
     for e in hosts:
-        ranks = e["ranks"]
+        ranks = e.ranks
         assert len(ranks) % 2 == 0 and ranks[0] % 2 == 0, e
 
 
