@@ -12,11 +12,12 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from blitzscale.cluster.commands import Activation
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.control.costmodel import Profile
 from blitzscale.core.config import EngineConfig
-from blitzscale.messages import ActivateMsg, HelloMsg, Message
+from blitzscale.messages import HelloMsg
 from blitzscale.serve.dataplane import ZmqDataPlane
 from blitzscale.sim.clock import run
 from blitzscale.sim.cluster import SimCluster
@@ -43,10 +44,8 @@ PROFILE = Profile(
 # when its abort comes)
 
 
-def _activate(op_id: int, rank: int, live: bool = False) -> ActivateMsg:
-    return ActivateMsg(
-        op_id=op_id, model=M, source=SRC, role=ROLES[rank], engine=ENGINE, pace=PROFILE, live=live
-    )
+def _activate(rank: int) -> Activation:
+    return Activation(model=M, source=SRC, role=ROLES[rank], engine=ENGINE, pace=PROFILE)
 
 
 class Transfer:
@@ -59,7 +58,7 @@ class Transfer:
 
     async def begin(self) -> None:
         c = self.cluster
-        live: dict[int, Message] = {2: _activate(c.next_op(), 2, live=True)}
+        live = {2: _activate(2)}
         if isinstance(c, LocalCluster):
             moving = c.transfer(M, SRC, [0], [2], max_bytes_per_s=self.rate, live=live)
         else:
@@ -86,9 +85,9 @@ def real_transcript() -> Transcript:
                 msg = await plane.recv()
                 if isinstance(msg, HelloMsg):
                     hellos.add(msg.rank)
-            nbytes = (await cluster.load(M, 0, SRC))["bytes"]
+            nbytes = (await cluster.load(M, 0, SRC)).bytes
             await cluster.load(M, 1, SRC)
-            await cluster.activate({r: _activate(cluster.next_op(), r) for r in (0, 1)})
+            await cluster.activate({r: _activate(r) for r in (0, 1)})
             return await run_script(plane, Transfer(cluster, nbytes / LIVE_S), grace_s=0.5)
         finally:
             await asyncio.to_thread(cluster.stop)
@@ -113,7 +112,7 @@ def sim_transcript() -> Transcript:
         cluster = SimCluster(topo, PROFILE, ClusterConfig(num_workers=3))
         for rank in (0, 1):
             await cluster.load(M, rank, SRC)
-        await cluster.activate({r: _activate(cluster.next_op(), r) for r in (0, 1)})
+        await cluster.activate({r: _activate(r) for r in (0, 1)})
         try:
             return await run_script(cluster.data, Transfer(cluster), grace_s=0.5)
         finally:
