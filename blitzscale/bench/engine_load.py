@@ -91,7 +91,7 @@ def burst(engine: LLMEngine, mix: Mix, seed: int = 1) -> Burst:
             if o.finished and o.request_id in ids:
                 ids.discard(o.request_id)
                 firsts.append(now)
-    return Burst(mix.burst, 0, 0, round(max(firsts), 4), round(median(firsts), 4))
+    return Burst.of(mix.burst, firsts, refused=0)
 
 
 def single(engine: LLMEngine, mix: Mix, seed: int = 2) -> Single:

@@ -55,6 +55,17 @@ class Burst:
     last_answer_s: float  # from the first send to the last answer
     ttft_p50_s: float
 
+    @staticmethod
+    def of(requests: int, answered_s: list[float], refused: int) -> Burst:
+        """`answered_s`: when each answered request had its answer, from the first send."""
+        return Burst(
+            requests=requests,
+            refused=refused,
+            errors=requests - len(answered_s) - refused,
+            last_answer_s=round(max(answered_s), 4) if answered_s else float("nan"),
+            ttft_p50_s=round(median(answered_s), 4),
+        )
+
 
 @dataclass(frozen=True)
 class Single:

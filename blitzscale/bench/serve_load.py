@@ -147,14 +147,7 @@ class HttpLoad:
         t0 = time.perf_counter()
         answers = await asyncio.gather(*(self.ask(p, 1) for p in prompts))
         ok = [a.stamps[-1] - t0 for a in answers if a.ok]
-        refused = sum(1 for a in answers if a.status == 429)
-        return Burst(
-            requests=mix.burst,
-            refused=refused,
-            errors=len(answers) - len(ok) - refused,
-            last_answer_s=round(max(ok), 4) if ok else float("nan"),
-            ttft_p50_s=round(median(ok), 4),
-        )
+        return Burst.of(mix.burst, ok, refused=sum(1 for a in answers if a.status == 429))
 
     async def single(self, mix: Mix) -> Single:
         ttfts = []

@@ -100,14 +100,7 @@ async def _burst(s: SimServe, mix: Mix) -> Burst:
     t0 = clock.now()
     answers = await asyncio.gather(*(s.ask(mix.burst_len, 1) for _ in range(mix.burst)))
     ok = [outs[-1][0] - t0 for _, outs, err in answers if outs and not err]
-    refused = sum(1 for _, _, err in answers if err.startswith("429"))
-    return Burst(
-        requests=mix.burst,
-        refused=refused,
-        errors=len(answers) - len(ok) - refused,
-        last_answer_s=round(max(ok), 4) if ok else float("nan"),
-        ttft_p50_s=round(median(ok), 4),
-    )
+    return Burst.of(mix.burst, ok, refused=sum(1 for _, _, err in answers if err.startswith("429")))
 
 
 async def _single(s: SimServe, mix: Mix) -> Single:
