@@ -346,20 +346,26 @@ class LocalCluster:
         what = f"links to respawned rank {rank}"
         waiting = asyncio.ensure_future(self.calls.each(links, what, max(1.0, deadline - time.monotonic())))
         try:
-            while rank not in self.hellos:
-                if not self.procs[rank].is_alive():
-                    raise BlitzScaleError(f"respawned worker {rank} exited during start-up")
-                if time.monotonic() > deadline:
-                    raise BlitzScaleError(f"respawned worker {rank} did not start in time")
-                if links and waiting.done():  # a survivor answered before the replacement was up: it failed
-                    break
-                await asyncio.sleep(0.05)
+            # (every survivor answering before the replacement is up: one of them failed)
+            await self._until_hello(rank, deadline, lambda: bool(links) and waiting.done())
             replies = await waiting
         finally:
             waiting.cancel()
         if not all(m.ok for m in replies.values()):
             raise ClusterOpError(f"links to respawned rank {rank}", replies)
+        await self._until_hello(rank, deadline)  # (its hello may land just after their answers)
         return incarnation
+
+    async def _until_hello(
+        self, rank: int, deadline: float, stop: Callable[[], bool] = lambda: False
+    ) -> None:
+        """Until the respawned `rank` has said hello (or `stop` says to look no longer)."""
+        while rank not in self.hellos and not stop():
+            if not self.procs[rank].is_alive():
+                raise BlitzScaleError(f"respawned worker {rank} exited during start-up")
+            if time.monotonic() > deadline:
+                raise BlitzScaleError(f"respawned worker {rank} did not start in time")
+            await asyncio.sleep(0.05)
 
     async def _relink_group(self, rank: int) -> None:
         """Once every member of `rank`'s instance group is back, they build its process

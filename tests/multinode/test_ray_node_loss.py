@@ -86,7 +86,7 @@ def test_a_lost_node_is_detected_and_the_other_node_keeps_serving(
     kept_pids = [cluster.procs[r].pid for r in kept]
     actors += [cluster.procs[r].actor for r in lost_ranks]
     lt.run(svc.stop())
-    svc.cluster = svc.router = svc.scaler = None  # (the fixture's stop then has nothing left)
+    svc.cluster = svc.control = None  # (the fixture's stop then has nothing left)
     for a in actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(a.where.remote(), timeout=60)

@@ -15,6 +15,7 @@ from blitzscale.control.snapshot import InstanceState
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import UnavailableError
 from blitzscale.serve.background import LoopThread
+from blitzscale.serve.requests import Stage
 from blitzscale.serve.server import ServingCluster
 from tests.serve.conftest import make_service
 
@@ -60,7 +61,7 @@ def test_a_dead_decode_worker_wedges_nothing(
         long = [asyncio.create_task(_text(service, f"long-{i}", p, 1500)) for i, p in enumerate(PROMPTS[:2])]
 
         def decoding() -> bool:
-            return all(getattr(router.reqs.get(f"long-{i}"), "stage", "") == "decode" for i in range(2))
+            return all(getattr(router.reqs.get(f"long-{i}"), "stage", None) is Stage.DECODE for i in range(2))
 
         await _until(decoding, "the long requests to decode")
         cluster.procs[decode.rank].kill()
