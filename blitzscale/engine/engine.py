@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +30,7 @@ from blitzscale.engine.overlap import Overlap, plain
 from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
+from blitzscale.engine.steptrace import step_trace
 from blitzscale.engine.table import STEPPED, RequestTable
 from blitzscale.engine.work import StepWork
 from blitzscale.errors import InvalidRequestError, KVIntegrityError
@@ -85,6 +87,7 @@ class LLMEngine:
     def _init_components(self, weights: ModelWeights) -> None:
         self.model = LlamaModel(weights, max_positions=self.max_model_len, tp_group=self.tp_group)
         self.runner = ModelRunner(self.model, self.kv_cache, self.config.max_num_seqs, self.max_model_len)
+        self.trace = step_trace(weights.device)  # BLITZSCALE_STEP_TRACE: a line per step
         self.table = RequestTable(self.pool)  # every request here, with its status
         self.scheduler = Scheduler(
             self.pool, self.config.max_num_batched_tokens, self.config.max_num_seqs, self.table
@@ -257,7 +260,13 @@ class LLMEngine:
     # --- the loop ---------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        self._step()
+        if self.trace is None:
+            self._step()
+        else:
+            self.trace.begin()
+            t = time.perf_counter()
+            self._step()
+            self.trace.write(self.last_work, time.perf_counter() - t)
         outputs, self._step_outputs = self._step_outputs, []
         if CHECK_EVERY_STEP:
             self.check_integrity()
@@ -300,7 +309,13 @@ class LLMEngine:
                 work.decode_contexts.append(s.request.num_computed_tokens + 1)
             else:
                 work.prompt_tokens += s.num_new_tokens
+                work.chunks += 1
+                work.prefixed_chunks += s.request.num_computed_tokens > 0
+        if self.trace is not None:
+            self.trace.launching()
         logits = self.runner.execute(sched, ov.in_flight if ov is not None else None)
+        if self.trace is not None:
+            self.trace.returned()
         work.graph = self.runner.last_was_graph
         sampling = [s.request for s in sched.scheduled if s.completes_prompt]
         for s in sched.scheduled:

@@ -18,6 +18,8 @@ class StepWork:
     partial: list[tuple[int, float]] = field(default_factory=list)  # (tokens, share of the layers)
     graph: bool = False  # the forward replayed a captured CUDA graph
     overlapped: bool = False  # launched before the step before it was read (engine/overlap.py)
+    chunks: int = 0  # prompt chunks among prompt_tokens
+    prefixed_chunks: int = 0  # of those, the ones continuing a computed prefix
 
     @property
     def decode_batch(self) -> int:

@@ -1,0 +1,77 @@
+"""A line of JSON per engine step, for finding where a serving loop's time goes.
+
+`BLITZSCALE_STEP_TRACE=PREFIX` makes every process that steps an engine (a worker, `bench
+serve`'s engine-alone half) append to `PREFIX.<pid>.jsonl`: the step's kind, its prompt
+tokens and chunks (and how many of them continue a cached prefix), its decode rows, the
+wall time the caller measured around it, the host time up to the forward's launch and to
+its return, and, where the step's device work had finished by the time it is written, the
+forward's device time between two CUDA events. Off by default (the events cost a little);
+a diagnostic, not a metric: /metrics has the per-kind totals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from blitzscale.engine.work import StepWork
+
+TRACE_PREFIX = os.environ.get("BLITZSCALE_STEP_TRACE", "")
+
+
+class StepTrace:
+    """Marks one step's phases (`begin`, `launched`, `returned`) and writes its line."""
+
+    def __init__(self, prefix: str, device: torch.device) -> None:
+        self.path = Path(f"{prefix}.{os.getpid()}.jsonl")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._out: IO[str] = self.path.open("a", buffering=1)
+        self.cuda = device.type == "cuda"
+        self._t0 = self._t_launch = self._t_return = 0.0
+        self._events: tuple[Any, Any] | None = None
+
+    def begin(self) -> None:
+        self._t0 = time.perf_counter()
+        self._t_launch = self._t_return = self._t0
+        self._events = None
+
+    def launching(self) -> None:
+        self._t_launch = time.perf_counter()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._events = (start, end)
+
+    def returned(self) -> None:
+        self._t_return = time.perf_counter()
+        if self._events is not None:
+            self._events[1].record()
+
+    def write(self, work: StepWork, wall_s: float) -> None:
+        device_ms = None
+        if self._events is not None and self._events[1].query():
+            device_ms = round(self._events[0].elapsed_time(self._events[1]), 3)
+        line = {
+            "t": round(self._t0, 6),
+            "kind": work.kind,
+            "prompt_tokens": work.prompt_tokens,
+            "chunks": work.chunks,
+            "prefixed_chunks": work.prefixed_chunks,
+            "decode": work.decode_batch,
+            "overlapped": work.overlapped,
+            "wall_ms": round(1000 * wall_s, 3),
+            "to_launch_ms": round(1000 * (self._t_launch - self._t0), 3),
+            "launch_ms": round(1000 * (self._t_return - self._t_launch), 3),
+            "device_ms": device_ms,
+        }
+        self._out.write(json.dumps(line) + "\n")
+
+
+def step_trace(device: torch.device) -> StepTrace | None:
+    """The trace for an engine on `device`, or None when BLITZSCALE_STEP_TRACE is unset."""
+    return StepTrace(TRACE_PREFIX, device) if TRACE_PREFIX else None
