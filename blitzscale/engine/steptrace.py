@@ -5,12 +5,15 @@ serve`'s engine-alone half) append to `PREFIX.<pid>.jsonl`: the step's kind, its
 tokens and chunks (and how many of them continue a cached prefix), its decode rows, the
 wall time the caller measured around it, the host time up to the forward's launch and to
 its return, and, where the step's device work had finished by the time it is written, the
-forward's device time between two CUDA events. Off by default (the events cost a little);
-a diagnostic, not a metric: /metrics has the per-kind totals.
+forward's device time between two CUDA events; on CUDA also the Triton kernels compiled
+during the step (name and ms) and the caching allocator's new segments and retries (a
+retry frees every cached block: a device-wide synchronization). Off by default (the
+events cost a little); a diagnostic, not a metric: /metrics has the per-kind totals.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -22,6 +25,63 @@ import torch
 from blitzscale.engine.work import StepWork
 
 TRACE_PREFIX = os.environ.get("BLITZSCALE_STEP_TRACE", "")
+ALLOC_COUNTERS = ("num_alloc_retries", "num_device_alloc", "num_device_free")
+
+
+class _Compiles:
+    """Triton's JIT hooks: each kernel compiled in this process, with its milliseconds."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[str, float]] = []
+        self._started = 0.0
+
+    def install(self) -> None:
+        from triton import knobs
+
+        knobs.runtime.jit_cache_hook = self._before
+        knobs.runtime.jit_post_compile_hook = self._after
+
+    def _before(self, **kw: Any) -> bool:
+        self._started = time.perf_counter()
+        return False  # (True would skip the compile)
+
+    def _after(self, **kw: Any) -> bool:
+        self.done.append((kw["fn"].name, round(1000 * (time.perf_counter() - self._started), 1)))
+        return False
+
+    def take(self) -> list[tuple[str, float]]:
+        out, self.done = self.done, []
+        return out
+
+
+_COMPILES = _Compiles()
+
+
+class _Collections:
+    """Python's garbage collections (generation, ms) since the last `take`."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[int, float]] = []
+        self._started = 0.0
+        self._on = False
+
+    def install(self) -> None:
+        if not self._on:
+            gc.callbacks.append(self._hook)
+            self._on = True
+
+    def _hook(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.done.append((info["generation"], round(1000 * (time.perf_counter() - self._started), 1)))
+
+    def take(self) -> list[tuple[int, float]]:
+        out, self.done = self.done, []
+        return out
+
+
+_COLLECTIONS = _Collections()
 
 
 class StepTrace:
@@ -34,8 +94,20 @@ class StepTrace:
         self.cuda = device.type == "cuda"
         self._t0 = self._t_launch = self._t_return = 0.0
         self._events: tuple[Any, Any] | None = None
+        self._alloc: dict[str, int] = {}
+        _COLLECTIONS.install()
+        if self.cuda:
+            _COMPILES.install()
+
+    def _alloc_counts(self) -> dict[str, int]:
+        stats = torch.cuda.memory_stats()
+        return {k: int(stats.get(k, 0)) for k in ALLOC_COUNTERS}
 
     def begin(self) -> None:
+        _COLLECTIONS.take()
+        if self.cuda:
+            _COMPILES.take()
+            self._alloc = self._alloc_counts()
         self._t0 = time.perf_counter()
         self._t_launch = self._t_return = self._t0
         self._events = None
@@ -56,7 +128,7 @@ class StepTrace:
         device_ms = None
         if self._events is not None and self._events[1].query():
             device_ms = round(self._events[0].elapsed_time(self._events[1]), 3)
-        line = {
+        line: dict[str, Any] = {
             "t": round(self._t0, 6),
             "kind": work.kind,
             "prompt_tokens": work.prompt_tokens,
@@ -69,6 +141,11 @@ class StepTrace:
             "launch_ms": round(1000 * (self._t_return - self._t_launch), 3),
             "device_ms": device_ms,
         }
+        line["gc"] = _COLLECTIONS.take()
+        if self.cuda:
+            after = self._alloc_counts()
+            line["alloc"] = {k: after[k] - self._alloc.get(k, 0) for k in ALLOC_COUNTERS}
+            line["compiled"] = _COMPILES.take()
         self._out.write(json.dumps(line) + "\n")
 
 
