@@ -139,6 +139,44 @@ class LlamaModel:
         x, residual = ops.add_rms_norm(out, residual, w.post_norm, eps)
         return residual, self._reduce(F.linear(ops.silu_mul(F.linear(x, w.gate_up)), w.down))
 
+    @torch.inference_mode()
+    def warm_up_attention(self, kv_cache: KVCache) -> None:
+        """Runs layer 0's attention on throwaway rows shaped like every kind of eager step
+        (a decode row over one key tile and one split over several, a chunk continuing a
+        prefix, a whole prompt), so that the backend compiles its kernels now and not under
+        the first requests that need them (0.2-0.5 s each on an H200, stalling the step).
+        Writes only into block 0, which no request holds yet; no collectives (any TP rank)."""
+        if self.attn.name != "triton":
+            return
+        page = kv_cache.block_size
+        longest = max(2, min(256, self.rope.cos.shape[0]))
+        shapes = [  # (new tokens, keys) per sequence
+            [(1, 1), (min(3, longest - 1), longest)],
+            [(1, longest)],
+            [(min(4, longest), min(4, longest)), (1, longest)],
+        ]
+        d = self.config.head_dim
+        for seqs in shapes:
+            q_lens, ctx = [q for q, _ in seqs], [c for _, c in seqs]
+            tables = [[0] * -(-c // page) for c in ctx]
+            meta = AttentionMetadata.build(q_lens, ctx, tables, page, self.weights.device)
+            n = meta.num_tokens
+            qkv = torch.randn(
+                n, self.q_size + 2 * self.kv_size, dtype=self.weights.dtype, device=meta.positions.device
+            )
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
+            q, k, v = (
+                q.view(n, self.num_heads, d),
+                k.view(n, self.num_kv_heads, d),
+                v.view(n, self.num_kv_heads, d),
+            )
+            self.attn.prepare(meta)
+            rot = self.ops.rotary_tables(self.rope, meta.positions)
+            if self.fuse_rotary:
+                self.attn.forward(q, k, v, *kv_cache.layer(0), meta, self.scale, rotary=rot)
+            else:
+                self.attn.forward(*self.ops.rotary(q, k, rot), v, *kv_cache.layer(0), meta, self.scale)
+
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Row-parallel outputs are partial sums across TP ranks."""
         if self.tp_group is not None:

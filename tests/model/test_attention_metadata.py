@@ -73,3 +73,22 @@ def test_reference_mixed_step_equals_dense_attention() -> None:
         want = _dense(q[first : first + n], k_all, v_all, c - n, dim**-0.5)
         torch.testing.assert_close(out[first : first + n], want, atol=1e-5, rtol=1e-5)
         first += n
+
+
+def test_every_field_starts_on_16_bytes_whatever_the_step_shape() -> None:
+    """Triton specializes a kernel on its pointers' 16-byte alignment: fields at varying
+    alignment compiled new variants mid-serving. Values are unchanged by the padding."""
+    g = torch.Generator().manual_seed(1)
+    for _ in range(30):
+        n = int(torch.randint(1, 7, (1,), generator=g))
+        q_lens = torch.randint(1, 40, (n,), generator=g).tolist()
+        ctx = [q + int(torch.randint(0, 50, (1,), generator=g)) for q in q_lens]
+        tables = [list(range(-(-c // 16))) for c in ctx]
+        extra = [list(range(sum(q_lens))), [len(q_lens)] * 3]
+        meta, (ids, rows) = AttentionMetadata.build_with(q_lens, ctx, tables, 16, "cpu", extra)
+        fields = [meta.positions, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.query_start_loc]
+        fields += [meta.decode_seqs, meta.prefill_seqs, ids, rows]
+        assert all(f.data_ptr() % 16 == 0 for f in fields)
+        assert meta.seq_lens.tolist() == ctx and ids.tolist() == extra[0] and rows.tolist() == extra[1]
+        assert meta.block_tables.shape == (n, max(len(t) for t in tables))
+        assert meta.query_start_loc.tolist() == [sum(q_lens[:i]) for i in range(n + 1)]

@@ -3,7 +3,9 @@
 Everything is linear in the step's tokens plus its block tables: per-sequence query and key
 lengths, never a [query, key] mask (the reference backend makes the masks it needs per call,
 one sequence at a time). On CUDA all integer fields travel in one pinned buffer and one
-asynchronous copy, so building a step's metadata never waits for the GPU.
+asynchronous copy, so building a step's metadata never waits for the GPU; each field starts
+on a 16-byte boundary of it, so that a Triton kernel reading it sees the same alignment at
+every step (an unaligned view compiled another variant of the kernel mid-serving).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+ALIGN_ELEMS = 2  # int64 elements in 16 bytes: every field of the packed buffer starts aligned
 
 
 @dataclass
@@ -86,8 +90,10 @@ class AttentionMetadata:
         parts = [positions, slots, bt.flatten(), ctx, qsl, torch.tensor(decode, dtype=torch.long)]
         parts += [torch.tensor(prefill, dtype=torch.long)]
         parts += [torch.tensor(x, dtype=torch.long) for x in extra]
-        flat = _to_device(torch.cat(parts), device)
-        views = list(flat.split([p.numel() for p in parts]))
+        sizes = [p.numel() for p in parts]
+        padded = [torch.cat([p, p.new_zeros(-n % ALIGN_ELEMS)]) for p, n in zip(parts, sizes, strict=True)]
+        flat = _to_device(torch.cat(padded), device)
+        views = [v[:n] for v, n in zip(flat.split([p.numel() for p in padded]), sizes, strict=True)]
         meta = cls(
             positions=views[0],
             slot_mapping=views[1],

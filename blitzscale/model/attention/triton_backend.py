@@ -29,6 +29,7 @@ from blitzscale.model.attention.metadata import AttentionMetadata
 
 DECODE_BLOCK_N = 64
 MAX_SPLITS = 32
+MERGE_BLOCK_S = triton.next_power_of_2(MAX_SPLITS)  # one merge kernel for any number of splits
 PREFILL_BLOCK_M = 64
 PREFILL_BLOCK_N = 64
 # SDPA's kernels for whole prompts, FlashAttention first; no cuDNN (a plan per shape)
@@ -135,7 +136,7 @@ class TritonBackend(AttentionBackend):
                     mid_o, mid_lse, out, meta.query_start_loc, meta.decode_seqs,
                     out.stride(0), out.stride(1), splits,
                     NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-                    BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+                    BLOCK_S=MERGE_BLOCK_S, num_warps=4,
                 )  # fmt: skip
         if plan.fresh is not None:  # whole prompts: SDPA's flash kernel on this step's q, k, v
             with sdpa_kernel(FRESH_SDPA, set_priority=True):

@@ -20,6 +20,12 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+# Integer arguments that change from step to step (the block table's width, the decode
+# splits): Triton would compile a variant for each of value 1, a multiple of 16 and any
+# other, 0.2-0.5 s each, in the middle of serving. Not specialized, one variant serves all.
+# (The metadata's tensors are 16-byte aligned, model/attention/metadata.py, for the same
+# reason: Triton specializes pointers on that alignment.)
+VARYING_INTS = ["stride_bt", "num_splits"]
 
 
 @triton.jit
@@ -87,7 +93,7 @@ def rotary_store(
     tl.store(vc_ptr + slot * stride_cs + hk * stride_ch + dd, v, mask=mv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING_INTS)
 def decode_split(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, seqs_ptr, mid_o_ptr, mid_lse_ptr,
     stride_qt, stride_qh, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh, qk_scale, num_splits,
@@ -149,7 +155,7 @@ def decode_split(
         tl.store(mid_lse_ptr + row, lse, mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING_INTS)
 def decode_merge(
     mid_o_ptr, mid_lse_ptr, out_ptr, qsl_ptr, seqs_ptr, stride_ot, stride_oh, num_splits,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -175,7 +181,7 @@ def decode_merge(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING_INTS)
 def prefill(
     q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, seqs_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cs, stride_ch, stride_bt, qk_scale,
