@@ -12,6 +12,7 @@ in the cache folder, so a restart reads it back in milliseconds.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -45,13 +46,21 @@ class ProbePoints:
     repeats: int
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens each decoding request generates: its first, one step to join the batch,
+        `repeats` timed windows of DECODE_WINDOW steps, and a margin."""
+        return 2 + self.repeats * DECODE_WINDOW + 2
+
+    @property
     def tokens_needed(self) -> int:
         """KV tokens the probe holds at most at once."""
-        steps = self.repeats + 4
         return max(
             max(self.prefill_tokens) + 1,
-            max(self.decode_batch) * (max(self.decode_context) + steps + 2),
+            max(self.decode_batch) * (max(self.decode_context) + self.decode_tokens + 2),
         )
+
+
+DECODE_WINDOW = 4  # decode steps timed together (the fastest of `repeats` such windows counts)
 
 
 def probe_points(device: torch.device, engine: EngineConfig) -> ProbePoints:
@@ -86,7 +95,7 @@ def fit(points: ProbePoints, engine: LLMEngine) -> ProbePoints:
     """`points` within what `engine` holds: its context and its KV cache (a batch that
     would not fit would queue, and its step would not be the batch measured)."""
     room = engine.pool.num_blocks * engine.config.block_size
-    steps = points.repeats + 8
+    steps = points.decode_tokens + 4
     context = _upto(points.decode_context, min(engine.max_model_len, room) - steps)
     batch = tuple(b for b in points.decode_batch if b * (max(context) + steps) <= room)
     return ProbePoints(
@@ -188,18 +197,17 @@ def measure(engine: LLMEngine, points: ProbePoints, name: str) -> Profile:
             _drain(engine, ids)
         prefill_ms.append(round(1000 * best, 3))
     decode_ms = []
-    steps = points.repeats + 2
     for b in points.decode_batch:
         row = []
         for c in points.decode_context:
-            params = SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True)
+            params = SamplingParams(max_tokens=points.decode_tokens, temperature=0, ignore_eos=True)
             ids = [engine.add_request(p, params) for p in _prompts(b, c, mc.vocab_size, gen)]
             while any((r := engine.request(i)) is not None and r.num_output_tokens == 0 for i in ids):
                 engine.step()
             engine.step()  # every request decoding
-            row.append(round(1000 * _timed(engine, steps), 3))
+            row.append(min(_timed(engine, DECODE_WINDOW) for _ in range(points.repeats)))
             _drain(engine, ids)
-        decode_ms.append(tuple(row))
+        decode_ms.append(row)
     per_token = KVCache.bytes_per_block(mc, 1, weights.dtype, weights.layout.tp_size)
     if device.type == "cuda":
         memory = torch.cuda.get_device_properties(device).total_memory
@@ -218,8 +226,19 @@ def measure(engine: LLMEngine, points: ProbePoints, name: str) -> Profile:
         prefill_ms=tuple(prefill_ms),
         decode_batch=points.decode_batch,
         decode_context=points.decode_context,
-        decode_ms=tuple(decode_ms),
+        decode_ms=monotone(decode_ms),
     )
+
+
+def monotone(ms: list[list[float]]) -> tuple[tuple[float, ...], ...]:
+    """Decode step seconds [batch][context] as milliseconds that never fall with more
+    context or a larger batch: a step that does more work is not faster, and a profile
+    that said so (a noisy point) would extrapolate a falling slope past its last context."""
+    out = [list(itertools.accumulate(row, max)) for row in ms]
+    for j in range(len(out[0]) if out else 0):
+        for i in range(1, len(out)):
+            out[i][j] = max(out[i][j], out[i - 1][j])
+    return tuple(tuple(round(1000 * x, 3) for x in row) for row in out)
 
 
 @contextmanager

@@ -91,3 +91,13 @@ def test_blitzscale_profile_measures_through_the_probe() -> None:
     assert len(lines) == 2 + 4  # a line per point
     assert p.device_memory_bytes > p.weight_bytes  # weights and 8192 tokens of KV
     assert p.kv_tokens == 8192
+
+
+def test_decode_times_never_fall_with_more_context_or_batch() -> None:
+    """A noisy point (a step that paid a one-off cost) must not make a larger step look
+    cheaper: the profile would extrapolate that falling slope past its last context."""
+    from blitzscale.worker.costprobe import monotone
+
+    ms = monotone([[0.005, 0.0052], [0.0112, 0.0082], [0.010, 0.009]])
+    assert ms == ((5.0, 5.2), (11.2, 11.2), (11.2, 11.2))
+    assert monotone([[0.001]]) == ((1.0,),)
