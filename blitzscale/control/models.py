@@ -41,6 +41,7 @@ from blitzscale.control.policies import (
 )
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceView
 from blitzscale.control.snapshot import InstanceState as S
+from blitzscale.control.states import is_serving
 
 STEADY = (S.PREFILL, S.DECODE, S.COLOCATED)
 
@@ -120,7 +121,9 @@ def pool_actions(
     claimed: set[int] = set()
     planned: list[tuple[str, list[ScaleAction]]] = []
     short: dict[str, int] = {}
-    for m in sorted(models, key=lambda m: not m.requests):  # models with requests first
+    unserved = {m.name for m in models if _unserved(m)}
+    # models with requests first, those with nothing to serve them before the others
+    for m in sorted(models, key=lambda m: (not m.requests, m.name not in unserved)):
         snap = m.snapshot
         snap = dataclasses.replace(snap, free_ranks=tuple(r for r in snap.free_ranks if r not in claimed))
         if m.expired:
@@ -129,7 +132,10 @@ def pool_actions(
             continue  # at zero, and nothing asks for it
         else:
             cfg = bounds(planner_cfg, m, snap.pd_mode)
-            desired = _capped(desired_counts(snap, cfg), m.max_instances)
+            # while several wait with nothing to serve them, each gets its first instance
+            # (one per role) before any gets more
+            cap = 1 if m.name in unserved and len(unserved) > 1 else m.max_instances
+            desired = _capped(desired_counts(snap, cfg), cap)
             acts, unmet = plan_actions(snap, desired, policy_cfg, cfg, host_cache)
             if unmet and m.requests:
                 short[m.name] = unmet
@@ -137,12 +143,23 @@ def pool_actions(
         planned.append((m.name, acts))
     out: list[ScaleAction] = []
     for name, acts in planned:
-        if short and name not in short:  # while one lacks ranks the others do not grow
+        # While one lacks ranks the others do not grow (else they would revive what is
+        # reclaimed for it), but a model with requests and nothing serving them starts:
+        # the rank it claimed is one no model planned after it could have had.
+        if short and name not in short and name not in unserved:
             acts = [a for a in acts if not isinstance(a, LoadAction | ReviveAction)]
         out += [dataclasses.replace(a, model=name) for a in acts]
     if short:
         out += reclaim(models, short, out)
     return out
+
+
+def _unserved(m: ModelView) -> bool:
+    """It has requests and no instance serving or loading for them (at zero, or only
+    draining or warm ones, which it may revive)."""
+    return m.requests > 0 and not any(
+        is_serving(i.state) or i.state in (S.LOADING, S.MUTATING_TO_DECODE) for i in m.snapshot.instances
+    )
 
 
 def reclaim(

@@ -240,3 +240,58 @@ def test_one_model_that_never_scales_to_zero_gets_exactly_the_single_model_actio
             want = scale_actions(m.snapshot, desired_counts(m.snapshot, CFG), policy, CFG, NO_CACHE)
             got = pool_actions([m], policy, CFG, NO_CACHE)
             assert got == [dataclasses.replace(a, model="m") for a in want], (policy.name, s)
+
+
+def test_models_waiting_at_zero_for_the_one_rank_get_it_in_turn() -> None:
+    """The issue "Many models on one GPU": b and c wait with no instance and one rank is
+    free. One of them loads onto it (before the fix the one that claimed the rank was held
+    back because the other lacked one, and nothing loaded at all)."""
+    a = view("a", idle_for=1.0)  # released: it gave the rank back
+    b = view("b", free=(0,), requests=6, queued=60, host_holder=0)
+    c = view("c", free=(0,), requests=6, queued=60, host_holder=0)
+    assert pool_actions([a, b, c], BLITZ, CFG, NO_CACHE) == [
+        LoadAction((0,), "host", (0,), multicast=True, model="b")
+    ]
+    # c's turn comes once b's requests are done: b's idle instance is given back for it
+    c = view("c", requests=6, queued=60, host_holder=0)  # (no free rank now)
+    served = inst(0, S.COLOCATED, idle_for=0.1, loaded_for=5.0, load_s=1.0)
+    b = view("b", served, requests=0, idle_for=0.1, host_holder=0)
+    assert pool_actions([a, b, c], BLITZ, CFG, NO_CACHE) == [DrainAction(0, model="b")]
+    # while b still serves requests, c waits (b's last instance is never taken)
+    busy = view("b", inst(0, S.COLOCATED, running=2), requests=2, host_holder=0)
+    assert pool_actions([a, busy, c], BLITZ, CFG, NO_CACHE) == []
+
+
+def test_models_waiting_at_zero_each_get_a_first_instance_before_any_gets_more() -> None:
+    # two free ranks, two models at zero whose queues each want both ranks
+    b = view("b", free=(0, 1), requests=40, queued=40000, host_holder=0)
+    c = view("c", free=(0, 1), requests=40, queued=40000, host_holder=1)
+    loads = [x for x in pool_actions([b, c], BLITZ, CFG, NO_CACHE) if isinstance(x, LoadAction)]
+    assert sorted((x.model, x.target_ranks) for x in loads) == [("b", (0,)), ("c", (1,))]
+    # alone, a model at zero still scales out at once
+    loads = [x for x in pool_actions([b], BLITZ, CFG, NO_CACHE) if isinstance(x, LoadAction)]
+    assert [x.target_ranks for x in loads] == [(0, 1)]
+
+
+def test_a_model_at_zero_is_not_kept_from_its_warm_instance_by_a_model_that_lacks_a_rank() -> None:
+    # b's own warm instance serves it again at once; c, also waiting, gets nothing taken
+    b = view("b", inst(0, S.SHUTTING_NULL, idle_for=0.5, loaded_for=9.0), requests=3, queued=30)
+    c = view("c", requests=3, queued=30, host_holder=0)
+    assert pool_actions([b, c], BLITZ, CFG, NO_CACHE) == [ReviveAction(0, "colocated", model="b")]
+
+
+def test_a_warm_instance_is_released_for_a_waiting_model_without_its_keep_timer() -> None:
+    """Another model's request waits for the rank: the idle model's instance is drained,
+    then released as soon as it is warm, whatever `shutting_null_keep_s` and the reload
+    cost say (they only keep a warm instance for its own model's next request)."""
+    slow = dataclasses.replace(CFG, shutting_null_keep_s=3600.0, reload_cost_factor=100.0)
+    b = view("b", requests=6, queued=60, host_holder=0)
+    idle = inst(0, S.COLOCATED, idle_for=0.1, loaded_for=2.0, load_s=1.0)
+    a = view("a", idle, idle_for=0.1, keep_alive_s=3600.0)
+    assert pool_actions([a, b], BLITZ, slow, NO_CACHE) == [DrainAction(0, model="a")]
+    warm = inst(0, S.SHUTTING_NULL, idle_for=0.0, loaded_for=2.0, load_s=1.0)
+    a = view("a", warm, idle_for=0.2, keep_alive_s=3600.0)
+    assert pool_actions([a, b], BLITZ, slow, NO_CACHE) == [ReleaseAction(0, model="a")]
+    # with no one waiting it is not released before its keep timer (its model revives it)
+    b = view("b", idle_for=50.0, keep_alive_s=3600.0)
+    assert pool_actions([a, b], BLITZ, slow, NO_CACHE) == [ReviveAction(0, "colocated", model="a")]
