@@ -81,3 +81,40 @@ def test_the_cli_simulates_several_models_and_counts_disk_loads(tmp_path: Path) 
     assert rows["blitz"]["disk_loads"] == 3  # each model once, at bring-up; never again
     assert rows["sllm"]["disk_loads"] > 3
     assert main([*argv, "--models", "9", "--out", str(out)]) == 2
+
+
+def test_three_models_on_one_worker_take_turns_on_its_rank() -> None:
+    """The issue "Many models on one GPU" on the simulator (the server's scaler and
+    policies): 6 requests each for three models at once on one CPU worker, keep-alive
+    and keep timer an hour. The rank goes from model to model, each released as soon as
+    the next one's requests wait, and every request is served; before the fix the first
+    release left the rank free and nothing loaded (every queued request got 429)."""
+    from blitzscale.client.traces import TraceRequest
+    from blitzscale.serve.router import RouterConfig
+
+    cpu = load_preset("cpu4")
+    one = replace(cpu, topology=replace(cpu.topology, gpus_per_node=1))
+    setup = SimSetup(
+        preset=one,
+        model=load_model("smollm2-135m"),
+        mode="colocated",
+        router=RouterConfig(mode="colocated", max_queue_tokens=0, max_queue_wait_s=60.0),
+        planner_overrides={"shutting_null_keep_s": 3600.0},
+        models=tuple(NAMES),
+        keep_alive_s=3600.0,
+    )
+    trace = [TraceRequest(0.01 * k, 12, 12) for k in range(18)]
+    models = [NAMES[k % 3] for k in range(18)]
+    res = simulate(setup, trace, "blitz", trace_models=models)
+    assert len(res.records) == 18 and all(r.is_ok for r in res.records), res.events
+    ups = [e.model for e in res.events if e.direction == "up"]
+    downs = [e.model for e in res.events if e.direction == "down"]
+    assert set(ups) == set(NAMES) and len(downs) >= 2, res.events
+    # each release comes right after the last request of the model it held ended (not
+    # its keep timer), and the next model's load right behind it
+    for down in (e for e in res.events if e.direction == "down"):
+        last = max(r.end_s or 0.0 for r, m in zip(res.records, models, strict=True) if m == down.model)
+        assert down.time - last < 2.0, (down, last)
+        starts = [e.time - e.seconds for e in res.events if e.direction == "up"]  # (time: its end)
+        nxt = min(t for t in starts if t >= down.time - 1e-9)
+        assert nxt - down.time < 1.0, res.events
