@@ -11,12 +11,16 @@ queue, copies; the free ranks are the whole pool's) and its bounds. Per call:
   with no request stays there (its next request waits in the queue and brings it back:
   a warm copy is revived, else GPU copies stream, else its host copy, else disk);
 - a model with requests that found no free rank for a new instance reclaims ranks from
-  other models: warm (SHUTTING_NULL) instances first (released now), then idle serving
-  ones (drained now, released once warm), never a model's last instance of a role while
-  it has requests or must stay up (`min_instances` is what a model keeps while the pool
-  has room: a model with requests may take it down to one instance per role). Models
+  other models: warm (SHUTTING_NULL) instances first (released now, not after
+  `shutting_null_keep_s`), then idle serving ones (drained now, released once warm),
+  never a model's last instance of a role while it has requests or must stay up
+  (`min_instances` is what a model keeps while the pool has room: a model with
+  requests may take it down to one instance per role). Models
   with requests are planned first, and while one lacks ranks the models that do not
-  lack any do not grow (else they would revive what is reclaimed for it).
+  lack any do not grow (else they would revive what is reclaimed for it); but a model
+  with requests and nothing serving them (`_unserved`) starts on the rank it found,
+  the one whose oldest request waited longest first, and while several wait so each
+  gets its first instance before any gets more (models taking turns on one rank).
 Every action is tagged with its model.
 """
 
@@ -50,6 +54,7 @@ STEADY = (S.PREFILL, S.DECODE, S.COLOCATED)
 class ModelView:
     snapshot: ClusterSnapshot  # the model's own picture (free ranks: the pool's)
     requests: int = 0  # its requests queued or in flight
+    waiting_since: float | None = None  # when its oldest queued request arrived (None: none queued)
     last_request_at: float | None = None  # None: none since the service started
     started_at: float = 0.0  # when the service started (the keep-alive's clock until then)
     min_instances: int = 0  # 0: it may scale to zero
@@ -122,8 +127,7 @@ def pool_actions(
     planned: list[tuple[str, list[ScaleAction]]] = []
     short: dict[str, int] = {}
     unserved = {m.name for m in models if _unserved(m)}
-    # models with requests first, those with nothing to serve them before the others
-    for m in sorted(models, key=lambda m: (not m.requests, m.name not in unserved)):
+    for m in sorted(models, key=lambda m: _order(m, unserved)):
         snap = m.snapshot
         snap = dataclasses.replace(snap, free_ranks=tuple(r for r in snap.free_ranks if r not in claimed))
         if m.expired:
@@ -152,6 +156,14 @@ def pool_actions(
     if short:
         out += reclaim(models, short, out)
     return out
+
+
+def _order(m: ModelView, unserved: set[str]) -> tuple[bool, bool, float]:
+    """Models with requests first, those with nothing to serve them before the others,
+    each the one whose oldest queued request waited longest first (a rank given back for
+    one is not taken by another that just got a request)."""
+    since = math.inf if m.waiting_since is None else m.waiting_since
+    return (not m.requests, m.name not in unserved, since)
 
 
 def _unserved(m: ModelView) -> bool:

@@ -295,3 +295,18 @@ def test_a_warm_instance_is_released_for_a_waiting_model_without_its_keep_timer(
     # with no one waiting it is not released before its keep timer (its model revives it)
     b = view("b", idle_for=50.0, keep_alive_s=3600.0)
     assert pool_actions([a, b], BLITZ, slow, NO_CACHE) == [ReviveAction(0, "colocated", model="a")]
+
+
+def test_the_model_waiting_longest_gets_the_rank_given_back() -> None:
+    """a's instance was released for b; a gets a request before b's load starts: both
+    wait with nothing to serve them, and b, whose request is the older, takes the rank
+    (else a would take back what was given up for b, for as long as a gets requests)."""
+    a = view("a", free=(0,), requests=1, queued=10, host_holder=0)
+    b = view("b", free=(0,), requests=6, queued=60)
+    a = dataclasses.replace(a, waiting_since=NOW - 0.1)
+    b = dataclasses.replace(b, waiting_since=NOW - 20.0)
+    assert pool_actions([a, b], BLITZ, CFG, NO_CACHE) == [LoadAction((0,), "disk", model="b")]
+    a = dataclasses.replace(a, waiting_since=NOW - 30.0)  # the other way round
+    assert pool_actions([a, b], BLITZ, CFG, NO_CACHE) == [
+        LoadAction((0,), "host", (0,), multicast=True, model="a")
+    ]
