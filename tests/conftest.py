@@ -48,6 +48,7 @@ SLOW_FIRST = (
     "tests/engine/test_logits_processors.py",
     "tests/cluster/test_local_cluster.py",
     "tests/worker/test_tp_engine.py",
+    "tests/serve/test_models_swap.py",
     "tests/serve/test_models.py",
     "tests/cluster/test_concurrency.py",
     "tests/checkpoint/test_convert_roundtrip.py",
