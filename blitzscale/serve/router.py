@@ -185,6 +185,10 @@ class Router:
         """Requests of `model` queued or in flight."""
         return sum(1 for r in self.reqs.values() if r.model == model)
 
+    def oldest_queued_at(self, model: str) -> float | None:
+        """When the oldest queued request of `model` arrived (None: none queued)."""
+        return min((q.arrival for q in self.queue if q.model == model), default=None)
+
     # --- ServingBackend -----------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:

@@ -224,7 +224,7 @@ class Scaler:
         return ModelView(
             snapshot=self.snapshot(name),
             requests=self.router.requests_of(name),
-            waiting_since=min((q.arrival for q in self.router.queue if q.model == name), default=None),
+            waiting_since=self.router.oldest_queued_at(name),
             last_request_at=self.router.last_request_at.get(name),
             started_at=self.started_at,
             min_instances=spec.min_instances,
