@@ -37,7 +37,7 @@ g = torch.Generator().manual_seed(5)
 steps = k = 0
 while steps < 400 and (k < 120 or e.has_unfinished()):
     for _ in range(int(torch.randint(0, 3, (1,), generator=g))) if k < 120 else []:
-        n = int(torch.randint(1, 1100, (1,), generator=g))  # odd, even, chunked over steps
+        n = int(torch.randint(1, 900, (1,), generator=g))  # odd, even, chunked over steps (context 1024)
         m = int(torch.randint(1, 40, (1,), generator=g))
         p = SamplingParams(max_tokens=m, temperature=0, ignore_eos=True)
         e.add_request(torch.randint(0, w.config.vocab_size, (n,), generator=g).tolist(), p)
