@@ -57,5 +57,5 @@ def test_steps_of_any_shape_compile_no_kernel_after_the_engine_is_built(tmp_path
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["requests"] >= 100 and result["steps"] >= 200, result
+    assert result["requests"] >= 100 and result["steps"] >= 120, result
     assert result["compiled"] == [], result
