@@ -88,15 +88,20 @@ def random_weights(
         whole = random_weights(cfg, dtype, "cpu", 1, 0, seed)
         pack_into(weights, hf_state_dict(whole).__getitem__)
         return weights
-    gen = torch.Generator(device=weights.device).manual_seed(seed * 1009 + tp_rank)
+    fill_random(weights, seed * 1009 + tp_rank)
+    weights.readiness.mark_all_ready()
+    return weights
+
+
+def fill_random(weights: ModelWeights, seed: int) -> None:
+    """N(0, 0.02) matrices and unit norms in `weights`' buffer (readiness untouched)."""
+    gen = torch.Generator(device=weights.device).manual_seed(seed)
     weights.buffer.normal_(0.0, RANDOM_STD, generator=gen)
     weights.zero_padding()
     for lw in weights.layers:
         lw.input_norm.fill_(1.0)
         lw.post_norm.fill_(1.0)
     weights.norm.fill_(1.0)
-    weights.readiness.mark_all_ready()
-    return weights
 
 
 def load_tokenizer(src: ModelSource) -> Any | None:

@@ -560,8 +560,8 @@ class Worker:
         sb = self.standby
         ours = sb.spec is not None and sb.spec.model == msg.model and sb.weights is not None
         if ours and sb.engine is not None and sb.engine.config == engine_cfg:
-            assert sb.weights is not None  # (no weights have arrived in it: zero it)
-            with costprobe.zeroed(sb.weights):
+            assert sb.weights is not None  # (no weights have arrived in it: fill it)
+            with costprobe.stand_in(sb.weights):
                 return costprobe.measure(sb.engine, points, msg.model)
         engine = costprobe.scratch_engine(config, dtype, self.device, engine_cfg, points)
         try:
