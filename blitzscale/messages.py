@@ -306,6 +306,10 @@ class AbortMsg(Msg):
     request_id: str
 
 
+class ResetPrefixCacheMsg(Msg):
+    """Forget the engine's cached prefixes (`POST /reset_prefix_cache`); no reply."""
+
+
 class RecvKVMsg(Msg):
     """Decode side: allocate blocks for a prefilled request and receive its KV from `src`."""
 
@@ -503,6 +507,9 @@ class StatsMsg(Msg):
     paced_real_s: float = 0.0
     paced_s: float = 0.0
     step_kinds: list[StepKindMsg] = []  # the steps above, by kind (those that ran)
+    # prefix cache (this engine's life): prompt tokens looked up, and found there
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
 
 Message = (
@@ -522,6 +529,7 @@ Message = (
     | InstanceLinkMsg
     | GenerateMsg
     | AbortMsg
+    | ResetPrefixCacheMsg
     | RecvKVMsg
     | SendKVMsg
     | AdoptKVMsg

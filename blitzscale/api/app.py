@@ -87,4 +87,11 @@ def ops_router(backend: ServingBackend, registry: CollectorRegistry) -> APIRoute
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    @router.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        """As vLLM's: every serving engine forgets its cached prefixes (requests in
+        flight keep the blocks they hold); benchmark clients call it between runs."""
+        told = await backend.reset_prefix_cache()
+        return JSONResponse({"status": "ok", "instances": told})
+
     return router

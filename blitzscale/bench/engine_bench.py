@@ -118,7 +118,7 @@ def _decode_ms(
 ) -> float:
     # Long enough that no request ends before the timed steps do; aborted after them.
     params = SamplingParams(max_tokens=2 * steps + 40, temperature=0, ignore_eos=True)
-    prompts = _random_prompts(batch, context, engine.model_config.vocab_size, batch)
+    prompts = _random_prompts(batch, context, engine.model_config.vocab_size, batch * 100_003 + context)
     ids = [engine.add_request(p, params) for p in prompts]
     while any(engine.request(r).num_output_tokens == 0 for r in engine.request_ids()):  # type: ignore[union-attr]
         engine.step()  # the prompts (several mixed prefill + decode steps when long)
@@ -138,10 +138,29 @@ def _decode_ms(
 
 
 def _prefill_ms(engine: LLMEngine, cfg: EngineBenchConfig, device: torch.device) -> float:
-    prompt = _random_prompts(1, cfg.prefill_len, engine.model_config.vocab_size, 7)[0]
+    """One prompt of `prefill_len` to its first token (after a warm-up on another prompt:
+    the same one again would come from the prefix cache)."""
+    engine.reset_prefix_cache()  # (nothing of an earlier call's prompts)
+    warm, prompt = _random_prompts(2, cfg.prefill_len, engine.model_config.vocab_size, 7)
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    engine.generate([prompt], params)  # warm-up
+    engine.generate([warm], params)
     return 1000 * _timed(lambda: engine.generate([prompt], params), device)
+
+
+CACHED_SHARE = 0.75  # of the prompt, the prefix a request before it left in the cache
+
+
+def _prefill_cached_ms(engine: LLMEngine, cfg: EngineBenchConfig, device: torch.device) -> float:
+    """The same length, with its first CACHED_SHARE already cached by another request."""
+    if not engine.config.prefix_caching:
+        return float("nan")
+    vocab = engine.model_config.vocab_size
+    head = int(cfg.prefill_len * CACHED_SHARE)
+    first, second = _random_prompts(2, cfg.prefill_len, vocab, 8)
+    second[:head] = first[:head]
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    engine.generate([first], params)
+    return 1000 * _timed(lambda: engine.generate([second], params), device)
 
 
 def _hf_model(weights: ModelWeights) -> torch.nn.Module:
@@ -358,6 +377,10 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
             str(c): {str(b): round(_hf_decode_ms(hf, cfg, b, c, vocab, device), 3) for b in cfg.batch_sizes}
         }
     result["prefill_ms"] = round(_prefill_ms(engine, cfg, device), 3)
+    # the same length with its first 3/4 in the prefix cache (NaN with prefix caching off)
+    result["prefill_cached_ms"] = round(_prefill_cached_ms(engine, cfg, device), 3)
+    result["prefill_cached_share"] = CACHED_SHARE
+    result["prefill_cached_ratio"] = round(result["prefill_cached_ms"] / result["prefill_ms"], 3)
     attn = engine.model.attn
     if hasattr(attn, "fresh_prefill"):  # the paged Triton prefill kernel instead of SDPA's
         attn.fresh_prefill, kept = "triton", attn.fresh_prefill

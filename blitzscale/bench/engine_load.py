@@ -46,13 +46,10 @@ def closed_loop(
     """`tally`: the measured window's steps by kind are added to it."""
     vocab = engine.model_config.vocab_size
     params = SamplingParams(max_tokens=mix.max_tokens, temperature=0, ignore_eos=True)
-    pool = _prompts(streams * 4, mix.prompt_len, vocab, seed)
-    k = 0
+    gen = torch.Generator().manual_seed(seed)
 
-    def add() -> None:
-        nonlocal k
-        engine.add_request(pool[k % len(pool)], params)
-        k += 1
+    def add() -> None:  # a new random prompt each time (one seen before would hit the prefix cache)
+        engine.add_request(torch.randint(0, vocab, (mix.prompt_len,), generator=gen).tolist(), params)
 
     for _ in range(streams):
         add()

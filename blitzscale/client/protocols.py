@@ -16,6 +16,12 @@ PROMPT_WORD = "hello"
 # The token of a token-id prompt (`--token-ids`): inside every vocabulary we ship, tiny ones too,
 # and no common tokenizer's BOS/EOS.
 PROMPT_TOKEN_ID = 100
+# A request's own first tokens (its index in base SALT_BASE, SALT_DIGITS of them, ids from
+# SALT_FIRST_ID: inside every vocabulary we ship), so that no two requests of a replay
+# share a prefix a server could cache: a trace's prompts are lengths, not shared text.
+SALT_FIRST_ID = 101
+SALT_BASE = 256
+SALT_DIGITS = 4
 
 
 @dataclass(frozen=True)
@@ -33,26 +39,38 @@ class StreamEvent:
     is_token: bool = False
 
 
-def synthetic_prompt(num_tokens: int) -> str:
-    """A prompt of about `num_tokens` tokens (at least one word: empty prompts are rejected)."""
-    return " ".join([PROMPT_WORD] * max(num_tokens, 1))
+def synthetic_prompt(num_tokens: int, salt: int = 0) -> str:
+    """A prompt of `num_tokens` words, about as many tokens (at least one word: empty
+    prompts are rejected), the first of them `salt` (a request's index: prompts of
+    different requests share no prefix)."""
+    return " ".join([f"#{salt}", *[PROMPT_WORD] * (max(num_tokens, 1) - 1)])
 
 
-def synthetic_prompt_ids(num_tokens: int) -> list[int]:
-    """A prompt of exactly `num_tokens` token ids (at least one)."""
-    return [PROMPT_TOKEN_ID] * max(num_tokens, 1)
+def synthetic_prompt_ids(num_tokens: int, salt: int = 0) -> list[int]:
+    """A prompt of exactly `num_tokens` token ids (at least one) whose first ones spell
+    `salt` (a request's index: prompts of different requests share no prefix)."""
+    digits = [SALT_FIRST_ID + (salt // SALT_BASE**i) % SALT_BASE for i in reversed(range(SALT_DIGITS))]
+    n = max(num_tokens, 1)
+    return (digits + [PROMPT_TOKEN_ID] * n)[:n]
 
 
 def request_for(
-    protocol: str, model: str | None, input_tokens: int, output_tokens: int, *, token_ids: bool = False
+    protocol: str,
+    model: str | None,
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    token_ids: bool = False,
+    salt: int = 0,
 ) -> tuple[str, dict]:
     """The (path, JSON body) asking for exactly `output_tokens` tokens after the prompt.
     `token_ids`: the prompt goes as a list of token ids (openai only), which models without
-    a tokenizer (random weights) accept and which has exactly `input_tokens` tokens."""
+    a tokenizer (random weights) accept and which has exactly `input_tokens` tokens.
+    `salt`: the request's index, which starts its prompt (no two share a cached prefix)."""
     if token_ids and protocol != "openai":
         raise ValueError(f"token-id prompts need the openai protocol, not {protocol!r}")
     prompt: str | list[int] = (
-        synthetic_prompt_ids(input_tokens) if token_ids else synthetic_prompt(input_tokens)
+        synthetic_prompt_ids(input_tokens, salt) if token_ids else synthetic_prompt(input_tokens, salt)
     )
     if protocol == "openai":
         body: dict = {

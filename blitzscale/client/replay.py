@@ -85,7 +85,12 @@ async def _send(
 ) -> RequestRecord:
     """One request, start to finish; every failure becomes an error record, never an exception."""
     path, body = request_for(
-        config.protocol, config.model, request.input_tokens, request.output_tokens, token_ids=config.token_ids
+        config.protocol,
+        config.model,
+        request.input_tokens,
+        request.output_tokens,
+        token_ids=config.token_ids,
+        salt=index,
     )
     stream = _Stream()
     sent = time.perf_counter()

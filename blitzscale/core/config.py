@@ -32,6 +32,9 @@ class EngineConfig:
     # "off", "reference", "reference:F", a shipped profile's name or a .json path. The
     # controller resolves it before any worker starts; a standalone engine ignores it.
     pace: str = "off"
+    # Reuse the KV blocks of prompt prefixes computed before (kvcache/pool.py); greedy
+    # tokens are the same either way.
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:

@@ -109,5 +109,3 @@ def _check_float(name: str, value: object, lo: float, must: str) -> None:
         raise InvalidRequestError(f"{name} must be a number, got {value!r}", _param(name))
     if not (math.isfinite(value) and value >= lo):
         raise InvalidRequestError(f"{name} must {must} and finite, got {value}", _param(name))
-
-

@@ -26,7 +26,7 @@ from blitzscale.engine.live import LiveQueue, finish_relayed
 from blitzscale.engine.logits import History, logprobs_of
 from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
-from blitzscale.engine.overlap import Overlap, plain
+from blitzscale.engine.overlap import PENDING, Overlap, plain
 from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.sampler import NO_TOKEN, sample
 from blitzscale.engine.scheduler import Scheduler
@@ -91,7 +91,11 @@ class LLMEngine:
         self.trace = step_trace(weights.device)  # BLITZSCALE_STEP_TRACE: a line per step
         self.table = RequestTable(self.pool)  # every request here, with its status
         self.scheduler = Scheduler(
-            self.pool, self.config.max_num_batched_tokens, self.config.max_num_seqs, self.table
+            self.pool,
+            self.config.max_num_batched_tokens,
+            self.config.max_num_seqs,
+            self.table,
+            prefix_caching=self.config.prefix_caching,
         )
         eos = set(weights.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -146,6 +150,7 @@ class LLMEngine:
         self.check_new_id(request_id)
         req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
         if self.live is not None and not self.live.readiness.all_ready:
+            req.cacheable = False  # its layers' KV is computed piecewise, maybe partly elsewhere
             self.table.add(req, S.LIVE)
             self.live.add(req)
         else:  # once loaded, new work skips the live queue, which only drains
@@ -256,7 +261,18 @@ class LLMEngine:
         """Requests by status, and KV blocks used and in all (the serving loop's stats)."""
         c = self.table.counts()
         out = {status.value: c.get(status, 0) for status in RequestStatus if status is not S.FINISHED}
-        return {**out, "used_blocks": self.pool.num_used_blocks, "total_blocks": self.pool.num_blocks}
+        return {
+            **out,
+            "used_blocks": self.pool.num_used_blocks,
+            "total_blocks": self.pool.num_blocks,
+            "prefix_queries": self.scheduler.prefix_queries,
+            "prefix_hits": self.scheduler.prefix_hits,
+        }
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (requests keep what they hold); how many blocks' were
+        forgotten."""
+        return self.pool.reset_prefix_cache()
 
     # --- the loop ---------------------------------------------------------------------
 
@@ -320,7 +336,9 @@ class LLMEngine:
         work.graph = self.runner.last_was_graph
         sampling = [s.request for s in sched.scheduled if s.completes_prompt]
         for s in sched.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
+            r = s.request
+            r.num_computed_tokens += s.num_new_tokens
+            self.scheduler.cache_computed(r, len(r.token_ids) - (r.token_ids[-1] == PENDING))
         if ov is not None and self.live is None and all(map(plain, sampling)):
             work.overlapped = ov.busy
             ov.launch(sampling, logits, self._emit)

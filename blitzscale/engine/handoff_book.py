@@ -107,6 +107,7 @@ class HandoffBook:
         if not 0 <= layer < num_layers:
             raise InvalidRequestError(f"relay layer {layer} is outside [0, {num_layers})")
         req = Request(request_id, list(prompt_token_ids), params, hold_kv=hold_kv)
+        req.cacheable = False  # its first layers' KV was computed on a live target
         req.block_ids = self._allocate(req.num_tokens)
         req.handoff = Handoff(layer)
         self.table.add(req, S.RELAYED_IN)

@@ -54,6 +54,9 @@ class Request:
     hold_kv: bool = False  # stop after the first token and keep the KV for migration
     live_layers: int = 0  # layers of its prefill run while the weights were incomplete
     handoff: Handoff | None = None  # RELAYING / RELAYED_IN: where the live task stopped
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix hashes of its first full blocks
+    num_registered: int = 0  # of its blocks, how many it offered the prefix cache
+    cacheable: bool = True  # its blocks may enter the prefix cache (not a live task's)
     # output processing state
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of tokens not yet emitted

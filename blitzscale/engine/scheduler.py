@@ -5,6 +5,11 @@ token budget for a prompt (long prompts are prefilled in chunks). KV blocks are 
 as tokens need them; when none are left, the most recently admitted request is preempted
 (its blocks freed, recomputed later), and waiting requests queue until blocks free up.
 The scheduler orders requests; their statuses are the request table's (engine/table.py).
+
+With prefix caching, a request admitted from the queue first takes the cached blocks of
+its prompt's longest cached prefix (kvcache/pool.py: full blocks, never its last token,
+which must be computed to sample), and computes only the rest; the engine offers each
+request's blocks to the cache as their tokens are computed (`cache_computed`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.table import RequestTable
 from blitzscale.kvcache.pool import BlockPool
+from blitzscale.kvcache.prefix import extend_hashes
 
 
 @dataclass(frozen=True)
@@ -46,13 +52,17 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         table: RequestTable | None = None,
+        prefix_caching: bool = False,
     ) -> None:
         self.pool = pool
         self.table = table if table is not None else RequestTable(pool)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.prefix_caching = prefix_caching
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of those, tokens found there (not computed again)
 
     @property
     def num_unfinished(self) -> int:
@@ -85,17 +95,50 @@ class Scheduler:
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            need = self._blocks_needed(req, n)
-            if not self.pool.can_allocate(need):
+            hit = self._cached_prefix(req)
+            start = max(req.num_computed_tokens, len(hit) * self.pool.block_size)
+            n = min(req.num_tokens - start, budget)
+            need = self.pool.blocks_for_tokens(start + n) - len(req.block_ids) - len(hit)
+            if not self.pool.can_allocate(need + self.pool.num_idle(hit)):
                 break
             self.waiting.popleft()
+            if hit:
+                self.pool.share(hit)
+                req.block_ids += hit
+                req.num_computed_tokens = start
+                self.prefix_hits += start
+            if self.prefix_caching and req.cacheable:
+                self.prefix_queries += req.num_tokens
             req.block_ids += self.pool.allocate(need)
             self.table.move(req, RequestStatus.RUNNING)
             self.running.append(req)
             scheduled.append(ScheduledRequest(req, n))
             budget -= n
         return SchedulerOutput(scheduled, num_preempted)
+
+    def _cached_prefix(self, req: Request) -> list[int]:
+        """The cached blocks a request about to be admitted can take: the longest cached
+        run of its full blocks, short of its last token (empty without prefix caching, or
+        for a request that already holds blocks)."""
+        if not self.prefix_caching or req.block_ids or req.num_computed_tokens or not req.cacheable:
+            return []
+        bs = self.pool.block_size
+        full = (req.num_tokens - 1) // bs
+        return self.pool.cached_prefix(extend_hashes(req.block_hashes, req.token_ids, full, bs))
+
+    def cache_computed(self, req: Request, known_tokens: int) -> None:
+        """Offer the prefix cache the request's full blocks whose tokens are computed and
+        known on the host (`known_tokens`: a token still on the device is not)."""
+        if not self.prefix_caching or not req.cacheable:
+            return
+        bs = self.pool.block_size
+        full = min(req.num_computed_tokens, known_tokens, len(req.block_ids) * bs) // bs
+        if full <= req.num_registered:
+            return
+        hashes = extend_hashes(req.block_hashes, req.token_ids, full, bs)
+        for i in range(req.num_registered, full):
+            self.pool.register(req.block_ids[i], hashes[i])
+        req.num_registered = full
 
     def finish(self, req: Request, reason: str) -> None:
         """Take a request out (finished or aborted); the table releases its KV blocks."""
@@ -131,5 +174,5 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.table.drop_blocks(req)
-        req.num_computed_tokens = 0
+        req.num_computed_tokens = 0  # (its cached blocks may still be there when it comes back)
         self.requeue(req)

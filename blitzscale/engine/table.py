@@ -76,6 +76,7 @@ class RequestTable:
     def drop_blocks(self, req: Request) -> None:
         self.pool.free(req.block_ids)
         req.block_ids = []
+        req.num_registered = 0
 
     def ids(self, *statuses: RequestStatus) -> list[str]:
         return [rid for rid, r in self._reqs.items() if not statuses or r.status in statuses]

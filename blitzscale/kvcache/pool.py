@@ -1,8 +1,16 @@
-"""Allocation of fixed-size KV blocks. Pure bookkeeping: no tensors, no device."""
+"""Allocation of fixed-size KV blocks, and the prefix cache over them. Pure bookkeeping:
+no tensors, no device.
+
+A used block has one or more holders (requests); `free` drops one. A full block whose
+tokens are known can be registered under its prefix hash (kvcache/prefix.py): another
+request whose prompt starts with the same tokens then shares it (`share`) instead of
+computing it again. A registered block nobody holds stays cached: it is allocated again
+only when no empty block is left, least recently freed first, and then forgets its hash.
+"""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 
 class BlockPool:
@@ -11,54 +19,138 @@ class BlockPool:
             raise ValueError(f"need num_blocks > 0 and block_size > 0, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
-        self._used: set[int] = set()
+        self._empty: deque[int] = deque(range(num_blocks))  # free, holding nothing reusable
+        self._cached: OrderedDict[int, None] = OrderedDict()  # free, registered; oldest first
+        self._refs: dict[int, int] = {}  # used block -> its holders
+        self._hash_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
+        self.evictions = 0  # cached blocks handed out again (their prefix forgotten)
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._empty) + len(self._cached)
 
     @property
     def num_used_blocks(self) -> int:
-        return len(self._used)
+        return len(self._refs)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Registered blocks, held or not."""
+        return len(self._hash_of)
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
+        return num_blocks <= self.num_free_blocks
 
     def allocate(self, num_blocks: int) -> list[int]:
         if not self.can_allocate(num_blocks):
-            raise RuntimeError(f"asked for {num_blocks} KV blocks, {len(self._free)} free")
-        ids = [self._free.popleft() for _ in range(num_blocks)]
-        self._used.update(ids)
+            raise RuntimeError(f"asked for {num_blocks} KV blocks, {self.num_free_blocks} free")
+        ids = []
+        for _ in range(num_blocks):
+            if self._empty:
+                b = self._empty.popleft()
+            else:  # the least recently freed cached block gives up its prefix
+                b, _ = self._cached.popitem(last=False)
+                del self._block_of[self._hash_of.pop(b)]
+                self.evictions += 1
+            self._refs[b] = 1
+            ids.append(b)
         return ids
 
     def free(self, block_ids: list[int]) -> None:
-        ids = set(block_ids)
-        if len(ids) == len(block_ids) and ids <= self._used:  # (the usual case, at set speed)
-            self._used -= ids
-            self._free.extend(block_ids)
-            return
+        """One holder lets go of each block; a block nobody holds is free again (cached, if
+        registered)."""
         for b in block_ids:
-            if b not in self._used:
+            n = self._refs.get(b, 0)
+            if n <= 0:
                 raise RuntimeError(f"KV block {b} freed twice or never allocated")
-            self._used.remove(b)
-            self._free.append(b)
+            if n > 1:
+                self._refs[b] = n - 1
+                continue
+            del self._refs[b]
+            if b in self._hash_of:
+                self._cached[b] = None
+            else:
+                self._empty.append(b)
+
+    # --- the prefix cache ------------------------------------------------------------------
+
+    def cached_prefix(self, hashes: list[bytes]) -> list[int]:
+        """The blocks holding the longest run of `hashes` from the first (pure lookup)."""
+        out = []
+        for h in hashes:
+            b = self._block_of.get(h)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def num_idle(self, block_ids: list[int]) -> int:
+        """How many of these registered blocks nobody holds (sharing them takes them off
+        the free count)."""
+        return sum(1 for b in block_ids if b in self._cached)
+
+    def share(self, block_ids: list[int]) -> None:
+        """One more holder for each of these registered blocks (from `cached_prefix`)."""
+        for b in block_ids:
+            if b not in self._hash_of:
+                raise RuntimeError(f"KV block {b} is not in the prefix cache")
+            if b in self._cached:
+                del self._cached[b]
+                self._refs[b] = 1
+            else:
+                self._refs[b] += 1
+
+    def register(self, block: int, h: bytes) -> None:
+        """A used, full block now known to hold the prefix `h`. A prefix already cached in
+        another block, or a block already registered, is left as it is."""
+        if block not in self._refs:
+            raise RuntimeError(f"KV block {block} is free: only a held block can be registered")
+        if h in self._block_of or block in self._hash_of:
+            return
+        self._hash_of[block] = h
+        self._block_of[h] = block
+
+    def is_registered(self, block: int) -> bool:
+        return block in self._hash_of
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (blocks in use keep their contents and holders);
+        returns how many were forgotten."""
+        n = len(self._hash_of)
+        self._empty.extend(self._cached)
+        self._cached.clear()
+        self._hash_of.clear()
+        self._block_of.clear()
+        return n
+
+    def refs(self, block: int) -> int:
+        """Holders of a block (0: free)."""
+        return self._refs.get(block, 0)
 
     @property
     def used_ids(self) -> frozenset[int]:
-        return frozenset(self._used)
+        return frozenset(self._refs)
 
     def check(self) -> list[str]:
         """What is wrong with the pool's own books (empty: nothing)."""
         problems = []
-        free = set(self._free)
-        if len(free) != len(self._free):
+        empty, cached, used = set(self._empty), set(self._cached), set(self._refs)
+        if len(empty) != len(self._empty):
             problems.append("a block is on the free list twice")
-        if free & self._used:
-            problems.append(f"blocks both free and used: {sorted(free & self._used)[:8]}")
-        if len(free) + len(self._used) != self.num_blocks:
-            problems.append(f"free {len(free)} + used {len(self._used)} != {self.num_blocks} blocks")
+        if (empty & cached) or ((empty | cached) & used):
+            problems.append(f"blocks both free and used: {sorted((empty | cached) & used)[:8]}")
+        if len(empty) + len(cached) + len(used) != self.num_blocks:
+            problems.append(f"free {len(empty) + len(cached)} + used {len(used)} != {self.num_blocks} blocks")
+        if any(n < 1 for n in self._refs.values()):
+            problems.append("a used block has no holder")
+        if cached - set(self._hash_of) or empty & set(self._hash_of):
+            problems.append("a free block is cached without a prefix, or empty with one")
+        if len(self._block_of) != len(self._hash_of) or any(
+            self._hash_of.get(b) != h for h, b in self._block_of.items()
+        ):
+            problems.append("the prefix cache's two maps disagree")
         return problems

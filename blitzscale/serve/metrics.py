@@ -59,10 +59,22 @@ class _RouterCollector(Collector):
                 labels=labels,
             ),
         }
+        queries = CounterMetricFamily(
+            "blitzscale_prefix_cache_queries",
+            "Prompt tokens looked up in each serving instance's prefix cache",
+            labels=["instance"],
+        )
+        hits = CounterMetricFamily(
+            "blitzscale_prefix_cache_hits",
+            "Prompt tokens found in each serving instance's prefix cache (not computed again)",
+            labels=["instance"],
+        )
         for i in self.router.instances.values():
             s = i.stats
             if s is None or i.state is InstanceState.INACTIVE:
                 continue
+            queries.add_metric([str(i.id)], s.prefix_queries)
+            hits.add_metric([str(i.id)], s.prefix_hits)
             steps.add_metric([str(i.id)], s.num_steps)
             step_s.add_metric([str(i.id)], s.step_s)
             busy_s.add_metric([str(i.id)], s.busy_s)
@@ -73,6 +85,8 @@ class _RouterCollector(Collector):
         yield step_s
         yield busy_s
         yield from by_kind.values()
+        yield queries
+        yield hits
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         router = self.router

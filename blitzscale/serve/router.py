@@ -21,6 +21,7 @@ from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.control.costmodel import Profile
 from blitzscale.control.snapshot import InstanceState
+from blitzscale.control.states import is_serving
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.roles import Role
 from blitzscale.core.sampling import SamplingParams
@@ -40,6 +41,7 @@ from blitzscale.messages import (
     RelayedMsg,
     RelayNoneMsg,
     RequestEvent,
+    ResetPrefixCacheMsg,
     StatsMsg,
 )
 from blitzscale.serve.dataplane import DataPlane
@@ -245,6 +247,15 @@ class Router:
         finally:
             if r.stage is not Stage.DONE:
                 await self.abort(request_id)
+
+    async def reset_prefix_cache(self) -> int:
+        """Every serving instance forgets its cached prefixes (`POST /reset_prefix_cache`:
+        benchmark clients reset between runs); how many instances were told."""
+        told = [i for i in self.instances.values() if is_serving(i.state)]
+        for i in told:
+            for rank in i.ranks:
+                await self._send(rank, ResetPrefixCacheMsg())
+        return len(told)
 
     async def abort(self, request_id: str) -> None:
         r = self.reqs.pop(request_id, None)

@@ -223,6 +223,9 @@ class SimEngine:
         else:  # once loaded, new work skips the live queue, which only drains
             self.scheduler.add(req)
 
+    def reset_prefix_cache(self) -> None:
+        self.pool.reset_prefix_cache()
+
     def abort(self, request_id: str) -> None:
         """As the real worker: a receive in flight gives its blocks back; a request the step
         works on ends with an "abort" output; a held one not being sent is freed."""

@@ -29,6 +29,7 @@ from blitzscale.messages import (
     RelayLostMsg,
     RelayMsg,
     RequestEvent,
+    ResetPrefixCacheMsg,
     SamplingMsg,
     SendKVMsg,
     SendRelayMsg,
@@ -36,7 +37,17 @@ from blitzscale.messages import (
     sampling_fields,
 )
 
-DATA_PLANE = (GenerateMsg, AbortMsg, RecvKVMsg, SendKVMsg, AdoptKVMsg, RelayMsg, RelayInMsg, SendRelayMsg)
+DATA_PLANE = (
+    GenerateMsg,
+    AbortMsg,
+    RecvKVMsg,
+    SendKVMsg,
+    AdoptKVMsg,
+    RelayMsg,
+    RelayInMsg,
+    SendRelayMsg,
+    ResetPrefixCacheMsg,
+)
 
 
 class DataPlaneWorker(Protocol):
@@ -81,10 +92,16 @@ class DataPlaneWorker(Protocol):
         """A relay in whose receives could not be posted: its reserved blocks go back."""
         ...
 
+    def reset_prefix_cache(self) -> None: ...
+
 
 def dispatch(w: DataPlaneWorker, msg: Message) -> None:
     """Hand `msg` (one of DATA_PLANE) to `w`; tell the router what failed."""
     rid = getattr(msg, "request_id", "")
+    if isinstance(msg, ResetPrefixCacheMsg):  # (no request: nothing to tell the router)
+        if w.serving:
+            w.reset_prefix_cache()
+        return
     if not w.serving:  # not the request's fault: it can run elsewhere
         w.send(LostMsg(rank=w.rank, request_id=rid, error=f"rank {w.rank} is not serving"))
         return

@@ -177,6 +177,10 @@ class ServingLoop:
     def cancel_relay(self, request_id: str) -> None:
         self._engine().handoffs.cancel_relay(request_id)
 
+    def reset_prefix_cache(self) -> None:
+        n = self._engine().reset_prefix_cache()
+        log.info("rank %d: prefix cache reset (%d blocks forgotten)", self.rank, n)
+
     def abort(self, request_id: str) -> None:
         e = self.engine
         assert e is not None
@@ -347,6 +351,8 @@ class ServingLoop:
                 for k, t in self.tally.kinds.items()
                 if t.steps
             ],
+            prefix_queries=c["prefix_queries"],
+            prefix_hits=c["prefix_hits"],
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:

@@ -51,6 +51,10 @@ class EngineBackend:
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "model": self.model_name, "running": len(self._streams)}
 
+    async def reset_prefix_cache(self) -> int:
+        self.engine.reset_prefix_cache()
+        return 1
+
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[RequestOutput]:

@@ -39,6 +39,7 @@ class FakeBackend:
     calls: list[Call] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)  # started, not finished, not cancelled
+    resets: int = 0  # POST /reset_prefix_cache calls
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
@@ -55,6 +56,10 @@ class FakeBackend:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+    async def reset_prefix_cache(self) -> int:
+        self.resets += 1
+        return 1
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         params.validate()

@@ -108,3 +108,12 @@ async def test_apps_have_their_own_registries_unless_they_share_metrics(fake: Fa
     assert shared.requests_total.labels(endpoint="/v1/completions", status="200")._value.get() == 2
     async with client_for(apps[0]) as client:
         assert "blitzscale_ttft_seconds_count 1.0" in (await client.get("/metrics")).text
+
+
+async def test_reset_prefix_cache_needs_the_key_and_tells_the_backend(fake: FakeBackend) -> None:
+    async with client_for(create_app(fake, api_key=KEY)) as client:
+        assert_error(await client.post("/reset_prefix_cache"), 401, says="API key")
+        assert fake.resets == 0
+        r = await client.post("/reset_prefix_cache", headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200 and r.json() == {"status": "ok", "instances": 1}
+        assert fake.resets == 1

@@ -4,17 +4,28 @@ import pytest
 
 from blitzscale.client.protocols import (
     PROMPT_TOKEN_ID,
+    SALT_DIGITS,
+    SALT_FIRST_ID,
     StreamEvent,
     parse_event,
     request_for,
     sse_data,
     synthetic_prompt,
+    synthetic_prompt_ids,
 )
 
 
-def test_prompt_has_one_word_per_requested_token() -> None:
-    assert len(synthetic_prompt(300).split()) == 300
-    assert synthetic_prompt(0) == "hello"
+def test_prompt_has_one_word_per_requested_token_after_its_salt() -> None:
+    words = synthetic_prompt(300, salt=7).split()
+    assert words[0] == "#7" and words[1:] == ["hello"] * 299
+    assert synthetic_prompt(0) == "#0"
+
+
+def test_prompts_of_different_requests_share_no_first_token() -> None:
+    firsts = {tuple(synthetic_prompt_ids(64, salt=i)[:SALT_DIGITS]) for i in range(3000)}
+    assert len(firsts) == 3000
+    assert all(t < 512 for i in (0, 10**6, 2**32 - 1) for t in synthetic_prompt_ids(8, salt=i))
+    assert synthetic_prompt_ids(2, salt=5) == [SALT_FIRST_ID, SALT_FIRST_ID]
 
 
 def test_openai_request_asks_for_exact_length() -> None:
@@ -26,9 +37,9 @@ def test_openai_request_asks_for_exact_length() -> None:
 
 
 def test_token_id_prompt_has_exactly_the_requested_length() -> None:
-    _, body = request_for("openai", None, 5, 7, token_ids=True)
-    assert body["prompt"] == [PROMPT_TOKEN_ID] * 5
-    assert request_for("openai", None, 0, 1, token_ids=True)[1]["prompt"] == [PROMPT_TOKEN_ID]
+    _, body = request_for("openai", None, 6, 7, token_ids=True, salt=1)
+    assert body["prompt"] == [SALT_FIRST_ID] * 3 + [SALT_FIRST_ID + 1] + [PROMPT_TOKEN_ID] * 2
+    assert request_for("openai", None, 0, 1, token_ids=True)[1]["prompt"] == [SALT_FIRST_ID]
     with pytest.raises(ValueError, match="token-id prompts need the openai protocol"):
         request_for("tgi", None, 5, 7, token_ids=True)
 
@@ -37,7 +48,7 @@ def test_tgi_request() -> None:
     path, body = request_for("tgi", None, 3, 9)
     assert path == "/generate_stream"
     assert body["parameters"]["max_new_tokens"] == 9
-    assert body["inputs"] == "hello hello hello"
+    assert body["inputs"] == "#0 hello hello"
 
 
 def test_unknown_protocol() -> None:

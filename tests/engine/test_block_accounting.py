@@ -154,7 +154,7 @@ def test_check_integrity_finds_a_leak_and_a_block_with_two_owners(tiny_weights) 
     engine.pool.free(leaked)
     reqs = [engine.request(rid) for rid in engine.request_ids()]
     reqs[1].block_ids.append(reqs[0].block_ids[0])  # one block, two owners
-    with pytest.raises(KVIntegrityError, match="owned by"):
+    with pytest.raises(KVIntegrityError, match="2 holders, the pool counts 1"):
         engine.check_integrity()
     reqs[1].block_ids.pop()
     engine.abort(a)

@@ -1,0 +1,77 @@
+"""The block pool's prefix cache: shared blocks, holders, eviction order, reset."""
+
+from __future__ import annotations
+
+import pytest
+
+from blitzscale.kvcache.pool import BlockPool
+from blitzscale.kvcache.prefix import ROOT, block_hash, extend_hashes
+
+
+def test_equal_prefixes_hash_equal_and_any_earlier_token_changes_every_later_hash() -> None:
+    a = extend_hashes([], list(range(12)), 3, 4)
+    assert a == extend_hashes([], [*range(12), 99], 3, 4)
+    b = extend_hashes([], [7, *range(1, 12)], 3, 4)
+    assert all(x != y for x, y in zip(a, b, strict=True))  # the first block differs: all differ
+    kept = a[:1]
+    assert extend_hashes(kept, list(range(12)), 3, 4) == a and kept == a  # extended in place
+    assert a[0] == block_hash(ROOT, [0, 1, 2, 3]) and len(a[0]) == 16
+
+
+def test_shared_blocks_count_their_holders_and_stay_cached_when_free() -> None:
+    pool = BlockPool(4, 4)
+    a = pool.allocate(2)
+    pool.register(a[0], b"h0")
+    pool.register(a[1], b"h1")
+    assert pool.cached_prefix([b"h0", b"h1", b"h2"]) == a
+    assert pool.cached_prefix([b"hx", b"h1"]) == []
+    pool.share(a[:1])  # a second request takes the first block
+    assert pool.refs(a[0]) == 2 and pool.num_used_blocks == 2
+    pool.free(a)  # the first request ends: block 0 still held, block 1 cached and free
+    assert pool.refs(a[0]) == 1 and pool.refs(a[1]) == 0 and pool.num_free_blocks == 3
+    assert pool.num_idle(a) == 1
+    pool.share([a[1]])  # a cached free block comes back with its contents
+    assert pool.refs(a[1]) == 1 and pool.num_free_blocks == 2
+    pool.free(a)
+    assert pool.num_free_blocks == 4 and pool.num_cached_blocks == 2 and pool.check() == []
+    with pytest.raises(RuntimeError, match="freed twice"):
+        pool.free([a[0]])
+
+
+def test_empty_blocks_go_first_then_the_least_recently_freed_cached_ones() -> None:
+    pool = BlockPool(3, 4)
+    x, y, z = pool.allocate(3)
+    pool.register(x, b"x")
+    pool.register(y, b"y")
+    pool.free([y])
+    pool.free([x])  # y was freed first: evicted first
+    pool.free([z])  # never registered: handed out before any cached block
+    assert pool.allocate(1) == [z] and pool.evictions == 0
+    assert pool.allocate(1) == [y] and pool.evictions == 1
+    assert pool.cached_prefix([b"y"]) == [] and pool.cached_prefix([b"x"]) == [x]
+    assert pool.check() == []
+
+
+def test_registering_is_for_held_blocks_and_a_known_prefix_keeps_its_block() -> None:
+    pool = BlockPool(3, 4)
+    a, b, _ = pool.allocate(3)
+    pool.register(a, b"p")
+    pool.register(b, b"p")  # the same prefix computed twice: the first block keeps it
+    pool.register(a, b"q")  # a registered block keeps its prefix
+    assert pool.cached_prefix([b"p"]) == [a] and not pool.is_registered(b)
+    pool.free([b])
+    with pytest.raises(RuntimeError, match="only a held block"):
+        pool.register(b, b"r")
+    with pytest.raises(RuntimeError, match="not in the prefix cache"):
+        pool.share([b])
+
+
+def test_reset_forgets_every_prefix_and_leaves_held_blocks_alone() -> None:
+    pool = BlockPool(3, 4)
+    a, b = pool.allocate(2)
+    pool.register(a, b"a")
+    pool.register(b, b"b")
+    pool.free([b])
+    assert pool.reset_prefix_cache() == 2
+    assert pool.cached_prefix([b"a"]) == [] and pool.refs(a) == 1 and pool.num_free_blocks == 2
+    assert pool.check() == []
