@@ -590,7 +590,7 @@ def _sync(device: torch.device) -> None:
 
 
 def process_main(cfg: WorkerConfig) -> None:
-    """A local worker process's entry point (multiprocessing spawn target): the worker's
+    """A local worker process's entry point (from `cluster/forked.py`): the worker's
     life, then the process ends at once. Python's own exit would run torch's static
     destructors, which deregister every operator kernel one by one: seconds of CPU per
     worker (7 s for four workers to exit on a busy 2-core machine), for nothing, as the
