@@ -85,7 +85,7 @@ class ProcessSpawner:
 
     def spawn(self, cfg: WorkerConfig, name: str) -> mp.Process:
         args = (dict(os.environ), pickle.dumps(cfg))
-        p = _context().Process(target=forked_main, args=args, name=name, daemon=True)
+        p = worker_context().Process(target=forked_main, args=args, name=name, daemon=True)
         p.start()
         return p
 
@@ -107,7 +107,9 @@ FORKSERVER_PRELOAD = ["torch"]
 _ctx: mp.context.ForkServerContext | None = None
 
 
-def _context() -> mp.context.ForkServerContext:
+def worker_context() -> mp.context.ForkServerContext:
+    """multiprocessing's forkserver context, its server preloading torch (the first call
+    sets that; the server starts with the first process started)."""
     global _ctx
     if _ctx is None:
         _ctx = mp.get_context("forkserver")
