@@ -38,6 +38,10 @@ SHARED = {
     "tests/serve/test_http.py": "pd_service",
     "tests/serve/test_sampling_paths.py": "pd_service",
     "tests/serve/test_scaling.py": "pd_service",
+    # transformers' load of SmolLM2 (`smollm2_hf`, about 25 s of a core) once, not per worker
+    "tests/engine/test_logits_processors.py": "smollm2_hf",
+    "tests/engine/test_smollm2_reference.py": "smollm2_hf",
+    "tests/serve/test_pacing_serve.py": "smollm2_hf",
 }
 SLOW_FIRST = (
     "ray",
@@ -45,7 +49,7 @@ SLOW_FIRST = (
     "tests/serve/test_cli_serve.py",
     "tests/serve/test_tp_serving.py",
     "pd_service",
-    "tests/engine/test_logits_processors.py",
+    "smollm2_hf",
     "tests/cluster/test_local_cluster.py",
     "tests/worker/test_tp_engine.py",
     "tests/serve/test_models_swap.py",
@@ -59,8 +63,6 @@ SLOW_FIRST = (
     "tests/serve/test_models_config.py",
     "tests/serve/test_standby.py",
     "tests/serve/test_faults.py",
-    "tests/serve/test_pacing_serve.py",
-    "tests/engine/test_smollm2_reference.py",
     "tests/serve/test_dead_decode.py",
 )
 

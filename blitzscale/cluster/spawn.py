@@ -10,10 +10,13 @@ picks one.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import pickle
 from typing import Protocol
 
+from blitzscale.cluster.forked import forked_main
 from blitzscale.errors import BlitzScaleError
-from blitzscale.worker.worker import WorkerConfig, process_main
+from blitzscale.worker.worker import WorkerConfig
 
 LOCAL_NODE = "local"
 
@@ -81,7 +84,8 @@ class ProcessSpawner:
         return whole_instances(min(num_workers, visible), tp, f"{visible} visible")
 
     def spawn(self, cfg: WorkerConfig, name: str) -> mp.Process:
-        p = mp.get_context("spawn").Process(target=process_main, args=(cfg,), name=name, daemon=True)
+        args = (dict(os.environ), pickle.dumps(cfg))
+        p = worker_context().Process(target=forked_main, args=args, name=name, daemon=True)
         p.start()
         return p
 
@@ -91,3 +95,23 @@ class ProcessSpawner:
 
     def close(self) -> None:
         pass
+
+
+# Workers are forked from a server process that has imported torch once (multiprocessing's
+# forkserver), not started as fresh interpreters: each fresh one imported torch again, 2.5 s
+# of a core on an idle machine, more on a busy one, per worker and per respawn. The server
+# is this process's child, started with its first worker, and imports torch only: CUDA is
+# never initialised there, and our modules (some read settings from the environment when
+# imported) are imported in each worker once its environment is set (`forked_main`).
+FORKSERVER_PRELOAD = ["torch"]
+_ctx: mp.context.ForkServerContext | None = None
+
+
+def worker_context() -> mp.context.ForkServerContext:
+    """multiprocessing's forkserver context, its server preloading torch (the first call
+    sets that; the server starts with the first process started)."""
+    global _ctx
+    if _ctx is None:
+        _ctx = mp.get_context("forkserver")
+        _ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return _ctx

@@ -23,7 +23,9 @@ from tests.serve.test_http import PROMPTS
 CLI = [sys.executable, "-m", "blitzscale.cli.main"]
 
 
-def test_serve_on_its_own_ray_instance_and_ctrl_c_leaves_nothing(smollm2_engine_texts: list[str]) -> None:
+def test_serve_on_its_own_ray_instance_and_ctrl_c_leaves_nothing(
+    smollm2_engine_texts: list[str], no_shared_ray: None
+) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -38,11 +38,41 @@ def make_service(**sections: dict[str, Any]) -> Callable[[], Iterator[tuple[Serv
 
 FAST_PLANNER = {"scale_down_idle_s": 0.3, "shutting_null_keep_s": 0.3, "tokens_prefilled_per_sec": 2000.0}
 
-# One PD cluster for the session, shared by the modules of the `pd_service` xdist group
-# (test_http, test_sampling_paths, then test_scaling, which scales it up and back down).
-pd_service = pytest.fixture(scope="session")(
-    make_service(cluster={"num_workers": 4}, router={"mode": "pd"}, planner=FAST_PLANNER)
-)
+# One PD cluster shared by the modules of the `pd_service` xdist unit (test_http,
+# test_sampling_paths, then test_scaling, which scales it up and back down): started by the
+# first test that asks for it, stopped once the unit's last test is done, not at the end of
+# the session (an idle cluster's five processes take CPU from the tests still running).
+PD_CONFIG = {"cluster": {"num_workers": 4}, "router": {"mode": "pd"}, "planner": FAST_PLANNER}
+_pd_stack = contextlib.ExitStack()
+_pd: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def pd_service() -> tuple[ServingCluster, LoopThread]:
+    if "service" not in _pd:
+        _pd["service"] = _pd_stack.enter_context(running(ServeConfig().with_overrides(**PD_CONFIG)))
+    return _pd["service"]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    result = yield  # (the module's own fixtures, which may use the service, end first)
+    if _pd and _last_of_unit(item):
+        _pd.clear()
+        _pd_stack.close()
+    return result
+
+
+def _last_of_unit(item: pytest.Item) -> bool:
+    from tests.conftest import work_unit
+
+    unit = work_unit(item.nodeid)
+    if unit != "pd_service":
+        return False
+    items = item.session.items
+    later = items[items.index(item) + 1 :]
+    return not any(work_unit(i.nodeid) == unit for i in later)
+
 
 colocated_service = pytest.fixture(scope="module")(
     make_service(cluster={"num_workers": 1}, router={"mode": "colocated"}, policy={"name": "fixed"})
@@ -82,9 +112,12 @@ def stop_http(server: Any, lt: LoopThread) -> None:
     lt.run(stop())
 
 
-@pytest.fixture(scope="session")
-def pd_url(pd_service: tuple[ServingCluster, LoopThread]) -> Iterator[str]:
-    """`pd_service` over HTTP (one app per service: its metrics live in the service's registry)."""
-    url, server = start_http(*pd_service)
-    yield url
-    stop_http(server, pd_service[1])
+@pytest.fixture(scope="module")
+def pd_url(pd_service: tuple[ServingCluster, LoopThread]) -> str:
+    """`pd_service` over HTTP (one app per service: its metrics live in the service's
+    registry), stopped before the service."""
+    if "url" not in _pd:
+        url, server = start_http(*pd_service)
+        _pd_stack.callback(stop_http, server, pd_service[1])
+        _pd["url"] = url
+    return _pd["url"]

@@ -98,16 +98,29 @@ def test_a_port_in_use_is_refused_before_any_worker_starts(tmp_path: Path) -> No
     assert "serving" not in err and "worker" not in err.lower()
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
+def _family(pid: int) -> tuple[list[int], list[int]]:
+    """(children, grandchildren) of `pid`. A server's workers are forked by
+    multiprocessing's forkserver, its child (`cluster/spawn.py`): they are grandchildren."""
+    parents: dict[int, int] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    kids.append(int(d.name))
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-    return kids
+    children = [c for c, p in parents.items() if p == pid]
+    return children, [c for c, p in parents.items() if p in children]
+
+
+def _none_left(pids: list[int], within_s: float = 30.0) -> list[int]:
+    """Those of `pids` still running after `within_s` (the forkserver ends once the server
+    has, a moment after it)."""
+    deadline = time.monotonic() + within_s
+    left = pids
+    while left and time.monotonic() < deadline:
+        left = [w for w in left if Path(f"/proc/{w}").exists() and _alive(w)]
+        time.sleep(0.2)
+    return left
 
 
 def _start_serve(tmp_path: Path, toml: str) -> tuple[subprocess.Popen[str], int]:
@@ -141,12 +154,11 @@ def _start_serve(tmp_path: Path, toml: str) -> tuple[subprocess.Popen[str], int]
 def test_sigterm_stops_everything_without_orphans(tmp_path: Path) -> None:
     proc, _port = _start_serve(tmp_path, "[cluster]\nnum_workers = 2\n[router]\nmode = 'colocated'\n")
     try:
-        workers = _children(proc.pid)
+        children, workers = _family(proc.pid)
         assert len(workers) >= 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        time.sleep(0.5)
-        assert [w for w in workers if Path(f"/proc/{w}").exists() and _alive(w)] == []
+        assert _none_left(children + workers) == []
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -29,7 +29,7 @@ from blitzscale.serve.events import ScaleEvent
 from blitzscale.serve.server import ServingCluster
 from tests.conftest import save_tiny_hf_folder
 from tests.serve.conftest import FAST_PLANNER, running, start_http, stop_http
-from tests.serve.test_cli_serve import CLI, _alive, _children, _start_serve
+from tests.serve.test_cli_serve import CLI, _family, _none_left, _start_serve
 
 PARAMS = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 TEXTS = ["w5 w9 w17 w33 w2", "w100 w200 w300", "w7 " * 30]
@@ -272,12 +272,11 @@ def test_ctrl_c_stops_a_tp2_server_and_every_worker(folder: Path, tmp_path: Path
         body = {"model": str(folder), "prompt": TEXTS[1], "max_tokens": 10, "temperature": 0}
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
-        workers = _children(proc.pid)
+        children, workers = _family(proc.pid)
         assert len(workers) >= 4
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
-        time.sleep(0.5)
-        assert [w for w in workers if Path(f"/proc/{w}").exists() and _alive(w)] == []
+        assert _none_left(children + workers) == []
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -5,7 +5,6 @@ of each family at TP=2, and the real SmolLM2-135M (9 heads, 3 KV heads) at TP=3.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import queue
 import time
 from datetime import timedelta
@@ -16,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from blitzscale.checkpoint import load_weights, resolve_model
+from blitzscale.cluster.spawn import worker_context
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.errors import CheckpointError
 from tests.model.test_tiny_reference import hf_greedy, random_prompts
@@ -39,7 +39,7 @@ def _run(tp: int, target: Any, args: Any) -> Any:
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
     )
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()  # forked from a server that imported torch once, as workers are
     out = ctx.Queue()
     procs = [ctx.Process(target=target, args=args(r, store.port, out), daemon=True) for r in range(tp)]
     for p in procs:
