@@ -58,3 +58,30 @@ def test_step_kind_of_live_work() -> None:
     assert StepWork(partial=[(8, 0.5)], decode_contexts=[3]).kind == "live"
     assert StepWork(decode_contexts=[3], graph=True).kind == "decode_graph"
     assert StepWork().kind == "none"
+
+
+def test_the_step_trace_writes_a_line_per_step_with_its_chunks(tiny_weights: Any, tmp_path: Any) -> None:
+    """BLITZSCALE_STEP_TRACE's lines (engine/steptrace.py): one per step, in order, saying
+    what the step computed; a chunk continuing a prefix is counted as one."""
+    import itertools
+    import json
+
+    import torch
+
+    from blitzscale.engine.steptrace import StepTrace
+
+    cfg = EngineConfig(block_size=16, num_kv_blocks=128, max_num_batched_tokens=32, max_model_len=256)
+    e = LLMEngine(tiny_weights("tiny-llama3"), None, cfg)
+    e.trace = StepTrace(str(tmp_path / "t"), torch.device("cpu"))
+    e.add_request(list(range(1, 41)), SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    while e.has_unfinished():
+        e.step()
+    [path] = tmp_path.glob("t.*.jsonl")
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(x["kind"], x["prompt_tokens"], x["chunks"], x["prefixed_chunks"]) for x in lines[:2]] == [
+        ("prefill", 32, 1, 0),
+        ("prefill", 8, 1, 1),  # the rest of the 40-token prompt, after its first 32
+    ]
+    assert [x["kind"] for x in lines[2:]] == ["decode_eager"] * (len(lines) - 2) and len(lines) >= 4
+    assert all(x["wall_ms"] >= x["launch_ms"] >= 0 and x["device_ms"] is None for x in lines)
+    assert all(a["t"] < b["t"] for a, b in itertools.pairwise(lines))
