@@ -129,6 +129,19 @@ def smollm2_hf(smollm2_src: Any) -> Any:
     return model.eval()
 
 
+def hf_greedy(hf: Any, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt alone (no padding): the reference."""
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = hf.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new
+            )
+            out.append(gen[0, len(p) :].tolist())
+    return out
+
+
 _tiny_cache: dict[str, Any] = {}
 
 

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.procs import descendants
+
 CONTROLLER = """
 import time
 from blitzscale.cluster.config import ClusterConfig
@@ -21,22 +23,6 @@ if __name__ == "__main__":
     print(*(p.pid for p in cluster.procs), flush=True)
     time.sleep(600)
 """
-
-
-def _descendants(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {c for c, p in parents.items() if p in frontier} - found
-        found |= frontier
-    return found
 
 
 def _running(pid: int) -> bool:
@@ -54,7 +40,7 @@ def test_workers_of_a_killed_controller_leave(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         workers = {int(p) for p in proc.stdout.readline().split()}
-        family = _descendants(proc.pid)
+        family = descendants(proc.pid)
         assert len(workers) == 2 and workers <= family, (workers, family)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)

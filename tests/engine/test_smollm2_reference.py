@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
+from tests.conftest import hf_greedy
 
 MAX_NEW = 24
 PLAIN = (
@@ -48,15 +48,7 @@ def prompts(smollm2_tokenizer: Any) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(smollm2_hf: Any, prompts: list[list[int]]) -> list[list[int]]:
-    out = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            gen = smollm2_hf.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW
-            )
-            out.append(gen[0, len(p) :].tolist())
-    return out
+    return hf_greedy(smollm2_hf, prompts, MAX_NEW)
 
 
 def test_reference_is_meaningful(reference: list[list[int]], smollm2_tokenizer: Any) -> None:

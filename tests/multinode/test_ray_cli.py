@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from tests.procs import descendants
 from tests.serve.test_cli_serve import _alive
 from tests.serve.test_http import PROMPTS
 
@@ -51,7 +52,7 @@ def test_serve_on_its_own_ray_instance_and_ctrl_c_leaves_nothing(
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=180)
         done = c.completions.create(model="smollm2-135m", prompt=PROMPTS[0], max_tokens=16, temperature=0)
         assert done.choices[0].text == smollm2_engine_texts[0]
-        family = _descendants(proc.pid)
+        family = descendants(proc.pid)
         names = " ".join(_cmdline(p) for p in family)
         assert "raylet" in names and "gcs_server" in names, names  # Ray started by serve itself
         assert sum("WorkerActorBody" in _cmdline(p) for p in family) == 2, names
@@ -95,22 +96,6 @@ def test_bad_backend_in_the_file_is_named(tmp_path, toml: str, needle: str) -> N
     r = subprocess.run([*CLI, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr, r.stderr
-
-
-def _descendants(pid: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    out, frontier = [], [pid]
-    while frontier:
-        kids = [c for c, parent in parents.items() if parent in frontier]
-        out += kids
-        frontier = kids
-    return out
 
 
 def _cmdline(pid: int) -> str:

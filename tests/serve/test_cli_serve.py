@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.procs import parent_pids
+
 CLI = [sys.executable, "-m", "blitzscale.cli.main"]
 
 
@@ -101,13 +103,7 @@ def test_a_port_in_use_is_refused_before_any_worker_starts(tmp_path: Path) -> No
 def _family(pid: int) -> tuple[list[int], list[int]]:
     """(children, grandchildren) of `pid`. A server's workers are forked by
     multiprocessing's forkserver, its child (`cluster/spawn.py`): they are grandchildren."""
-    parents: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
+    parents = parent_pids()
     children = [c for c, p in parents.items() if p == pid]
     return children, [c for c, p in parents.items() if p in children]
 
