@@ -45,14 +45,15 @@ def closed_loop(
 ) -> ClosedLoop:
     """`tally`: the measured window's steps by kind are added to it."""
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(max_tokens=mix.max_tokens, temperature=0, ignore_eos=True)
     gen = torch.Generator().manual_seed(seed)
 
-    def add() -> None:  # a new random prompt each time (one seen before would hit the prefix cache)
+    def add(max_tokens: int = mix.max_tokens) -> None:
+        # a new random prompt each time (one seen before would hit the prefix cache)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         engine.add_request(torch.randint(0, vocab, (mix.prompt_len,), generator=gen).tolist(), params)
 
-    for _ in range(streams):
-        add()
+    for k in range(streams):
+        add(mix.first_tokens(k, streams))
     t0 = time.perf_counter()
     start, end = t0 + mix.warmup_s, t0 + mix.warmup_s + mix.window_s
     tokens = done = 0

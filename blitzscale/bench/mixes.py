@@ -22,7 +22,7 @@ class Mix:
     prompt_len: int = 512
     max_tokens: int = 256
     window_s: float = 20.0  # measured part of each closed loop
-    warmup_s: float = 5.0  # its unmeasured start
+    warmup_s: float = 10.0  # its unmeasured start (the staggered first requests, then steady)
     burst: int = 128
     burst_len: int = 2048
     single_len: int = 2048
@@ -37,6 +37,15 @@ class Mix:
             raise ValueError(f"streams must be positive counts, got {list(self.streams)}")
         if self.window_s <= 0 or self.warmup_s < 0 or self.stream_tokens < 2:
             raise ValueError("window_s must be > 0, warmup_s >= 0 and stream_tokens >= 2")
+
+    def first_tokens(self, stream: int, streams: int) -> int:
+        """Output tokens of a closed-loop stream's first request: staggered from 1 to
+        `max_tokens` over the streams, so that their requests end evenly spread in time,
+        not all in the same step (streams started together would otherwise stay in
+        lockstep: every request ending at once, then a wave of prompts, and a 20 s window
+        would see a phase-dependent number of waves). Every later request asks for
+        `max_tokens`."""
+        return 1 + (stream * self.max_tokens) // streams
 
 
 @dataclass(frozen=True)

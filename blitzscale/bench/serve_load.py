@@ -51,7 +51,7 @@ def _count_in_process(spec_json: str) -> str:
     mix = Mix(prompt_len=prompt_len, max_tokens=max_tokens)
 
     async def run() -> WindowCounts:
-        load = HttpLoad(url, model, vocab, len(clients) + 4)
+        load = HttpLoad(url, model, vocab, len(clients) + 4, seed=1 + clients[0])
         try:
             return await load.count_window(mix, clients, streams, (start, end))
         finally:
@@ -62,13 +62,15 @@ def _count_in_process(spec_json: str) -> str:
 
 
 class HttpLoad:
-    def __init__(self, url: str, model: str, vocab: int, connections: int) -> None:
+    def __init__(self, url: str, model: str, vocab: int, connections: int, seed: int = 0) -> None:
         self.url = url
         self.model = model
         self.vocab = vocab
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits)
-        self.rng = random.Random(0)
+        # a fresh prompt for every request, and client processes seeded apart: no two requests
+        # share a cached prefix, as in the engine-alone run they are compared with
+        self.rng = random.Random(seed)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -128,13 +130,12 @@ class HttpLoad:
         tokens and answers inside the window, and failed answers."""
         start, end = window
         answers: list[Answer] = []
-        prompts = [self.prompt(mix.prompt_len) for _ in range(streams * 4)]
 
         async def client(k: int) -> None:
-            i = k
+            max_tokens = mix.first_tokens(k, streams)
             while time.perf_counter() < end:
-                answers.append(await self.ask(prompts[i % len(prompts)], mix.max_tokens))
-                i += streams
+                answers.append(await self.ask(self.prompt(mix.prompt_len), max_tokens))
+                max_tokens = mix.max_tokens
 
         await asyncio.gather(*(client(k) for k in clients))
         tokens = sum(1 for a in answers for t in a.stamps if start <= t < end)

@@ -84,15 +84,17 @@ async def _closed_loop(s: SimServe, mix: Mix, streams: int) -> ClosedLoop:
     start, end = t0 + mix.warmup_s, t0 + mix.warmup_s + mix.window_s
     tokens = done = errors = 0
 
-    async def client() -> None:
+    async def client(k: int) -> None:
         nonlocal tokens, done, errors
+        max_tokens = mix.first_tokens(k, streams)
         while clock.now() < end:
-            _, outs, err = await s.ask(mix.prompt_len, mix.max_tokens)
+            _, outs, err = await s.ask(mix.prompt_len, max_tokens)
+            max_tokens = mix.max_tokens
             tokens += sum(n for t, n in outs if start <= t < end)
             done += not err and bool(outs) and start <= outs[-1][0] < end
             errors += bool(err) or not outs
 
-    await asyncio.gather(*(client() for _ in range(streams)))
+    await asyncio.gather(*(client(k) for k in range(streams)))
     return ClosedLoop(streams, round(tokens / mix.window_s, 1), done, errors)
 
 

@@ -328,6 +328,7 @@ class LLMEngine:
                 work.prompt_tokens += s.num_new_tokens
                 work.chunks += 1
                 work.prefixed_chunks += s.request.num_computed_tokens > 0
+        work.running, work.waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         if self.trace is not None:
             self.trace.launching()
         logits = self.runner.execute(sched, ov.in_flight if ov is not None else None)

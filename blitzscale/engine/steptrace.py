@@ -135,6 +135,8 @@ class StepTrace:
             "chunks": work.chunks,
             "prefixed_chunks": work.prefixed_chunks,
             "decode": work.decode_batch,
+            "running": work.running,
+            "waiting": work.waiting,
             "overlapped": work.overlapped,
             "wall_ms": round(1000 * wall_s, 3),
             "to_launch_ms": round(1000 * (self._t_launch - self._t0), 3),

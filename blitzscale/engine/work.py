@@ -20,6 +20,8 @@ class StepWork:
     overlapped: bool = False  # launched before the step before it was read (engine/overlap.py)
     chunks: int = 0  # prompt chunks among prompt_tokens
     prefixed_chunks: int = 0  # of those, the ones continuing a computed prefix
+    running: int = 0  # requests in the running batch after scheduling (step trace)
+    waiting: int = 0  # requests left waiting after scheduling (step trace)
 
     @property
     def decode_batch(self) -> int:
