@@ -87,6 +87,18 @@ class _RouterCollector(Collector):
         yield from by_kind.values()
         yield queries
         yield hits
+        routed = CounterMetricFamily(
+            "blitzscale_router_prefix_routed_requests",
+            "Requests the router sent where, by its index, a prefix of their prompt was cached",
+        )
+        routed.add_metric([], self.router.num_prefix_routed)
+        yield routed
+        routed_tokens = CounterMetricFamily(
+            "blitzscale_router_prefix_routed_tokens",
+            "Prompt tokens the router's index expected those requests to find cached",
+        )
+        routed_tokens.add_metric([], self.router.prefix_routed_tokens)
+        yield routed_tokens
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         router = self.router

@@ -30,6 +30,9 @@ class ServedModel:
     may_idle_at_zero: bool = False  # with no instance it is at zero (/health ok), not broken
     cost: Profile | None = None  # its cost model on the workers' device (None: unknown)
     max_num_seqs: int = 0  # sequences one of its engines runs at once (0: unknown)
+    # its engines' KV block size when they cache prompt prefixes (0: they do not, and the
+    # router does not route by prefix; serve/prefixes.py)
+    prefix_block_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class RouterRequest:
     relay_from: int | None = None  # live target sending this request's prefill to prefill_rank
     live: bool = False  # part of its prefill ran on an instance still loading weights
     attempt: int = 0  # runs after the first (an instance died before it produced anything)
+    prefix_hashes: list[bytes] | None = None  # its prompt's full-block hashes (prefix routing)
 
     def move(self, new: Stage) -> None:
         if new is not self.stage and new not in STAGE_MOVES[self.stage]:

@@ -49,6 +49,7 @@ from blitzscale.serve.instances import Instance
 from blitzscale.serve.live import LiveScaling
 from blitzscale.serve.migration import KVMigrations
 from blitzscale.serve.models import ModelBackend, ServedModel
+from blitzscale.serve.prefixes import FALLBACK_CAPACITY_BLOCKS, PrefixIndex
 from blitzscale.serve.queue import RequestQueue
 from blitzscale.serve.requests import RouterRequest, Stage
 from blitzscale.serve.respawn import Respawner
@@ -75,6 +76,11 @@ class RouterConfig:
     prefill_budget_s: float = 0.5
     prefill_budget_tokens: int = 0  # an explicit budget in prompt tokens instead (0: from seconds)
     max_requests_per_instance: int = 0  # 0: the engine's max_num_seqs
+    # Weigh the prompt prefix an instance probably has cached (serve/prefixes.py) against
+    # its load: a cached block is prompt work it need not do. Only among instances within
+    # a quarter of an engine's batch of the least loaded, so a popular prefix never piles
+    # every request onto one instance.
+    prefix_aware: bool = True
     health_check_s: float = 0.5
     # Load shedding: a request that could not start within max_queue_wait_s, given the
     # prompt tokens ahead of it and what the model's instances (serving, loading, or free to
@@ -143,6 +149,9 @@ class Router:
         self.respawner = Respawner(cluster, cluster.cfg.max_restarts, self._rank_back)
         self.on_rank_back: list[Callable[[int], None]] = []  # e.g. the scaler's backoff
         self.live = LiveScaling(self, pd_mode=cfg.mode == "pd")  # ZigZag: live pairs, relays, live counters
+        self.prefixes = PrefixIndex()  # which prompt prefixes each instance was sent
+        self.num_prefix_routed = 0  # requests sent where a prefix of theirs was likely cached
+        self.prefix_routed_tokens = 0  # prompt tokens those had cached there, by the index
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -252,6 +261,7 @@ class Router:
         """Every serving instance forgets its cached prefixes (`POST /reset_prefix_cache`:
         benchmark clients reset between runs); how many instances were told."""
         told = [i for i in self.instances.values() if is_serving(i.state)]
+        self.prefixes.forget()
         for i in told:
             for rank in i.ranks:
                 await self._send(rank, ResetPrefixCacheMsg())
@@ -400,10 +410,31 @@ class Router:
             return "colocated"
         return role
 
-    def pick(self, role: Role, need_tokens: int = 0, model: str | None = None) -> Instance | None:
-        """The least loaded instance of `model` (None: the default one) taking `role` work."""
+    def pick(
+        self, role: Role, need_tokens: int = 0, model: str | None = None, prefix: list[bytes] | None = None
+    ) -> Instance | None:
+        """The least loaded instance of `model` (None: the default one) taking `role` work.
+        `prefix`: the prompt's block hashes; an instance's likely cached share of them
+        counts as prompt work it need not do (`prefix_aware`)."""
         want = model or self.model_name
-        best: Instance | None = None
+        fits = self._candidates(role, need_tokens, want)
+        if not fits:
+            return None
+        if not prefix:
+            return min(fits, key=lambda i: (i.outstanding_tokens, i.num_assigned))
+        block = self._models[want].model.prefix_block_size
+        near = min(i.num_assigned for i in fits) + max(1, self.max_requests(want) // 4)
+
+        def cached(inst: Instance) -> int:
+            if inst.num_assigned > near:
+                return 0
+            return block * self.prefixes.cached_blocks(want, inst.rank, inst.loaded_at, prefix)
+
+        return min(fits, key=lambda i: (i.outstanding_tokens - cached(i), i.num_assigned))
+
+    def _candidates(self, role: Role, need_tokens: int, want: str) -> list[Instance]:
+        """Instances of model `want` taking `role` work that have room for `need_tokens`."""
+        fits: list[Instance] = []
         for inst in self.instances.values():
             if inst.model != want or self._accepts(inst) != role or inst.rank not in self.connected:
                 continue
@@ -415,12 +446,28 @@ class Router:
                 and (inst.outstanding_tokens + need_tokens > self.live.budget(inst))
             ):
                 continue
-            if best is None or (inst.outstanding_tokens, inst.num_assigned) < (
-                best.outstanding_tokens,
-                best.num_assigned,
-            ):
-                best = inst
-        return best
+            fits.append(inst)
+        return fits
+
+    def _prefix_of(self, r: RouterRequest) -> list[bytes] | None:
+        """`r`'s prompt block hashes, if its model's instances cache prefixes (once per request)."""
+        block = self._models[r.model].model.prefix_block_size if r.model in self._models else 0
+        if not (self.cfg.prefix_aware and block):
+            return None
+        if r.prefix_hashes is None:
+            r.prefix_hashes = PrefixIndex.hashes(r.prompt, block)
+        return r.prefix_hashes
+
+    def _note_prefix(self, r: RouterRequest, inst: Instance, prefix: list[bytes] | None) -> None:
+        """`inst` will hold `r`'s prompt blocks once it has prefilled them."""
+        if not prefix:
+            return
+        hit = self.prefixes.cached_blocks(r.model, inst.rank, inst.loaded_at, prefix)
+        if hit:
+            self.num_prefix_routed += 1
+            self.prefix_routed_tokens += hit * self._models[r.model].model.prefix_block_size
+        cap = inst.stats.total_blocks if inst.stats is not None else FALLBACK_CAPACITY_BLOCKS
+        self.prefixes.record(r.model, inst.rank, inst.loaded_at, prefix, cap)
 
     async def _dispatch_queue(self) -> None:
         role = "prefill" if self.cfg.mode == "pd" else "colocated"
@@ -441,7 +488,8 @@ class Router:
                 return  # decode is the bottleneck: prefilling more would only fail later
             if r.model in waiting:
                 continue
-            inst = self.pick(role, len(r.prompt), r.model)
+            prefix = self._prefix_of(r)
+            inst = self.pick(role, len(r.prompt), r.model, prefix)
             if inst is None:  # FCFS per model: it waits, and so do its model's later ones
                 waiting.add(r.model)
                 if len(waiting) == len(self._models):
@@ -451,6 +499,7 @@ class Router:
             r.move(Stage.PREFILL)
             r.prefill_rank, r.dispatched_at = inst.rank, clock.now()
             self.state.assign(inst.rank, len(r.prompt))
+            self._note_prefix(r, inst, prefix)
             hold = self.cfg.mode == "pd"
             await self._send(
                 inst.rank,

@@ -88,6 +88,7 @@ def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig, cost: Profile | 
         may_idle_at_zero=m.min_instances == 0 and (math.isfinite(keep) or len(cfg.models) > 1),
         cost=cost,
         max_num_seqs=cfg.engine.for_device(cfg.cluster.device).max_num_seqs,
+        prefix_block_size=cfg.engine.block_size if cfg.engine.prefix_caching else 0,
     )
 
 

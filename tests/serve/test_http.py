@@ -139,13 +139,16 @@ def test_client_disconnect_aborts_and_frees_blocks(
     assert all(i.stats.used_blocks == 0 for i in service.router.instances.values() if i.stats is not None)
 
 
-def _prefix_hits(url: str) -> float:
+def _prefix_hits(url: str, name: str = "blitzscale_prefix_cache_hits") -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{url}/metrics", timeout=30).text
     fams = {f.name: f for f in text_string_to_metric_families(text)}
-    fam = fams.get("blitzscale_prefix_cache_hits")
+    fam = fams.get(name)
     return sum(s.value for s in fam.samples if s.name.endswith("_total")) if fam else 0.0
+
+
+ROUTED = "blitzscale_router_prefix_routed_requests"
 
 
 def test_a_repeated_long_prompt_hits_the_prefix_cache_and_reset_forgets_it(pd_url: str) -> None:
@@ -153,7 +156,7 @@ def test_a_repeated_long_prompt_hits_the_prefix_cache_and_reset_forgets_it(pd_ur
 
     c = _client(pd_url)
     prompt = " ".join(f"Step {i}: check the queue, the KV usage and the scale events." for i in range(12))
-    before = _prefix_hits(pd_url)
+    before, routed = _prefix_hits(pd_url), _prefix_hits(pd_url, ROUTED)
     texts = [
         c.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=6, temperature=0).choices[0].text
         for _ in range(2)
@@ -163,7 +166,9 @@ def test_a_repeated_long_prompt_hits_the_prefix_cache_and_reset_forgets_it(pd_ur
     while _prefix_hits(pd_url) - before < 64 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _prefix_hits(pd_url) - before >= 64  # the second prefill took the first's blocks
+    assert _prefix_hits(pd_url, ROUTED) - routed == 1  # the router sent it where the first went
     r = httpx.post(f"{pd_url}/reset_prefix_cache", timeout=30)
     assert r.status_code == 200 and r.json()["instances"] >= 1
     again = c.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=6, temperature=0)
     assert again.choices[0].text == texts[0]
+    assert _prefix_hits(pd_url, ROUTED) - routed == 1  # after the reset the router expected nothing
