@@ -29,6 +29,7 @@ from blitzscale.checkpoint.resolve import hf_id
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.cluster.spawners import make_spawner
 from blitzscale.control.costmodel import Profile
+from blitzscale.core.heap import freeze_heap
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
 from blitzscale.serve.config import ModelEntry, ServeConfig
@@ -252,6 +253,7 @@ async def run_server(cfg: ServeConfig, access_log: Any = None) -> None:
             )
         )
         announce = asyncio.create_task(_announce(server, cfg))
+        freeze_heap()  # (the server's modules, app and control plane: long-lived)
         try:
             await server.serve(sockets=[sock])  # returns on SIGINT / SIGTERM
         finally:

@@ -16,7 +16,6 @@ the cluster was started with, and only TP=1, has a standby; anything else loads 
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 
 from blitzscale.checkpoint import load_config, resolve_model
+from blitzscale.core.heap import free_frozen
 from blitzscale.engine import EngineConfig, LLMEngine
 from blitzscale.model.weights import ModelWeights
 
@@ -33,8 +33,9 @@ log = logging.getLogger("blitzscale.worker")
 
 
 def free_device_memory(device: torch.device) -> None:
-    """Give what dropped engines and weights held back to the device, cycles included."""
-    gc.collect()
+    """Give what dropped engines and weights held back to the device, cycles included
+    (frozen ones too: core/heap.py)."""
+    free_frozen()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 

@@ -25,6 +25,7 @@ import zmq
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.native import dtype_name, parse_dtype
 from blitzscale.control.costmodel import Profile
+from blitzscale.core.heap import freeze_heap
 from blitzscale.engine import LLMEngine
 from blitzscale.errors import BlitzScaleError
 from blitzscale.kvcache.cache import KVCache
@@ -216,6 +217,7 @@ class Worker:
         self.sock.send_multipart(worker_frames(self.cfg.token, msg))
 
     def serve_forever(self) -> None:
+        freeze_heap()  # (the worker's modules, standby engine and links: long-lived)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         if self.data is not None:
@@ -492,6 +494,9 @@ class Worker:
         standby = self.standby.take_engine(weights, msg.engine)
         result = self.serving.activate(weights, self._tokenizer(msg.source).result(), msg, standby)
         self.serving_model = msg.model
+        # the engine's objects live as long as it serves; no full collection here (it
+        # would delay the first request), so this activation's garbage, if any, stays
+        freeze_heap(collect=False)
         took = time.perf_counter() - t
         return msgspec.structs.replace(result, standby=standby is not None, engine_s=took)
 
