@@ -35,6 +35,7 @@ TINY_PRESETS = ("tiny-llama3", "tiny-mistral", "tiny-qwen2")
 # the last one to finish is a short one; the rest follow in collection order.
 SHARED = {
     "tests/multinode/": "ray",
+    "tests/serve/test_dashboard.py": "pd_service",
     "tests/serve/test_http.py": "pd_service",
     "tests/serve/test_sampling_paths.py": "pd_service",
     "tests/serve/test_scaling.py": "pd_service",

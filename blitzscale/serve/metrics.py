@@ -1,5 +1,7 @@
 """Prometheus metrics of the serving cluster. Gauges are read from the router at scrape
-time (no second copy of its state); counters are bumped by the scaler."""
+time (no second copy of its state); counters and the scale-up durations are bumped by the
+scaler. deploy/grafana/blitzscale.json charts them (tests/serve/test_dashboard.py checks
+that every metric and label it queries is here)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -126,6 +128,12 @@ class _RouterCollector(Collector):
         for model in models:
             queue.add_metric([model], queued.get(model, 0))
         yield queue
+        queued_tokens = GaugeMetricFamily(
+            "blitzscale_queue_prompt_tokens", "Prompt tokens in the global queue, by model", labels=["model"]
+        )
+        for model in models:
+            queued_tokens.add_metric([model], router.queue.tokens_of(model))
+        yield queued_tokens
         copies = GaugeMetricFamily(
             "blitzscale_host_copies", "Host copies of each model in the whole cluster", labels=["model"]
         )
@@ -185,7 +193,18 @@ class _RouterCollector(Collector):
         )
 
 
+# Seconds. A scale-up spans a GPU-to-GPU copy of a small model (ms) to a cold disk read of a
+# large one (a minute or more).
+SCALE_UP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
 class ClusterMetrics:
+    def scaled_up(self, model: str, path: str, nbytes: int, seconds: float) -> None:
+        """One load's event, its weight bytes and its whole duration as the scaler saw it."""
+        self.scale_events.labels(direction="up", path=path, model=model).inc()
+        self.transfer_bytes.labels(path=path, model=model).inc(nbytes)
+        self.scale_up_seconds.labels(path=path, model=model).observe(seconds)
+
     def activated(self, result: ActivateResult) -> None:
         """Count one activation from its reply (worker/standby.py)."""
         self.activations.labels(engine="standby" if result.standby else "built").inc()
@@ -199,6 +218,13 @@ class ClusterMetrics:
             "blitzscale_transfer_bytes",
             "Weight bytes moved to new instances",
             ["model", "path"],
+            registry=registry,
+        )
+        self.scale_up_seconds = Histogram(
+            "blitzscale_scale_up_seconds",
+            "Whole duration of each scale-up (load, activation), by model and load path",
+            ["model", "path"],
+            buckets=SCALE_UP_BUCKETS,
             registry=registry,
         )
         self.load_failures = PromCounter(
@@ -222,4 +248,5 @@ class ClusterMetrics:
         for path in ("network", "host", "disk"):
             self.transfer_bytes.labels(model=model, path=path)
             self.scale_events.labels(model=model, direction="up", path=path)
+            self.scale_up_seconds.labels(model=model, path=path)
         self.scale_events.labels(model=model, direction="down", path="release")

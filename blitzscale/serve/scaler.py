@@ -365,9 +365,10 @@ class Scaler:
         per target, the link's own time and when its first layer was usable; a release
         says whether the worker kept the buffer and engine as its standby."""
         name = model or self.model
-        self.metrics.scale_events.labels(direction=direction, path=path, model=name).inc()
-        if direction == "up":
-            self.metrics.transfer_bytes.labels(path=path, model=name).inc(nbytes)
+        if direction == "down":
+            self.metrics.scale_events.labels(direction=direction, path=path, model=name).inc()
+        else:
+            self.metrics.scaled_up(name, path, nbytes, seconds)
             ids = self.instance_ids(ranks)
             for rank in ids:  # what loading it again would cost (no-thrash)
                 self.state.loaded(rank, seconds)

@@ -38,10 +38,10 @@ def make_service(**sections: dict[str, Any]) -> Callable[[], Iterator[tuple[Serv
 
 FAST_PLANNER = {"scale_down_idle_s": 0.3, "shutting_null_keep_s": 0.3, "tokens_prefilled_per_sec": 2000.0}
 
-# One PD cluster shared by the modules of the `pd_service` xdist unit (test_http,
-# test_sampling_paths, then test_scaling, which scales it up and back down): started by the
-# first test that asks for it, stopped once the unit's last test is done, not at the end of
-# the session (an idle cluster's five processes take CPU from the tests still running).
+# One PD cluster shared by the modules of the `pd_service` xdist unit (test_dashboard,
+# test_http, test_sampling_paths, then test_scaling, which scales it up and back down):
+# started by the first test that asks for it, stopped once the unit's last test is done,
+# not at the end of the session (an idle cluster's five processes take CPU from the tests still running).
 PD_CONFIG = {"cluster": {"num_workers": 4}, "router": {"mode": "pd"}, "planner": FAST_PLANNER}
 _pd_stack = contextlib.ExitStack()
 _pd: dict[str, Any] = {}
