@@ -26,6 +26,7 @@ from blitzscale.client.traces import (
     TraceRequest,
     gamma_arrivals,
     load_trace,
+    scale_hash_blocks,
     transform,
     with_lengths,
 )
@@ -88,6 +89,12 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         help="send each prompt as token ids of its exact length (openai protocol; for models with "
         "no tokenizer, such as random:llama3-8b)",
     )
+    add(
+        "--hash-block-tokens",
+        metavar="N",
+        help="tokens per prefix block of traces with hash_ids (mooncake): requests sharing leading "
+        "ids share those blocks of prompt; input lengths scale by N/512, the trace's block (default 512)",
+    )
     add("--api-key", metavar="KEY", help=f"sent as 'Authorization: Bearer KEY' (default ${API_KEY_ENV})")
     add("--timeout", metavar="S", help="per-request limit in seconds, send to last token (default 300)")
     add("--no-progress", action="store_true", help="no progress bar")
@@ -98,6 +105,7 @@ def build_requests(options: ReplayOptions) -> list[TraceRequest]:
     trace = (
         load_trace(options.trace, options.fmt or "", skip_failed=options.skip_failed) if options.trace else []
     )
+    trace = scale_hash_blocks(trace, options.hash_block_tokens)  # before --max-input clamps
     if options.gamma is not None:
         rate, cv = options.gamma
         arrivals = gamma_arrivals(rate, cv, options.duration_s or 0.0, options.seed)
@@ -132,6 +140,7 @@ def run_replay(args: argparse.Namespace) -> int:
         timeout_s=options.timeout_s,
         show_progress=options.show_progress,
         token_ids=options.token_ids,
+        hash_block_tokens=options.hash_block_tokens,
     )
     _raise_open_file_limit()
     watch = ServerWatch(options.url, options.api_key).start()  # instance counts, if the server says

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blitzscale.client.protocols import PROTOCOLS
-from blitzscale.client.traces import FORMATS
+from blitzscale.client.traces import FORMATS, MOONCAKE_BLOCK_TOKENS
 
 API_KEY_ENV = "BLITZSCALE_API_KEY"
 
@@ -47,6 +47,7 @@ class ReplayOptions:
     skip_failed: bool
     show_progress: bool
     token_ids: bool
+    hash_block_tokens: int
 
     def to_json(self) -> dict:
         """The options as recorded next to the results; the API key is never written out."""
@@ -145,6 +146,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
         skip_failed=bool(args.skip_failed),
         show_progress=not args.no_progress,
         token_ids=bool(args.token_ids),
+        hash_block_tokens=_int(args.hash_block_tokens, "--hash-block-tokens") or MOONCAKE_BLOCK_TOKENS,
     )
 
 

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from blitzscale.client.protocols import PROTOCOLS, parse_event, request_for, sse_data
 from blitzscale.client.record import STATUS_ERROR, STATUS_OK, RequestRecord
-from blitzscale.client.traces import TraceRequest
+from blitzscale.client.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class ReplayConfig:
     timeout_s: float = 300.0
     show_progress: bool = True
     token_ids: bool = False  # prompts as token ids (openai; models without a tokenizer)
+    # Tokens per prefix block of requests with hash_ids (protocols.hashed_prompt).
+    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -42,6 +44,8 @@ class ReplayConfig:
             raise ValueError(f"token-id prompts need the openai protocol, not {self.protocol!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout must be > 0 s, got {self.timeout_s}")
+        if self.hash_block_tokens < 1:
+            raise ValueError(f"hash_block_tokens must be >= 1, got {self.hash_block_tokens}")
 
 
 @dataclass
@@ -91,6 +95,8 @@ async def _send(
         request.output_tokens,
         token_ids=config.token_ids,
         salt=index,
+        hash_ids=request.hash_ids,
+        block_tokens=config.hash_block_tokens,
     )
     stream = _Stream()
     sent = time.perf_counter()

@@ -20,6 +20,11 @@ import numpy as np
 from blitzscale.errors import BlitzScaleError
 
 FORMATS = ("azure", "burstgpt", "mooncake", "processed")
+# The block size, in tokens, of the `hash_ids` of Mooncake's traces.
+MOONCAKE_BLOCK_TOKENS = 512
+
+# A parsed row: time (s, any origin), input and output tokens, prefix-block hashes.
+_Row = tuple[float, int, int, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,9 @@ class TraceRequest:
     arrival_s: float
     input_tokens: int
     output_tokens: int
+    # Mooncake's prefix-block hashes (blocks of MOONCAKE_BLOCK_TOKENS): requests whose lists
+    # share a leading run share that prefix of prompt. Empty for formats without them.
+    hash_ids: tuple[int, ...] = ()
 
 
 class TraceFormatError(BlitzScaleError, ValueError):
@@ -54,11 +62,12 @@ def _fail(path: Path, line: int, what: str) -> TraceFormatError:
     return TraceFormatError(f"{path} line {line}: {what}")
 
 
-def _rebase(rows: list[tuple[float, int, int]]) -> list[TraceRequest]:
-    """Sort by time and count arrivals from the earliest request."""
+def _rebase(rows: list[_Row]) -> list[TraceRequest]:
+    """Sort by time (stable: rows of one timestamp keep file order) and count arrivals from
+    the earliest request."""
     rows.sort(key=lambda r: r[0])
     start = rows[0][0] if rows else 0.0
-    return [TraceRequest(t - start, n_in, n_out) for t, n_in, n_out in rows]
+    return [TraceRequest(t - start, n_in, n_out, ids) for t, n_in, n_out, ids in rows]
 
 
 def _count(text: str, name: str, path: Path, line: int) -> int:
@@ -121,8 +130,8 @@ def _azure_time(text: str, path: Path, line: int) -> datetime:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
 
 
-def _azure_rows(path: Path) -> list[tuple[float, int, int]]:
-    rows: list[tuple[float, int, int]] = []
+def _azure_rows(path: Path) -> list[_Row]:
+    rows: list[_Row] = []
     origin: datetime | None = None
     for line, (stamp, n_in, n_out) in _named_rows(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens")):
         when = _azure_time(stamp, path, line)
@@ -133,14 +142,15 @@ def _azure_rows(path: Path) -> list[tuple[float, int, int]]:
                 (when - origin).total_seconds(),
                 _count(n_in, "ContextTokens", path, line),
                 _count(n_out, "GeneratedTokens", path, line),
+                (),
             )
         )
     return rows
 
 
-def _burstgpt_rows(path: Path, skip_failed: bool) -> list[tuple[float, int, int]]:
+def _burstgpt_rows(path: Path, skip_failed: bool) -> list[_Row]:
     """Columns found by name, so BurstGPT_1 and BurstGPT_3 (Session ID, Elapsed time) both load."""
-    rows: list[tuple[float, int, int]] = []
+    rows: list[_Row] = []
     for line, (stamp, n_in, n_out) in _named_rows(path, ("Timestamp", "Request tokens", "Response tokens")):
         output_tokens = _count(n_out, "Response tokens", path, line)
         if skip_failed and output_tokens == 0:
@@ -150,14 +160,15 @@ def _burstgpt_rows(path: Path, skip_failed: bool) -> list[tuple[float, int, int]
                 _seconds(stamp, "Timestamp", path, line),
                 _count(n_in, "Request tokens", path, line),
                 output_tokens,
+                (),
             )
         )
     return rows
 
 
-def _processed_rows(path: Path) -> list[tuple[float, int, int]]:
+def _processed_rows(path: Path) -> list[_Row]:
     """`timestamp_ms,prefill,decode` by position; a first row whose time is not a number is a header."""
-    rows: list[tuple[float, int, int]] = []
+    rows: list[_Row] = []
     for index, (line, row) in enumerate(_csv_lines(path)):
         if len(row) < 3:
             raise _fail(path, line, f"expected 3 columns timestamp_ms,prefill,decode, got {len(row)}")
@@ -165,7 +176,12 @@ def _processed_rows(path: Path) -> list[tuple[float, int, int]]:
             continue
         stamp_ms = _seconds(row[0], "timestamp_ms", path, line)
         rows.append(
-            (stamp_ms / 1000.0, _count(row[1], "prefill", path, line), _count(row[2], "decode", path, line))
+            (
+                stamp_ms / 1000.0,
+                _count(row[1], "prefill", path, line),
+                _count(row[2], "decode", path, line),
+                (),
+            )
         )
     return rows
 
@@ -178,9 +194,10 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _mooncake_rows(path: Path) -> list[tuple[float, int, int]]:
-    """JSONL `{"timestamp": ms, "input_length": n, "output_length": n, ...}`; other keys ignored."""
-    rows: list[tuple[float, int, int]] = []
+def _mooncake_rows(path: Path) -> list[_Row]:
+    """JSONL `{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [n, ...]}`;
+    `hash_ids` may be absent (no known shared prefix), other keys are ignored."""
+    rows: list[_Row] = []
     with path.open(encoding="utf-8") as f:
         for line, text in enumerate(f, start=1):
             if not text.strip():
@@ -194,8 +211,21 @@ def _mooncake_rows(path: Path) -> list[tuple[float, int, int]]:
             stamp = _json_number(obj, "timestamp", path, line, (int, float))
             n_in = _json_number(obj, "input_length", path, line, (int,))
             n_out = _json_number(obj, "output_length", path, line, (int,))
-            rows.append((stamp / 1000.0, int(n_in), int(n_out)))
+            rows.append((stamp / 1000.0, int(n_in), int(n_out), _hash_ids(obj, path, line)))
     return rows
+
+
+def _hash_ids(obj: dict, path: Path, line: int) -> tuple[int, ...]:
+    """The row's `hash_ids`: a list of integers >= 0 (JSON booleans and floats are not ids)."""
+    value = obj.get("hash_ids")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _fail(path, line, f"hash_ids must be a list of integers >= 0, got {value!r}")
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise _fail(path, line, f"hash_ids[{i}] must be an integer >= 0, got {item!r}")
+    return tuple(value)
 
 
 def _json_number(obj: dict, key: str, path: Path, line: int, kinds: tuple[type, ...]) -> float:
@@ -234,13 +264,27 @@ def gamma_arrivals(rate: float, cv: float, duration_s: float, seed: int = 0) -> 
 def with_lengths(
     arrivals: Sequence[float], lengths: Sequence[TraceRequest], input_len: int, output_len: int
 ) -> list[TraceRequest]:
-    """Requests at synthetic `arrivals`; lengths cycle through `lengths` (a trace) in order,
-    or are the fixed input_len/output_len when no trace is given."""
+    """Requests at synthetic `arrivals`; lengths (and prefix-block hashes) cycle through
+    `lengths` (a trace) in order, or are the fixed input_len/output_len when no trace is given."""
     if not lengths:
         return [TraceRequest(t, input_len, output_len) for t in arrivals]
+    return [replace(lengths[i % len(lengths)], arrival_s=t) for i, t in enumerate(arrivals)]
+
+
+def scale_hash_blocks(requests: Sequence[TraceRequest], block_tokens: int) -> list[TraceRequest]:
+    """Shrink (or grow) the prefix blocks of requests with `hash_ids` from Mooncake's
+    MOONCAKE_BLOCK_TOKENS to `block_tokens`: each such input length becomes
+    ceil(length * block_tokens / MOONCAKE_BLOCK_TOKENS), which keeps its number of blocks,
+    so a trace's reuse structure fits a small model. Requests without hash_ids are unchanged."""
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    if block_tokens == MOONCAKE_BLOCK_TOKENS:
+        return list(requests)
     return [
-        TraceRequest(t, lengths[i % len(lengths)].input_tokens, lengths[i % len(lengths)].output_tokens)
-        for i, t in enumerate(arrivals)
+        replace(r, input_tokens=-(-r.input_tokens * block_tokens // MOONCAKE_BLOCK_TOKENS))
+        if r.hash_ids
+        else r
+        for r in requests
     ]
 
 

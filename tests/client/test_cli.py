@@ -93,6 +93,14 @@ def test_all_requests_failing_exits_1(
             ["--trace", "TRACE", "--format", "processed", "--protocol", "tgi", "--token-ids"],
             "--token-ids needs --protocol openai, got 'tgi'",
         ),
+        (
+            ["--trace", "TRACE", "--format", "processed", "--hash-block-tokens", "0"],
+            "--hash-block-tokens expects an integer >= 1, got '0'",
+        ),
+        (
+            ["--trace", "TRACE", "--format", "processed", "--hash-block-tokens", "8.5"],
+            "--hash-block-tokens expects an integer >= 1, got '8.5'",
+        ),
         (["--trace", "TRACE"], "--format is required with --trace"),
         (["--trace", "missing.csv", "--format", "azure"], "--trace: no such file 'missing.csv'"),
         ([], "give --trace PATH --format FMT, or --gamma RATE,CV --duration S"),

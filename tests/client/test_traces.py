@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from blitzscale.client.traces import TraceFormatError, TraceRequest, load_trace
+from blitzscale.client.traces import (
+    TraceFormatError,
+    TraceRequest,
+    load_trace,
+    scale_hash_blocks,
+    transform,
+    with_lengths,
+)
 
 TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
 AZURE_CODE = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
@@ -59,8 +66,31 @@ def test_real_azure_code_trace_first_rows_and_whole_file(tmp_path: Path) -> None
 def test_real_mooncake_trace() -> None:
     requests = load_trace(MOONCAKE, "mooncake")
     assert len(requests) == 3993
-    assert requests[0] == TraceRequest(0.0, 40160, 6)
+    assert requests[0] == TraceRequest(0.0, 40160, 6, tuple(range(79)))
     assert requests[-1].arrival_s == pytest.approx(1022.025)
+    # README: hash_ids are 512-token blocks, the last one partial
+    assert all(len(r.hash_ids) == -(-r.input_tokens // 512) for r in requests)
+
+
+SLICE = Path(__file__).resolve().parents[2] / "blitzscale" / "data" / "mooncake_synthetic_slice.jsonl"
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared traces not present")
+def test_shipped_slice_is_the_last_rows_of_the_trace_verbatim() -> None:
+    """blitzscale/data/README.md says which rows; the bytes must be the upstream ones."""
+    lines = MOONCAKE.read_bytes().splitlines(keepends=True)
+    assert SLICE.read_bytes() == b"".join(lines[3793:])
+
+
+def test_shipped_slice_reuses_prefixes() -> None:
+    requests = load_trace(SLICE, "mooncake")
+    assert len(requests) == 200
+    seen: set[int] = set()
+    shared = 0
+    for r in requests:
+        shared += next((i for i, h in enumerate(r.hash_ids) if h not in seen), len(r.hash_ids))
+        seen.update(r.hash_ids)
+    assert shared / sum(len(r.hash_ids) for r in requests) > 0.6  # what makes it worth replaying
 
 
 BURSTGPT_1 = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
@@ -101,9 +131,41 @@ def test_mooncake_jsonl(tmp_path: Path) -> None:
         '{"timestamp": 3500, "input_length": 1024, "output_length": 20, "hash_ids": [0, 1]}\n'
     )
     assert load_trace(write(tmp_path, "m.jsonl", text), "mooncake") == [
-        TraceRequest(0.0, 512, 10),
-        TraceRequest(2.5, 1024, 20),
+        TraceRequest(0.0, 512, 10, (0,)),
+        TraceRequest(2.5, 1024, 20, (0, 1)),
     ]
+
+
+def test_mooncake_without_hash_ids_and_other_formats_have_none(tmp_path: Path) -> None:
+    requests = load_trace(write(tmp_path, "m.jsonl", MOONCAKE_ROW), "mooncake")
+    assert requests == [TraceRequest(0.0, 1, 1, ())]
+    assert load_trace(write(tmp_path, "b1.csv", BURSTGPT_1), "burstgpt")[0].hash_ids == ()
+
+
+def test_transform_and_synthetic_arrivals_keep_hash_ids() -> None:
+    trace = [TraceRequest(0.0, 900, 10, (3, 4)), TraceRequest(1.0, 100, 5, (3,))]
+    shaped = transform(trace, time_scale=2.0, rate_scale=2.0, max_input=600)
+    assert [r.hash_ids for r in shaped] == [(3, 4), (3, 4), (3,), (3,)]
+    assert [r.input_tokens for r in shaped] == [600, 600, 100, 100]
+    assert [r.hash_ids for r in with_lengths([0.0, 0.5, 0.7], trace, 1, 1)] == [(3, 4), (3,), (3, 4)]
+
+
+def test_scale_hash_blocks_rounds_up_and_keeps_the_block_count() -> None:
+    trace = [
+        TraceRequest(0.0, 40160, 6, tuple(range(79))),
+        TraceRequest(1.0, 512, 1, (0,)),
+        TraceRequest(2.0, 513, 1, (0, 1)),
+        TraceRequest(3.0, 1, 1, (9,)),
+        TraceRequest(4.0, 777, 2),  # no hash ids: left alone
+    ]
+    scaled = scale_hash_blocks(trace, 16)
+    assert [r.input_tokens for r in scaled] == [1255, 16, 17, 1, 777]
+    assert all(-(-r.input_tokens // 16) == len(r.hash_ids) for r in scaled if r.hash_ids)
+    assert [r.hash_ids for r in scaled] == [r.hash_ids for r in trace]
+    assert scale_hash_blocks(trace, 512) == trace
+    assert [r.input_tokens for r in scale_hash_blocks(trace, 1024)][:3] == [80320, 1024, 1026]
+    with pytest.raises(ValueError, match="block_tokens must be >= 1, got 0"):
+        scale_hash_blocks(trace, 0)
 
 
 @pytest.mark.parametrize("header", ["timestamp_ms,prefill,decode\n", ""])
@@ -141,6 +203,16 @@ MALFORMED = [
     ("mooncake", MOONCAKE_ROW + '{"timestamp": 1,\n', 2, "not JSON"),
     ("mooncake", '{"timestamp": 0, "input_length": 1}\n', 1, "missing key 'output_length'"),
     ("mooncake", MOONCAKE_ROW.replace('"input_length": 1', '"input_length": 1.5'), 1, "input_length must be"),
+    ("mooncake", MOONCAKE_ROW + MOONCAKE_ROW.replace("}", ', "hash_ids": 7}'), 2, "hash_ids must be a list"),
+    (
+        "mooncake",
+        MOONCAKE_ROW.replace("}", ', "hash_ids": [0, -1]}'),
+        1,
+        "hash_ids[1] must be an integer >= 0",
+    ),
+    ("mooncake", MOONCAKE_ROW.replace("}", ', "hash_ids": [1.5]}'), 1, "hash_ids[0] must be an integer >= 0"),
+    ("mooncake", MOONCAKE_ROW.replace("}", ', "hash_ids": [true]}'), 1, "got True"),
+    ("mooncake", MOONCAKE_ROW.replace("}", ', "hash_ids": ["3"]}'), 1, "got '3'"),
     ("processed", "0,1,1\n5,2\n", 2, "expected 3 columns"),
     ("processed", "0,1,1\nsoon,2,2\n", 2, "timestamp_ms must be a number, got 'soon'"),
 ]
