@@ -15,6 +15,7 @@ from typing import Any
 
 from blitzscale import clock
 from blitzscale.bench.mixes import Burst, ClosedLoop, Mix, Single, compare, median
+from blitzscale.client.protocols import synthetic_prompt_ids
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.control.config import PolicyConfig
 from blitzscale.control.costmodel import Profile
@@ -69,7 +70,9 @@ class SimServe:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         sent, outs = clock.now(), []
         try:
-            async for o in self.control.router.generate(f"bench-{self._ids}", [0] * prompt_len, params):
+            # (every prompt its own, as the live bench's fresh random ones: no prefix hits)
+            prompt = synthetic_prompt_ids(prompt_len, self._ids)
+            async for o in self.control.router.generate(f"bench-{self._ids}", prompt, params):
                 if o.new_token_ids:
                     outs.append((clock.now(), len(o.new_token_ids)))
         except OverloadedError as e:

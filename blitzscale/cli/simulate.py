@@ -57,6 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds (default: the model's)")
     p.add_argument("--tbt-slo", type=float, help="TBT SLO in seconds (default: the model's)")
+    p.add_argument(
+        "--no-prefix-caching", action="store_true", help="engines cache no prompt prefixes (on by default)"
+    )
+    p.add_argument(
+        "--no-prefix-routing", action="store_true", help="the router ignores cached prefixes (on by default)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_simulate)
 
@@ -206,7 +212,10 @@ def _check(args: argparse.Namespace) -> list[str]:
 
 def run_simulate(args: argparse.Namespace) -> int:
     policies = _check(args)
+    from dataclasses import replace
+
     from blitzscale.client.traces import load_trace, transform
+    from blitzscale.serve.config import SERVE_ENGINE
     from blitzscale.sim.compare import run_policies
     from blitzscale.sim.config import load_model, load_preset
     from blitzscale.sim.runner import SimSetup
@@ -225,12 +234,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     if not trace:
         raise InvalidRequestError("the trace has no request in the chosen window")
     setup = SimSetup(
-        preset=preset, model=model, mode=args.mode, planner_overrides=_planner_knobs(args.planner)
+        preset=preset,
+        model=model,
+        mode=args.mode,
+        planner_overrides=_planner_knobs(args.planner),
+        engine=replace(SERVE_ENGINE, prefix_caching=not args.no_prefix_caching),
+        prefix_routing=not args.no_prefix_routing,
     )
     trace_models = None
     if args.models > 1:
-        from dataclasses import replace
-
         from blitzscale.demo.workload import interleaved, model_names, model_slices
 
         names = model_names(args.models)

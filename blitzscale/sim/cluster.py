@@ -226,6 +226,7 @@ class SimCluster:
             max_num_seqs=e.max_num_seqs,
             max_model_len=e.max_model_len or 1 << 30,
             kv_blocks=e.num_kv_blocks or max(1, p.kv_tokens // e.block_size),
+            prefix_caching=e.prefix_caching,
         )
 
     def _engine_info(self, act: Activation) -> ActivateResult:

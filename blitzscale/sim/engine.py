@@ -77,6 +77,7 @@ class EngineShape:
     max_num_seqs: int
     max_model_len: int
     kv_blocks: int
+    prefix_caching: bool = False  # as the engine's: full prompt blocks cached by prefix hash
 
 
 @dataclass
@@ -110,7 +111,9 @@ class SimEngine:
         self.cores = cores if cores is not None else HostCores(0)
         self.pool = BlockPool(shape.kv_blocks, shape.block_size)
         self.table = RequestTable(self.pool)
-        self.scheduler = Scheduler(self.pool, shape.max_num_batched_tokens, shape.max_num_seqs, self.table)
+        self.scheduler = Scheduler(
+            self.pool, shape.max_num_batched_tokens, shape.max_num_seqs, self.table, shape.prefix_caching
+        )
         self.outputs = OutputProcessor(None, set(), shape.max_model_len)
         self.handoffs = HandoffBook(self, self.table, self.scheduler, self.outputs, profile.num_layers)
         self.live: LiveOrder | None = None
@@ -326,7 +329,10 @@ class SimEngine:
     async def _run(self) -> None:
         while True:
             self._check_live()
-            step = plan(self.live, self.table, self.scheduler, self.profile.num_layers, self._sample)
+            sc = self.scheduler
+            queried, hit = sc.prefix_queries, sc.prefix_hits
+            step = plan(self.live, self.table, sc, self.profile.num_layers, self._sample)
+            self.recorder.prefix(sc.prefix_queries - queried, sc.prefix_hits - hit)
             if step.is_empty:
                 self._flush()
                 await self._idle()
@@ -378,6 +384,8 @@ class SimEngine:
                     continue  # aborted meanwhile
                 sampling = s.completes_prompt
                 r.num_computed_tokens += s.num_new_tokens
+                # (prompt blocks only: a simulated request's output tokens are placeholders)
+                self.scheduler.cache_computed(r, r.num_prompt_tokens)
                 if sampling:
                     rows.append(r)
         for r in rows:

@@ -10,6 +10,12 @@ class Recorder:
     def __init__(self) -> None:
         self._last: dict[str, float] = {}
         self._tbts: dict[str, list[tuple[float, int]]] = {}  # (gap, count) runs
+        self.prefix_queries = 0  # prompt tokens looked up in the engines' prefix caches
+        self.prefix_hits = 0  # of those, found there (not computed)
+
+    def prefix(self, queried: int, hit: int) -> None:
+        self.prefix_queries += queried
+        self.prefix_hits += hit
 
     def first(self, rid: str, at: float) -> None:
         self._last[rid] = at

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from blitzscale import clock
+from blitzscale.client.protocols import hashed_prompt_ids, synthetic_prompt_ids
 from blitzscale.client.record import STATUS_ERROR, STATUS_OK, RequestRecord
 from blitzscale.client.report import ReportInfo
 from blitzscale.client.traces import TraceRequest
@@ -64,6 +65,7 @@ class SimSetup:
     models: tuple[str, ...] = ()
     keep_alive_s: float = math.inf
     host_memory_bytes: int = 0
+    prefix_routing: bool = True  # the router weighs cached prefixes (off: load alone)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -82,6 +84,9 @@ class SimResult:
     sim_wall_s: float
     messages: int
     relays: int = 0  # ZigZag relays: tasks a live target handed to its partner
+    prefix_queries: int = 0  # prompt tokens looked up in the engines' prefix caches
+    prefix_hits: int = 0  # of those, found cached (not computed)
+    prefix_routed: int = 0  # requests the router sent where their prefix was likely cached
 
 
 def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
@@ -112,6 +117,7 @@ def _served(name: str, setup: SimSetup, profile: Profile, engine: EngineConfig) 
         may_idle_at_zero=math.isfinite(setup.keep_alive_s),
         cost=profile,
         max_num_seqs=engine.max_num_seqs,
+        prefix_block_size=engine.block_size if engine.prefix_caching else 0,
     )
 
 
@@ -134,6 +140,7 @@ async def _run(
     cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp)
     pcfg = _policy(policy, setup.fixed)
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
+    rcfg = replace(rcfg, prefix_aware=rcfg.prefix_aware and setup.prefix_routing)
     device = "cpu" if preset.device.startswith("cpu") else "cuda"
     engine = replace(setup.engine, max_model_len=model.max_model_len).for_device(device)
     planner = planner_for(setup, cluster)
@@ -198,7 +205,19 @@ async def _run(
         sim_wall_s=time.perf_counter() - wall0,
         messages=cluster.messages,
         relays=router.live.relays_total,
+        prefix_queries=cluster.recorder.prefix_queries,
+        prefix_hits=cluster.recorder.prefix_hits,
+        prefix_routed=router.num_prefix_routed,
     )
+
+
+def _prompt(i: int, tr: TraceRequest) -> list[int]:
+    """Request i's prompt: placeholder token ids, but as the replay client builds them, so
+    that prefix caching sees what it would live: blocks shared exactly where the trace's
+    `hash_ids` are (Mooncake), no two prompts sharing a block otherwise (the request's index
+    opens it)."""
+    n = max(1, tr.input_tokens)
+    return hashed_prompt_ids(n, tr.hash_ids, salt=i) if tr.hash_ids else synthetic_prompt_ids(n, i)
 
 
 async def _one(
@@ -218,7 +237,7 @@ async def _one(
         requested_output_tokens=tr.output_tokens,
     )
     try:
-        async for out in router.generate(rid, [0] * max(1, tr.input_tokens), params, model=model):
+        async for out in router.generate(rid, _prompt(i, tr), params, model=model):
             if ttft is None and out.new_token_ids:
                 ttft = clock.now() - sent
                 queue_s = router.queue_time_s(rid)
