@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,14 +77,3 @@ class OtherWork:
     @property
     def threads(self) -> float:
         return sum(self._samples) / len(self._samples) if self._samples else 0.0
-
-
-def free_cores(sample_s: float = 4.0, cores: int | None = None) -> float:
-    """This machine's cores less the mean number of other processes' runnable threads over
-    `sample_s` (at least one core; all of them where /proc cannot say)."""
-    n = cores or os.cpu_count() or 1
-    if runnable_threads() is None:
-        return float(n)
-    with OtherWork(lambda: []) as w:
-        time.sleep(sample_s)
-    return max(1.0, n - w.threads)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from blitzscale.checkpoint.resolve import DEFAULT_MODEL
@@ -141,7 +140,6 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from blitzscale.bench.machine_load import free_cores
     from blitzscale.control.config import POLICY_NAMES
     from blitzscale.demo.compare import comparison_table, models_table, pacing_note, verdict
     from blitzscale.demo.runner import run_policy_paced
@@ -174,12 +172,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, v in (("--ttft-slo", args.ttft_slo), ("--tbt-slo", args.tbt_slo)):
         if v is not None and not v > 0:
             raise InvalidRequestError(f"{flag} must be > 0 seconds, got {v}")
-    # The reference device is slow enough for every worker to fit the cores that other work
-    # leaves free now (measured for a few seconds): on a busy machine a new instance would
-    # otherwise take its compute from the one already serving, not add capacity.
-    cpus = free_cores() if args.pace == "reference" else None
     try:
-        pace = resolve_pace(args.pace, args.workers, cpus)
+        pace = resolve_pace(args.pace, args.workers)
     except InvalidRequestError as e:
         raise InvalidRequestError(f"--pace: {e}") from e
     slower = slowdown(pace)
@@ -197,8 +191,6 @@ def run(args: argparse.Namespace) -> int:
         f"SLOs: TTFT <= {slo[0]:g} s, mean TBT <= {slo[1]:g} s"
     )
     line = pacing_line(pace, args.workers, args.max_input)
-    if cpus is not None:
-        line += f" (cores free of other work when it started: {cpus:.1f} of {os.cpu_count()})"
     console.print(line, markup=False, highlight=False, soft_wrap=True)
     if by_model:
         console.print(

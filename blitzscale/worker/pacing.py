@@ -33,7 +33,7 @@ REFERENCE_OF = "smollm2-135m-cpu"  # measured with one torch thread, as each CPU
 CORE_SHARE = 0.5
 
 
-def reference_factor(num_workers: int, cpus: float | None = None) -> float:
+def reference_factor(num_workers: int, cpus: int | None = None) -> float:
     """How much slower than the measured CPU the reference device is: all `num_workers`
     busy at once then need at most CORE_SHARE of `cpus` cores (never faster: >= 1)."""
     cores = cpus or os.cpu_count() or 1
@@ -60,7 +60,7 @@ def slowdown(p: Profile | None) -> float:
     return max(1.0, p.prefill_s(512) / load_profile(REFERENCE_OF).prefill_s(512))
 
 
-def resolve_pace(setting: str, num_workers: int, cpus: float | None = None) -> Profile | None:
+def resolve_pace(setting: str, num_workers: int, cpus: int | None = None) -> Profile | None:
     """The profile `[engine] pace = setting` paces by (None: off); a bad value is an
     InvalidRequestError naming it."""
     where = f"[engine] pace = {setting!r}"
