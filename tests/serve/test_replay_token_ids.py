@@ -5,6 +5,7 @@ a message that says what to send instead."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from blitzscale.client.replay import ReplayConfig, replay
 from blitzscale.client.traces import TraceRequest
@@ -38,3 +39,40 @@ def test_token_id_prompts_replay_against_a_model_without_a_tokenizer(tmp_path) -
     assert all(r.ttft_s is not None and r.ttft_s > 0 for r in ok)
     [refused] = as_text
     assert refused.status == "error" and "HTTP 400" in refused.error and "send token ids" in refused.error
+
+
+def test_hash_id_prompts_share_exactly_their_common_blocks_in_the_prefix_cache(tmp_path) -> None:
+    """Two Mooncake-style requests whose ids share 3 leading blocks: the second finds exactly
+    those 3 blocks (48 tokens) in the server's prefix cache, not its fifth (same id, but after
+    a different fourth)."""
+    import time
+
+    cfg = ServeConfig().with_overrides(
+        model={"name": MODEL, "cache_dir": str(tmp_path)},
+        cluster={"num_workers": 1},
+        router={"mode": "colocated"},
+        policy={"name": "fixed"},
+        engine={"block_size": 16, "prefix_caching": True},
+    )
+    first = [TraceRequest(0.0, 80, 2, (7, 8, 9, 10, 11))]
+    second = [TraceRequest(0.0, 80, 2, (7, 8, 9, 12, 11))]
+    config = ReplayConfig(url="", show_progress=False, token_ids=True, timeout_s=120, hash_block_tokens=16)
+
+    def hits(service) -> int:
+        stats = [i.stats for i in service.router.instances.values() if i.stats is not None]
+        return sum(s.prefix_hits for s in stats)
+
+    with running(cfg) as (service, lt):
+        url, server = start_http(service, lt)
+        try:
+            config = dataclasses.replace(config, url=url)
+            before = hits(service)
+            done = [*asyncio.run(replay(first, config)), *asyncio.run(replay(second, config))]
+            deadline = time.monotonic() + 60  # instance stats come with the workers' heartbeats
+            while hits(service) - before < 48 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            gained = hits(service) - before
+        finally:
+            stop_http(server, lt)
+    assert [r.status for r in done] == ["ok", "ok"], [r.error for r in done]
+    assert gained == 48
