@@ -9,13 +9,18 @@ forward's device time between two CUDA events; on CUDA also the Triton kernels c
 during the step (name and ms) and the caching allocator's new segments and retries (a
 retry frees every cached block: a device-wide synchronization). Off by default (the
 events cost a little); a diagnostic, not a metric: /metrics has the per-kind totals.
+The file's first line (`"process": true`) says how the process runs: its torch threads,
+its Python threads, and on CUDA the module-loading mode the driver really uses.
 """
 
 from __future__ import annotations
 
 import gc
+import ctypes
 import json
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -84,6 +89,33 @@ class _Collections:
 _COLLECTIONS = _Collections()
 
 
+def driver_module_loading() -> str | None:
+    """The CUDA driver's module-loading mode in this process ("eager" or "lazy"), or None
+    where it cannot be asked (no driver, an old one). `CUDA_MODULE_LOADING` is read when
+    the driver initialises: setting it later changes nothing, and only the driver knows."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        mode = ctypes.c_int(0)
+        if lib.cuModuleGetLoadingMode(ctypes.byref(mode)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return {1: "eager", 2: "lazy"}.get(mode.value, str(mode.value))
+
+
+def process_line(cuda: bool) -> dict[str, Any]:
+    """The trace's first line: what of the process shapes its host time."""
+    return {
+        "process": True,
+        "pid": os.getpid(),
+        "torch_threads": torch.get_num_threads(),
+        "python_threads": sorted(t.name for t in threading.enumerate()),
+        "switch_interval_s": sys.getswitchinterval(),
+        "env_module_loading": os.environ.get("CUDA_MODULE_LOADING"),
+        "driver_module_loading": driver_module_loading() if cuda else None,
+    }
+
+
 class StepTrace:
     """Marks one step's phases (`begin`, `launched`, `returned`) and writes its line."""
 
@@ -98,6 +130,7 @@ class StepTrace:
         _COLLECTIONS.install()
         if self.cuda:
             _COMPILES.install()
+        self._out.write(json.dumps(process_line(self.cuda)) + "\n")
 
     def _alloc_counts(self) -> dict[str, int]:
         stats = torch.cuda.memory_stats()

@@ -77,7 +77,9 @@ def test_the_step_trace_writes_a_line_per_step_with_its_chunks(tiny_weights: Any
     while e.has_unfinished():
         e.step()
     [path] = tmp_path.glob("t.*.jsonl")
-    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    head, *lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert head["process"] and head["torch_threads"] >= 1 and "MainThread" in head["python_threads"]
+    assert head["driver_module_loading"] is None  # (asked of the driver on CUDA only)
     assert [(x["kind"], x["prompt_tokens"], x["chunks"], x["prefixed_chunks"]) for x in lines[:2]] == [
         ("prefill", 32, 1, 0),
         ("prefill", 8, 1, 1),  # the rest of the 40-token prompt, after its first 32
