@@ -120,6 +120,34 @@ class LinkResult(Result):
     seconds: float
 
 
+class PrefixBlock(msgspec.Struct, frozen=True, array_like=True):
+    """A cached KV block's place in the prefix cache (kvcache/pool.py): its prefix hash,
+    its parent's (empty for a sequence's first block), and how many requests took it."""
+
+    hash: bytes
+    parent: bytes
+    hits: int
+
+
+class PrefixExportResult(Result):
+    """`PrefixExportMsg`: the source's most reused cached blocks, parents first, packed for
+    sending (`export_id` is what `PrefixSendMsg` names); none when the rank serves another
+    model, caches no prefixes, or none was reused."""
+
+    export_id: int
+    blocks: list[PrefixBlock] = []
+    bytes: int = 0
+
+
+class PrefixMoveResult(Result):
+    """`PrefixSendMsg` / `PrefixRecvMsg`: blocks sent, or registered on arrival (a prefix
+    the target cached meanwhile is kept once), their bytes, the seconds on the wire."""
+
+    blocks: int
+    bytes: int
+    seconds: float
+
+
 ReplyResult = (
     NoResult
     | LoadResult
@@ -130,6 +158,8 @@ ReplyResult = (
     | ChecksumResult
     | ProfileResult
     | LinkResult
+    | PrefixExportResult
+    | PrefixMoveResult
 )
 
 
@@ -208,6 +238,34 @@ class ProfileMsg(Msg):
     engine: EngineConfig
     cache_dir: str = ""  # "" = don't keep it
     measure: bool = True
+
+
+class PrefixExportMsg(Msg):
+    """To a serving source of `model`: pack up to `max_blocks` of its most reused cached
+    prefix blocks (hot prefixes travel with the weights to a new instance)."""
+
+    op_id: int
+    model: str
+    max_blocks: int
+
+
+class PrefixSendMsg(Msg):
+    """To the source: send the packed blocks of export `export_id` to `dst_rank` over the
+    KV link, then drop them; replies when they are on the wire's far side."""
+
+    op_id: int
+    export_id: int
+    dst_rank: int
+
+
+class PrefixRecvMsg(Msg):
+    """To the new instance serving `model`: receive these blocks from `src_rank` into free
+    KV blocks and register them as cached; replies when they landed."""
+
+    op_id: int
+    model: str
+    src_rank: int
+    blocks: list[PrefixBlock]
 
 
 class ShutdownMsg(Msg):
@@ -521,6 +579,9 @@ Message = (
     | ReleaseMsg
     | ChecksumMsg
     | ProfileMsg
+    | PrefixExportMsg
+    | PrefixSendMsg
+    | PrefixRecvMsg
     | ShutdownMsg
     | ActivateMsg
     | DeactivateMsg

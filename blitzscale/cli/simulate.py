@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from blitzscale.cli.common import add_device_arg, check_device
+from blitzscale.control.config import PolicyConfig
 from blitzscale.errors import InvalidRequestError
 
 TRACE_FORMATS = {"azure": "azure", "burstgpt": "burstgpt", "mooncake": "mooncake", "csv": "processed"}
@@ -62,6 +63,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--no-prefix-routing", action="store_true", help="the router ignores cached prefixes (on by default)"
+    )
+    p.add_argument(
+        "--hot-prefix-share",
+        type=float,
+        default=PolicyConfig.hot_prefix_share,
+        help="share of a new instance's KV cache its source's most reused cached prefixes may fill, "
+        "shipped with the weights (default %(default)s; 0: new instances start empty)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_simulate)
@@ -233,6 +241,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     if not trace:
         raise InvalidRequestError("the trace has no request in the chosen window")
+    try:  # (a bad share is refused before anything runs)
+        PolicyConfig(hot_prefix_share=args.hot_prefix_share)
+    except ValueError as e:
+        raise InvalidRequestError(f"--hot-prefix-share: {e}") from e
     setup = SimSetup(
         preset=preset,
         model=model,
@@ -240,6 +252,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         planner_overrides=_planner_knobs(args.planner),
         engine=replace(SERVE_ENGINE, prefix_caching=not args.no_prefix_caching),
         prefix_routing=not args.no_prefix_routing,
+        hot_prefix_share=args.hot_prefix_share,
     )
     trace_models = None
     if args.models > 1:

@@ -18,7 +18,7 @@ from typing import Protocol
 from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
-from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
+from blitzscale.cluster.results import ClusterStatus, PrefixShipResult, RespawnResult, TransferResult
 from blitzscale.control.costmodel import CostReport
 from blitzscale.core.roles import Role
 from blitzscale.messages import ActivateResult, HostCopyResult, LoadResult, ReleaseResult
@@ -79,6 +79,11 @@ class Cluster(Protocol):
     async def activate(self, ranks: dict[int, Activation]) -> dict[int, ActivateResult]: ...
 
     async def set_role(self, rank: int, role: Role) -> None: ...
+
+    async def ship_prefixes(self, model: str, src: int, dst: int, max_blocks: int) -> PrefixShipResult:
+        """Up to `max_blocks` of the most reused cached prefix blocks of `src`'s engine of
+        `model` into `dst`'s (a new instance of it), over their KV link; both serve it."""
+        ...
 
     async def deactivate(self, rank: int) -> None: ...
 

@@ -36,7 +36,7 @@ from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
-from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
+from blitzscale.cluster.results import ClusterStatus, PrefixShipResult, RespawnResult, TransferResult
 from blitzscale.cluster.shards import ShardPlan, neighbour_pairs, transfer_report
 from blitzscale.cluster.spawn import Spawner, WorkerHandle
 from blitzscale.cluster.spawners import make_spawner
@@ -57,6 +57,11 @@ from blitzscale.messages import (
     LoadResult,
     Message,
     NoResult,
+    PrefixExportMsg,
+    PrefixExportResult,
+    PrefixMoveResult,
+    PrefixRecvMsg,
+    PrefixSendMsg,
     ProfileResult,
     ReleaseMsg,
     ReleaseResult,
@@ -665,6 +670,25 @@ class LocalCluster:
 
     async def set_role(self, rank: int, role: Role) -> None:
         await self.command(rank, SetRoleMsg(op_id=self.next_op(), role=role), NoResult)
+
+    async def ship_prefixes(self, model: str, src: int, dst: int, max_blocks: int) -> PrefixShipResult:
+        """The source packs its hot blocks; the target reserves room and posts the receive
+        (refusing sends nothing); then the source sends (answered once sent)."""
+        t = time.monotonic()
+        what = f"hot prefixes of {model} from rank {src} to rank {dst}"
+        async with self._holding([src, dst]):
+            ask = PrefixExportMsg(op_id=self.next_op(), model=model, max_blocks=max_blocks)
+            export = result_of((await self.calls.each_ok({src: ask}, what))[src], PrefixExportResult)
+            if not export.blocks:
+                return PrefixShipResult(blocks=0, bytes=0, seconds=time.monotonic() - t)
+            recv = PrefixRecvMsg(op_id=self.next_op(), model=model, src_rank=src, blocks=export.blocks)
+            await self.calls.each_ok({dst: recv}, what)
+            send = PrefixSendMsg(op_id=self.next_op(), export_id=export.export_id, dst_rank=dst)
+            sent = result_of((await self.calls.each_ok({src: send}, what))[src], PrefixMoveResult)
+        hashes = tuple(b.hash for b in export.blocks)
+        return PrefixShipResult(
+            blocks=sent.blocks, bytes=sent.bytes, seconds=time.monotonic() - t, hashes=hashes
+        )
 
     async def deactivate(self, rank: int) -> None:
         await self.command(rank, DeactivateMsg(op_id=self.next_op()), NoResult)

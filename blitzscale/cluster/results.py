@@ -2,8 +2,8 @@
 
 A load, host copy, activation, release or checksum returns its worker's typed reply
 (`blitzscale.messages`: `LoadResult`, `HostCopyResult`, `ActivateResult`, `ReleaseResult`);
-a transfer returns a `TransferResult` per receiving rank, a respawn a `RespawnResult`, and
-`status()` a `ClusterStatus`. Plain data, no torch.
+a transfer returns a `TransferResult` per receiving rank, hot prefixes shipped a
+`PrefixShipResult`, a respawn a `RespawnResult`, and `status()` a `ClusterStatus`. Plain data, no torch.
 """
 
 from __future__ import annotations
@@ -38,6 +38,18 @@ class TransferResult:
 def transfer_bytes(report: dict[int, TransferResult]) -> int:
     """Bytes a transfer moved, over every receiver."""
     return sum(r.bytes for r in report.values())
+
+
+@dataclass(frozen=True)
+class PrefixShipResult:
+    """Hot prefix blocks shipped from a serving source to a new instance: how many, their
+    bytes, and the seconds from asking the source to the last byte sent (0 blocks: the
+    source had no reused prefix cached); `hashes`: theirs, parents first."""
+
+    blocks: int
+    bytes: int
+    seconds: float
+    hashes: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

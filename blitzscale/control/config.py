@@ -112,6 +112,9 @@ class PolicyConfig:
     sllm_ttl_s: float = 30.0  # `sllm`: a host keeps a checkpoint this long after last serving it
     max_sources: int = 4  # network policies: at most this many source instances (stripes)
     sources_only_decode: bool = True  # spare prefill instances' outbound links (KV migration)
+    # Network scale-ups: the source's most reused cached prefixes follow the weights, up to
+    # this share of the new instance's KV blocks (0: the new instance starts with none).
+    hot_prefix_share: float = 0.1
 
     def __post_init__(self) -> None:
         if self.name not in POLICY_NAMES:
@@ -122,6 +125,8 @@ class PolicyConfig:
             raise ValueError(f"sllm_ttl_s must be >= 0, got {self.sllm_ttl_s}")
         if self.max_sources < 1:
             raise ValueError(f"max_sources must be >= 1, got {self.max_sources}")
+        if not 0 <= self.hot_prefix_share <= 1:
+            raise ValueError(f"hot_prefix_share must be in [0, 1], got {self.hot_prefix_share}")
 
     @property
     def uses_network(self) -> bool:

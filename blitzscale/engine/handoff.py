@@ -63,6 +63,14 @@ class KVHandoffs(HandoffBook):
             raise InvalidRequestError(f"request {request_id!r} is not receiving KV here")
         self.kv_cache.scatter_blocks(req.block_ids[: buf.shape[2]], buf, layers)
 
+    def blocks_out(self, block_ids: list[int]) -> torch.Tensor:
+        """These blocks' KV, packed for sending (hot prefixes: a copy, so the blocks may be
+        reused as soon as the copy is queued)."""
+        return self.kv_cache.gather_blocks(block_ids)
+
+    def blocks_in(self, block_ids: list[int], buf: torch.Tensor) -> None:
+        self.kv_cache.scatter_blocks(block_ids, buf)
+
     def hidden_buffer(self, num_tokens: int) -> torch.Tensor:
         """An empty residual-stream buffer for `num_tokens` tokens (a relay's hidden states)."""
         kv = self.kv_cache.data

@@ -10,7 +10,10 @@ table (`engine/table.py`):
   blocks before any KV is sent (`reserve_import`), then `commit_import` or `cancel_import`;
 - relays (live scaling): a live target hands a task over (`relay_out`) and frees it once
   sent (`relay_sent`) or takes it back (`relay_cancelled`); its source reserves blocks
-  (`reserve_relay`), then `commit_relay` with the hidden states, or `cancel_relay`.
+  (`reserve_relay`), then `commit_relay` with the hidden states, or `cancel_relay`;
+- hot prefixes (scale-up): a source names its most reused cached blocks (`hot_prefixes`);
+  a new instance reserves blocks for them (`reserve_prefixes`), then `commit_prefixes`
+  registers them as cached (no request holds them), or `cancel_prefixes`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from blitzscale.engine.request import Handoff, Request, RequestStatus
 from blitzscale.engine.scheduler import Scheduler
 from blitzscale.engine.table import RequestTable
 from blitzscale.errors import InvalidRequestError
+from blitzscale.kvcache.pool import HotBlock
 
 S = RequestStatus
 
@@ -131,6 +135,38 @@ class HandoffBook:
         if not self.pool.can_allocate(need):
             raise InvalidRequestError(f"no room: {need} KV blocks needed, {self.pool.num_free_blocks} free")
         return self.pool.allocate(need)
+
+    # --- hot prefixes (travelling with the weights to a new instance) --------------------
+
+    def hot_prefixes(self, max_blocks: int) -> list[HotBlock]:
+        """Up to `max_blocks` of the most reused cached blocks, parents first (none
+        without prefix caching)."""
+        return self.pool.hot_prefixes(max_blocks) if self.scheduler.prefix_caching else []
+
+    def reserve_prefixes(self, num_blocks: int) -> list[int]:
+        """Blocks for arriving prefixes, held until `commit_prefixes` or `cancel_prefixes`:
+        only empty ones (a new instance's own cached prefixes are not evicted for them)."""
+        if not self.scheduler.prefix_caching:
+            raise InvalidRequestError("this engine caches no prefixes ([engine] prefix_caching = false)")
+        if num_blocks > self.pool.num_empty_blocks:
+            raise InvalidRequestError(
+                f"no room for {num_blocks} prefix blocks: {self.pool.num_empty_blocks} empty"
+            )
+        return self.pool.allocate(num_blocks)
+
+    def commit_prefixes(self, block_ids: list[int], blocks: list[tuple[bytes, bytes, int]]) -> int:
+        """The KV of (hash, parent, hits) `blocks` is in `block_ids`: cached now, held by
+        nobody. A prefix cached here meanwhile stays in its own block. Returns how many
+        were registered."""
+        n = sum(
+            self.pool.register(b, h, parent, hits)
+            for b, (h, parent, hits) in zip(block_ids, blocks, strict=True)
+        )
+        self.pool.free(block_ids)
+        return n
+
+    def cancel_prefixes(self, block_ids: list[int]) -> None:
+        self.pool.free(block_ids)
 
     # --- KV migration (prefill/decode disaggregation) -----------------------------------
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.table import RequestTable
 from blitzscale.kvcache.pool import BlockPool
-from blitzscale.kvcache.prefix import extend_hashes
+from blitzscale.kvcache.prefix import ROOT, extend_hashes
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class Scheduler:
             return
         hashes = extend_hashes(req.block_hashes, req.token_ids, full, bs)
         for i in range(req.num_registered, full):
-            self.pool.register(req.block_ids[i], hashes[i])
+            self.pool.register(req.block_ids[i], hashes[i], hashes[i - 1] if i else ROOT)
         req.num_registered = full
 
     def finish(self, req: Request, reason: str) -> None:

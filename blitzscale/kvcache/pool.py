@@ -6,11 +6,29 @@ tokens are known can be registered under its prefix hash (kvcache/prefix.py): an
 request whose prompt starts with the same tokens then shares it (`share`) instead of
 computing it again. A registered block nobody holds stays cached: it is allocated again
 only when no empty block is left, least recently freed first, and then forgets its hash.
+
+Each registered block also knows its parent's hash and how often a request took it from
+the cache (`hits`): `hot_prefixes` names the most reused chains, which a new instance of
+the model can receive along with its weights (`import_prefix` registers them there).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from blitzscale.kvcache.prefix import ROOT
+
+
+@dataclass(frozen=True)
+class HotBlock:
+    """A cached block worth shipping: its prefix hash, its parent's (ROOT for a first
+    block), how many requests took it from the cache, and where it is in this pool."""
+
+    hash: bytes
+    parent: bytes
+    hits: int
+    block: int
 
 
 class BlockPool:
@@ -24,11 +42,18 @@ class BlockPool:
         self._refs: dict[int, int] = {}  # used block -> its holders
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
+        self._parent: dict[int, bytes] = {}  # registered block -> its parent's hash
+        self._hits: dict[int, int] = {}  # registered block -> requests that took it cached
         self.evictions = 0  # cached blocks handed out again (their prefix forgotten)
 
     @property
     def num_free_blocks(self) -> int:
         return len(self._empty) + len(self._cached)
+
+    @property
+    def num_empty_blocks(self) -> int:
+        """Free blocks that hold no cached prefix."""
+        return len(self._empty)
 
     @property
     def num_used_blocks(self) -> int:
@@ -54,7 +79,7 @@ class BlockPool:
                 b = self._empty.popleft()
             else:  # the least recently freed cached block gives up its prefix
                 b, _ = self._cached.popitem(last=False)
-                del self._block_of[self._hash_of.pop(b)]
+                self._forget(b)
                 self.evictions += 1
             self._refs[b] = 1
             ids.append(b)
@@ -103,16 +128,58 @@ class BlockPool:
                 self._refs[b] = 1
             else:
                 self._refs[b] += 1
+            self._hits[b] += 1
 
-    def register(self, block: int, h: bytes) -> None:
-        """A used, full block now known to hold the prefix `h`. A prefix already cached in
-        another block, or a block already registered, is left as it is."""
+    def register(self, block: int, h: bytes, parent: bytes = ROOT, hits: int = 0) -> bool:
+        """A used, full block now known to hold the prefix `h` (its parent's hash:
+        `parent`). A prefix already cached in another block, or a block already
+        registered, is left as it is (False)."""
         if block not in self._refs:
             raise RuntimeError(f"KV block {block} is free: only a held block can be registered")
         if h in self._block_of or block in self._hash_of:
-            return
+            return False
         self._hash_of[block] = h
         self._block_of[h] = block
+        self._parent[block] = parent
+        self._hits[block] = hits
+        return True
+
+    def _forget(self, block: int) -> None:
+        del self._block_of[self._hash_of.pop(block)]
+        del self._parent[block], self._hits[block]
+
+    def hot_prefixes(self, max_blocks: int) -> list[HotBlock]:
+        """Up to `max_blocks` cached blocks that requests took from the cache, most taken
+        first, each with every block before it in its sequence (a block is found only
+        through its whole chain): parents before children. Blocks never reused are not
+        hot, and a chain whose first blocks were evicted is unreachable, so neither is it."""
+        if max_blocks <= 0:
+            return []
+        depth: dict[int, int] = {}  # of the picked blocks: 0 for a sequence's first
+
+        def unpicked_chain(b: int) -> list[int] | None:
+            """b and its ancestors not picked yet, first block first; None if broken."""
+            out = [b]
+            while (p := self._parent[out[-1]]) != ROOT:
+                a = self._block_of.get(p)
+                if a is None:
+                    return None
+                if a in depth:
+                    break
+                out.append(a)
+            return out[::-1]
+
+        hot = sorted((b for b, n in self._hits.items() if n > 0), key=lambda b: -self._hits[b])
+        for b in hot:
+            new = None if b in depth else unpicked_chain(b)
+            if new is None or len(depth) + len(new) > max_blocks:
+                continue  # picked, unreachable, or too long (a shorter chain may still fit)
+            parent = self._block_of.get(self._parent[new[0]])
+            first = depth[parent] + 1 if parent is not None else 0
+            for i, x in enumerate(new):
+                depth[x] = first + i
+        order = sorted(depth, key=lambda b: depth[b])
+        return [HotBlock(self._hash_of[b], self._parent[b], self._hits[b], b) for b in order]
 
     def is_registered(self, block: int) -> bool:
         return block in self._hash_of
@@ -125,6 +192,8 @@ class BlockPool:
         self._cached.clear()
         self._hash_of.clear()
         self._block_of.clear()
+        self._parent.clear()
+        self._hits.clear()
         return n
 
     def refs(self, block: int) -> int:
@@ -153,4 +222,6 @@ class BlockPool:
             self._hash_of.get(b) != h for h, b in self._block_of.items()
         ):
             problems.append("the prefix cache's two maps disagree")
+        if set(self._parent) != set(self._hash_of) or set(self._hits) != set(self._hash_of):
+            problems.append("a registered block lacks its parent or its hits, or a free one has them")
         return problems

@@ -20,6 +20,7 @@ from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
+from blitzscale.messages import ActivateResult
 from blitzscale.serve.events import Direction
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.models import ScaledModel
@@ -54,7 +55,11 @@ class LoadsOwner(Protocol):
 
     def activation(self, role: Role, model: str | None = None) -> Activation: ...
 
-    async def activate_many(self, ranks: list[int], role: Role, model: str | None = None) -> None: ...
+    async def activate_many(
+        self, ranks: list[int], role: Role, model: str | None = None, prefix_source: int | None = None
+    ) -> None: ...
+
+    async def ship_prefixes(self, source: int, targets: Mapping[int, ActivateResult], model: str) -> None: ...
 
     def record(
         self,
@@ -110,7 +115,8 @@ class Loads:
             await self._drop_partial(a.target_ranks, model)
             return
         self._load_succeeded(a.target_ranks)
-        await self.scaler.activate_many(list(ids), role, model=model)
+        source = a.sources[0] if a.path == "network" and a.sources else None  # (its hot prefixes)
+        await self.scaler.activate_many(list(ids), role, model=model, prefix_source=source)
 
     async def _drop_partial(self, targets: tuple[int, ...], model: str) -> None:
         """Shards of a tp > 1 instance that loaded while another did not are released: the
@@ -172,11 +178,11 @@ class Loads:
             partner = None
         ids = self.scaler.instance_ids(a.target_ranks)  # (tp > 1: leaders; their shards follow)
         self.router.live.begin(ids, partner.rank if partner is not None else None)
-        activated: set[int] = set()
+        activated: dict[int, ActivateResult] = {}
 
         def on_live(start: LiveStart) -> None:  # on this loop, as each reply arrives
             if start.result is not None:
-                activated.add(start.rank)
+                activated[start.rank] = start.result
                 self.scaler.metrics.activated(start.result)
             else:
                 log.warning("live activation of rank %d failed: %s", start.rank, start.error)
@@ -211,11 +217,15 @@ class Loads:
             report,
             model=model,
         )
+        if a.sources:  # serving already: the hot prefixes reach them as the weights did
+            await self.scaler.ship_prefixes(a.sources[0], activated, model)
         missed = [t for t in ids if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
             for t in missed:
                 self.router.live.end(t)
-            await self.scaler.activate_many(missed, role, model=model)
+            await self.scaler.activate_many(
+                missed, role, model=model, prefix_source=a.sources[0] if a.sources else None
+            )
 
     async def network(
         self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool, model: str | None = None

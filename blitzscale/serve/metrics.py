@@ -205,6 +205,11 @@ class ClusterMetrics:
         self.transfer_bytes.labels(path=path, model=model).inc(nbytes)
         self.scale_up_seconds.labels(path=path, model=model).observe(seconds)
 
+    def prefixes_shipped(self, model: str, blocks: int, nbytes: int) -> None:
+        """Hot prefix blocks a new instance received with its weights."""
+        self.hot_prefix_blocks.labels(model=model).inc(blocks)
+        self.hot_prefix_bytes.labels(model=model).inc(nbytes)
+
     def activated(self, result: ActivateResult) -> None:
         """Count one activation from its reply (worker/standby.py)."""
         self.activations.labels(engine="standby" if result.standby else "built").inc()
@@ -225,6 +230,18 @@ class ClusterMetrics:
             "Whole duration of each scale-up (load, activation), by model and load path",
             ["model", "path"],
             buckets=SCALE_UP_BUCKETS,
+            registry=registry,
+        )
+        self.hot_prefix_blocks = PromCounter(
+            "blitzscale_hot_prefix_blocks",
+            "Cached prefix KV blocks shipped from a source to new instances with the weights",
+            ["model"],
+            registry=registry,
+        )
+        self.hot_prefix_bytes = PromCounter(
+            "blitzscale_hot_prefix_bytes",
+            "Bytes of the hot prefix blocks shipped to new instances",
+            ["model"],
             registry=registry,
         )
         self.load_failures = PromCounter(

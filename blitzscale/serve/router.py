@@ -469,6 +469,15 @@ class Router:
         cap = inst.stats.total_blocks if inst.stats is not None else FALLBACK_CAPACITY_BLOCKS
         self.prefixes.record(r.model, inst.rank, inst.loaded_at, prefix, cap)
 
+    def prefixes_shipped(self, model: str, rank: int, hashes: list[bytes]) -> None:
+        """Hot prefix blocks of `model` that reached `rank` with its weights (the scaler
+        shipped them): cached there now, as if prompts with them had been sent."""
+        inst = self.instances.get(rank)
+        if inst is None or not self.cfg.prefix_aware:
+            return
+        cap = inst.stats.total_blocks if inst.stats is not None else FALLBACK_CAPACITY_BLOCKS
+        self.prefixes.record(model, rank, inst.loaded_at, hashes, cap)
+
     async def _dispatch_queue(self) -> None:
         role = "prefill" if self.cfg.mode == "pd" else "colocated"
         for late in self.queue.pop_expired(clock.now()):

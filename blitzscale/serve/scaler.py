@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from blitzscale import clock
@@ -36,6 +37,8 @@ from blitzscale.control.policies import (
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.roles import Role
+from blitzscale.errors import BlitzScaleError
+from blitzscale.messages import ActivateResult
 from blitzscale.serve.events import Direction, ScaleEvent
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
@@ -178,17 +181,45 @@ class Scaler:
         spec = self._model(model)
         return Activation(model=spec.name, source=spec.source, role=role, engine=self.engine, pace=self.pace)
 
-    async def activate_many(self, ranks: list[int], role: Role, model: str | None = None) -> None:
-        """Start engines on freshly loaded instances, all at once."""
+    async def activate_many(
+        self, ranks: list[int], role: Role, model: str | None = None, prefix_source: int | None = None
+    ) -> None:
+        """Start engines on freshly loaded instances, all at once; with `prefix_source` (the
+        instance their weights came from), its hot prefixes reach them before they serve."""
         results = await self.cluster.activate(dict.fromkeys(ranks, self.activation(role, model)))
         for res in results.values():
             self.metrics.activated(res)
+        if prefix_source is not None:
+            await self.ship_prefixes(prefix_source, results, self._model(model).name)
         for rank in ranks:
             if role == "decode":  # decode instances are made from prefill ones (design §4)
                 self.state.move(rank, InstanceState.PREFILL, "(activated)")
                 self.state.move(rank, InstanceState.MUTATING_TO_DECODE, "(bootstrap)")
             self.state.move(rank, ROLE_STATE[role], "(activated)")
         self.router.wake()
+
+    async def ship_prefixes(self, source: int, targets: Mapping[int, ActivateResult], model: str) -> None:
+        """The source's most reused cached prefixes into each new instance (one after
+        another: the source packs a copy for each), up to `hot_prefix_share` of its KV
+        blocks. Instances of one rank only; a failure leaves the target empty, serving."""
+        share = self.policy.hot_prefix_share
+        if share <= 0 or self.tp > 1 or source in targets:
+            return
+        for rank, res in targets.items():
+            try:
+                shipped = await self.cluster.ship_prefixes(
+                    model, source, rank, int(share * res.num_kv_blocks)
+                )
+            except BlitzScaleError as e:
+                log.warning("hot prefixes of %s from rank %d to rank %d: %s", model, source, rank, e)
+                continue
+            if shipped.blocks:
+                self.metrics.prefixes_shipped(model, shipped.blocks, shipped.bytes)
+                self.router.prefixes_shipped(model, rank, list(shipped.hashes))
+                log.info(
+                    "%d hot prefix blocks of %s from rank %d to rank %d (%.1f MB, %.3f s)",
+                    shipped.blocks, model, source, rank, shipped.bytes / 1e6, shipped.seconds,
+                )  # fmt: skip
 
     # --- the loop -----------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from blitzscale import clock
 from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.pool import ParameterPool
-from blitzscale.cluster.results import ClusterStatus, RespawnResult, TransferResult
+from blitzscale.cluster.results import ClusterStatus, PrefixShipResult, RespawnResult, TransferResult
 from blitzscale.control.costmodel import CostReport, Profile
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
@@ -84,6 +84,7 @@ class SimCluster:
         self.gpu_busy_s = 0.0  # GPU-seconds holding a model (the summary's gpu_seconds)
         self._held_since: dict[int, float] = {}
         self.messages = 0  # data-plane messages, for the simulator's own report
+        self.prefix_blocks_shipped = 0  # hot prefix blocks new instances received
         for rank in range(topo.world_size):  # every simulated worker is up from the start
             self._emit(HelloMsg(rank=rank, pid=0, device=f"sim:{rank}"))
 
@@ -265,6 +266,30 @@ class SimCluster:
 
     async def set_role(self, rank: int, role: Role) -> None:
         self.engines[rank].role = role
+
+    async def ship_prefixes(self, model: str, src: int, dst: int, max_blocks: int) -> PrefixShipResult:
+        """As a worker pair ships them (worker/prefix_ship.py), the engines' own books:
+        the source names its hot blocks, the target reserves empty blocks, and once their
+        bytes crossed the link it registers them as cached."""
+        t = clock.now()
+        async with AsyncExitStack() as stack:
+            await self._hold(stack, [src, dst])
+            source, target = self.engines.get(src), self.engines.get(dst)
+            if source is None or target is None:
+                raise BlitzScaleError(f"ranks {src} and {dst} must both serve {model}")
+            hot = source.handoffs.hot_prefixes(max_blocks)
+            if not hot:
+                return PrefixShipResult(blocks=0, bytes=0, seconds=clock.now() - t)
+            ids = target.reserve_prefixes(len(hot))
+            nbytes = len(hot) * source.shape.block_size * self.profile.kv_bytes_per_token
+            arrived = asyncio.get_running_loop().create_future()
+            self._over_link(src, dst, nbytes, lambda: arrived.set_result(None))
+            await arrived
+            if self.engines.get(dst) is target:  # (not stopped meanwhile)
+                target.prefixes_arrived(ids, [(h.hash, h.parent, h.hits) for h in hot])
+        self.prefix_blocks_shipped += len(hot)
+        hashes = tuple(h.hash for h in hot)
+        return PrefixShipResult(blocks=len(hot), bytes=nbytes, seconds=clock.now() - t, hashes=hashes)
 
     async def deactivate(self, rank: int) -> None:
         e = self.engines.get(rank)

@@ -79,6 +79,7 @@ def run_policies(
                     "prompt_tokens_computed": sum(r.input_tokens for r in res.records) - res.prefix_hits,
                     "prefix_hit_rate": round(res.prefix_hits / max(res.prefix_queries, 1), 4),
                     "prefix_routed": res.prefix_routed,
+                    "prefix_shipped_blocks": res.prefix_shipped,
                     "sim_wall_s": round(res.sim_wall_s, 2),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 }

@@ -308,6 +308,19 @@ class SimEngine:
             self.handoffs.commit_import(rid)
         self._changed()
 
+    def reserve_prefixes(self, num_blocks: int) -> list[int]:
+        """A new instance: room for hot prefix blocks on their way (cluster.ship_prefixes)."""
+        self._cut()
+        ids = self.handoffs.reserve_prefixes(num_blocks)
+        self._changed()
+        return ids
+
+    def prefixes_arrived(self, block_ids: list[int], blocks: list[tuple[bytes, bytes, int]]) -> None:
+        """Their bytes crossed the link: cached here now."""
+        self._cut()
+        self.handoffs.commit_prefixes(block_ids, blocks)
+        self._changed()
+
     def relay_sent(self, rid: str) -> None:
         """Target: the task's hidden states and KV have gone."""
         self._cut()

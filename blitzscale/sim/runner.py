@@ -66,6 +66,7 @@ class SimSetup:
     keep_alive_s: float = math.inf
     host_memory_bytes: int = 0
     prefix_routing: bool = True  # the router weighs cached prefixes (off: load alone)
+    hot_prefix_share: float = 0.1  # [policy] hot_prefix_share (0: new instances start empty)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -87,6 +88,7 @@ class SimResult:
     prefix_queries: int = 0  # prompt tokens looked up in the engines' prefix caches
     prefix_hits: int = 0  # of those, found cached (not computed)
     prefix_routed: int = 0  # requests the router sent where their prefix was likely cached
+    prefix_shipped: int = 0  # hot prefix blocks new instances received with their weights
 
 
 def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
@@ -100,10 +102,10 @@ def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
     return PlannerConfig.from_dict({**rates, **setup.planner_overrides})
 
 
-def _policy(name: str, fixed: tuple[int, int]) -> PolicyConfig:
+def _policy(name: str, fixed: tuple[int, int], hot_prefix_share: float) -> PolicyConfig:
     if name.startswith("fixed"):
         return PolicyConfig(name="fixed", fixed_prefill=fixed[0], fixed_decode=fixed[1])
-    return PolicyConfig(name=name)
+    return PolicyConfig(name=name, hot_prefix_share=hot_prefix_share)
 
 
 def _served(name: str, setup: SimSetup, profile: Profile, engine: EngineConfig) -> ServedModel:
@@ -138,7 +140,7 @@ async def _run(
         host_memory_bytes=setup.host_memory_bytes,
     )
     cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp)
-    pcfg = _policy(policy, setup.fixed)
+    pcfg = _policy(policy, setup.fixed, setup.hot_prefix_share)
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
     rcfg = replace(rcfg, prefix_aware=rcfg.prefix_aware and setup.prefix_routing)
     device = "cpu" if preset.device.startswith("cpu") else "cuda"
@@ -208,6 +210,7 @@ async def _run(
         prefix_queries=cluster.recorder.prefix_queries,
         prefix_hits=cluster.recorder.prefix_hits,
         prefix_routed=router.num_prefix_routed,
+        prefix_shipped=cluster.prefix_blocks_shipped,
     )
 
 

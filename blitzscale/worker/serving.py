@@ -54,6 +54,7 @@ from blitzscale.model.weights import ModelWeights
 from blitzscale.worker.dispatch import dispatch, output_msg, short_error, to_params
 from blitzscale.worker.p2p import Move, finished, wait_one
 from blitzscale.worker.pacing import Pacer
+from blitzscale.worker.prefix_ship import PrefixShipping, Reply
 from blitzscale.worker.relays import LiveSide
 from blitzscale.worker.tp import InstanceReadiness, TPLeader, make_leader
 from blitzscale.worker.world import Links
@@ -69,7 +70,7 @@ class WorkerBrokenError(BlitzScaleError):
 
 
 class ServingLoop:
-    def __init__(self, rank: int, links: Links, send: Callable[[Message], None]) -> None:
+    def __init__(self, rank: int, links: Links, send: Callable[[Message], None], reply: Reply) -> None:
         self.rank = rank
         self.links = links
         self.send = send
@@ -94,11 +95,14 @@ class ServingLoop:
         self._last_tick = 0.0
         self._had_work = False
         self.waiters = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-wait")
+        self.prefixes = PrefixShipping(rank, links, self.waiters, reply)  # hot prefixes at scale-up
 
     @property
     def is_idle(self) -> bool:
         e = self.engine
-        return e is None or not (not e.is_idle or self._recvs or self._sends or self.live.busy)
+        return e is None or not (
+            not e.is_idle or self._recvs or self._sends or self.live.busy or self.prefixes.busy
+        )
 
     def activate(
         self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg, engine: LLMEngine | None = None
@@ -142,6 +146,7 @@ class ServingLoop:
             self.tp.send(TPStopMsg())
             self.tp.flush()
         self.engine, self.tp, self.ready, self.pace = None, None, None, None
+        self.prefixes.drop()
         self.role = ""
 
     # --- data-plane messages ------------------------------------------------------------
@@ -245,6 +250,7 @@ class ServingLoop:
         if self._had_work:  # the time since the last tick was spent on work
             self.busy_s += now - self._last_tick
         self._last_tick = now
+        self.prefixes.poll(e)
         if e is None:
             self._had_work = False
             return False
@@ -270,7 +276,7 @@ class ServingLoop:
         if now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self.send(self.stats())
-        self._had_work = busy or bool(self._recvs or self._sends or self.live.busy)
+        self._had_work = busy or bool(self._recvs or self._sends or self.live.busy or self.prefixes.busy)
         return self._had_work
 
     def _ask_shards(self, e: LLMEngine) -> None:

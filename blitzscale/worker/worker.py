@@ -45,6 +45,9 @@ from blitzscale.messages import (
     LoadResult,
     Message,
     NoResult,
+    PrefixExportMsg,
+    PrefixRecvMsg,
+    PrefixSendMsg,
     ProfileMsg,
     ProfileResult,
     ReleaseMsg,
@@ -175,7 +178,7 @@ class Worker:
                     self.cfg.token, HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device))
                 )
             )
-        self.serving = ServingLoop(self.rank, self.links, self._send_data)
+        self.serving = ServingLoop(self.rank, self.links, self._send_data, self._reply)
 
     def _init_follower(self) -> None:
         """Shard k > 0 of an instance group follows its leader's commands (worker/tp.py)."""
@@ -204,6 +207,12 @@ class Worker:
             self.follower = self.inbox = None
             return
         self.follower.handle(cmd, self._weights_of)
+
+    def _engine_of(self, model: str) -> LLMEngine | None:
+        """The engine serving `model` here, if it is one rank's (hot prefixes move between
+        such engines only: a tensor-parallel instance's KV is spread over its shards)."""
+        s = self.serving
+        return s.engine if self.serving_model == model and s.tp is None else None
 
     def _weights_of(self, model: str) -> ModelWeights | None:
         """This rank's copy of `model`: held, or still arriving (a live target's)."""
@@ -278,6 +287,9 @@ class Worker:
                 return
             if isinstance(msg, InstanceLinkMsg):
                 self._start_instance_link(msg)
+                return
+            if isinstance(msg, PrefixSendMsg):  # answered when sent, by the serving loop
+                self.serving.prefixes.send(msg)
                 return
             self._reply(op_id, True, self.handle(msg))
         except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
@@ -420,6 +432,10 @@ class Worker:
         if isinstance(msg, SetRoleMsg):
             self.serving.role = msg.role
             return NoResult()
+        if isinstance(msg, PrefixExportMsg):
+            return self.serving.prefixes.export(self._engine_of(msg.model), msg)
+        if isinstance(msg, PrefixRecvMsg):
+            return self.serving.prefixes.recv(self._engine_of(msg.model), msg)
         raise ValueError(f"worker cannot handle {type(msg).__name__}")
 
     def _load(self, msg: LoadMsg) -> LoadResult:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
+from blitzscale.errors import InvalidRequestError
 from tests.conftest import hf_greedy
 
 MAX_NEW = 12
@@ -112,3 +113,38 @@ def test_reset_forgets_the_cache(smollm2_weights: Any, prompts: list[list[int]])
     assert engine.reset_prefix_cache() > 0
     _run(engine, [prompts[1:2]])
     assert engine.scheduler.prefix_hits == 0
+
+
+def test_hot_prefixes_shipped_to_a_new_engine_are_hit_there_and_tokens_equal_transformers(
+    smollm2_weights: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    """Hot prefixes travelling with the weights, engine to engine (the workers move the
+    packed blocks over their KV link, worker/prefix_ship.py): the source's reused system
+    prompt lands in a fresh engine's cache, whose very first requests compute only what
+    follows it, with transformers' tokens."""
+    cfg = EngineConfig(block_size=16, num_kv_blocks=256)
+    src = LLMEngine(smollm2_weights, None, cfg)
+    _run(src, [prompts[:1], prompts[1:2]])  # the second request reuses the first's system prompt
+    hot = src.handoffs.hot_prefixes(64)
+    common = next(i for i in range(len(prompts[0])) if len({p[i] for p in prompts}) > 1)
+    assert len(hot) == common // 16 > 0 and all(h.hits >= 1 for h in hot)
+    dst = LLMEngine(smollm2_weights, None, cfg)
+    ids = dst.handoffs.reserve_prefixes(len(hot))
+    dst.handoffs.blocks_in(ids, src.handoffs.blocks_out([h.block for h in hot]))
+    assert dst.handoffs.commit_prefixes(ids, [(h.hash, h.parent, h.hits) for h in hot]) == len(hot)
+    dst.check_integrity()
+    assert dst.pool.num_used_blocks == 0 and dst.pool.num_cached_blocks == len(hot)
+    assert _run(dst, [prompts[2:]]) == reference[2:]  # its first requests, together
+    assert dst.scheduler.prefix_hits == 2 * len(hot) * 16
+    cold = LLMEngine(smollm2_weights, None, cfg)  # an empty start: the first wave computes all
+    assert _run(cold, [prompts[2:]]) == reference[2:] and cold.scheduler.prefix_hits == 0
+    # Room: only empty blocks are taken (a new instance's own cache is not evicted for them)
+    n = dst.pool.num_empty_blocks
+    with pytest.raises(InvalidRequestError, match=f"no room for {n + 1} prefix blocks: {n} empty"):
+        dst.handoffs.reserve_prefixes(n + 1)
+    off = LLMEngine(
+        smollm2_weights, None, EngineConfig(block_size=16, num_kv_blocks=64, prefix_caching=False)
+    )
+    assert off.handoffs.hot_prefixes(8) == []
+    with pytest.raises(InvalidRequestError, match="caches no prefixes"):
+        off.handoffs.reserve_prefixes(1)

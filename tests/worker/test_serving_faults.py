@@ -19,7 +19,7 @@ class Loop:
 
     def __init__(self, weights: Any, tokenizer: Any) -> None:
         self.sent: list[Message] = []
-        self.serving = ServingLoop(0, None, self.sent.append)
+        self.serving = ServingLoop(0, None, self.sent.append, lambda *a: None)
         engine = EngineConfig(block_size=16, num_kv_blocks=64, max_model_len=2048)
         msg = ActivateMsg(op_id=1, model="m", source="smollm2-135m", role="colocated", engine=engine)
         self.serving.activate(weights, tokenizer, msg)
