@@ -63,6 +63,12 @@ class KVHandoffs(HandoffBook):
             raise InvalidRequestError(f"request {request_id!r} is not receiving KV here")
         self.kv_cache.scatter_blocks(req.block_ids[: buf.shape[2]], buf, layers)
 
+    @property
+    def block_bytes(self) -> int:
+        """One block's KV, every layer's keys and values (what a packed block takes)."""
+        d = self.kv_cache.data
+        return d[:, :, 0].numel() * d.element_size()
+
     def blocks_out(self, block_ids: list[int]) -> torch.Tensor:
         """These blocks' KV, packed for sending (hot prefixes: a copy, so the blocks may be
         reused as soon as the copy is queued)."""

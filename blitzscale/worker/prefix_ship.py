@@ -12,7 +12,9 @@ each answered once (the controller runs them, cluster/local.py `ship_prefixes`):
 - `PrefixSendMsg` (source): send the export's copy; answered when it has gone.
 A source keeps one export at a time (the controller ships from a rank one target after
 another); a newer export, or the engine going, drops it.
-Engines of one rank only: a tensor-parallel instance's KV is spread over its shards.
+Engines of one rank only: a tensor-parallel instance's KV is spread over its shards. On a
+GPU the packed copy (source) and the receive buffer (target) take device memory beside the
+KV cache: at most half of what is free, so shipping never costs a step an out-of-memory.
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ from blitzscale.worker.world import Links
 
 log = logging.getLogger("blitzscale.worker")
 Reply = Callable[[int, bool, ReplyResult, str], None]  # (op id, ok, result, error)
+COPY_SHARE_OF_FREE = 0.5  # of the device's free memory, for a packed copy or a receive buffer
+
+
+def copy_room(engine: LLMEngine) -> int | None:
+    """How many blocks a packed copy may hold on the engine's device (None: no bound, as
+    on CPU, where it is host memory)."""
+    device = engine.handoffs.kv_cache.data.device
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(COPY_SHARE_OF_FREE * free) // engine.handoffs.block_bytes
 
 
 @dataclass
@@ -75,7 +88,8 @@ class PrefixShipping:
         self._export = None
         if engine is None:
             return PrefixExportResult(export_id=msg.op_id)  # nothing to give
-        hot = engine.handoffs.hot_prefixes(msg.max_blocks)
+        room = copy_room(engine)
+        hot = engine.handoffs.hot_prefixes(msg.max_blocks if room is None else min(msg.max_blocks, room))
         if not hot:
             return PrefixExportResult(export_id=msg.op_id)
         buf = engine.handoffs.blocks_out([h.block for h in hot])
@@ -96,6 +110,11 @@ class PrefixShipping:
         """The receive is posted: its blocks and bytes (`poll` registers them on arrival)."""
         if engine is None:
             raise BlitzScaleError(f"rank {self.rank} serves no engine of one rank for {msg.model}")
+        room = copy_room(engine)
+        if room is not None and len(msg.blocks) > room:
+            raise BlitzScaleError(
+                f"rank {self.rank}: no device memory to receive {len(msg.blocks)} prefix blocks ({room} fit)"
+            )
         ids = engine.handoffs.reserve_prefixes(len(msg.blocks))
         buf = engine.handoffs.kv_buffer(len(ids))
         try:

@@ -63,3 +63,30 @@ def test_cuda_fp32_matches_cpu_tokens() -> None:
         for w in (cpu, cuda)
     ]
     assert outs[0].token_ids == outs[1].token_ids
+
+
+@torch.inference_mode()
+def test_shipped_hot_prefixes_give_the_same_tokens_on_cuda_and_fit_beside_the_cache() -> None:
+    """Hot prefixes packed on one CUDA engine and scattered into another (the worker moves
+    the packed tensor over NCCL, worker/prefix_ship.py): the new engine's first request
+    takes them and gives the tokens the source gives; the packed copy is bounded by the
+    device's free memory."""
+    from blitzscale.worker.prefix_ship import copy_room
+
+    weights = load_weights(resolve_model("random:tiny-llama3"), dtype=torch.float32, device="cuda")
+    cfg = EngineConfig(block_size=16, num_kv_blocks=128)
+    src, dst = LLMEngine(weights, None, cfg), LLMEngine(weights, None, cfg)
+    g = torch.Generator().manual_seed(3)
+    shared = torch.randint(0, 512, (64,), generator=g).tolist()
+    a, b = (shared + torch.randint(0, 512, (9,), generator=g).tolist() for _ in range(2))
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    src.generate([a], params)
+    want = src.generate([b], params)[0].token_ids  # took the shared blocks from the cache
+    hot = src.handoffs.hot_prefixes(64)
+    assert len(hot) == 4 and (copy_room(src) or 0) >= len(hot)
+    ids = dst.handoffs.reserve_prefixes(len(hot))
+    dst.handoffs.blocks_in(ids, src.handoffs.blocks_out([h.block for h in hot]))
+    dst.handoffs.commit_prefixes(ids, [(h.hash, h.parent, h.hits) for h in hot])
+    assert dst.generate([b], params)[0].token_ids == want
+    assert dst.scheduler.prefix_hits == 64
+    dst.check_integrity()
