@@ -42,3 +42,16 @@ def test_routing_by_prefix_can_be_turned_off_and_then_routes_by_load_alone() -> 
     trace = transform(load_trace(SLICE, "mooncake"), duration=120, max_input=4096, max_output=64)
     res = simulate(_setup(prefix_routing=False), trace, "blitz")
     assert res.prefix_routed == 0 and res.prefix_hits > 0  # (the cache still works)
+
+
+def test_new_instances_get_hot_prefixes_with_their_weights_unless_the_share_is_zero() -> None:
+    """Network scale-ups ship the source's most reused cached prefix blocks (the same books
+    as the workers', over the simulated link), so the new instances hit them at once."""
+    trace = transform(load_trace(SLICE, "mooncake"), duration=120, max_input=4096, max_output=64)
+    on = simulate(_setup(), trace, "blitz")
+    assert any(e.is_up and e.path == "network" for e in on.events)
+    assert on.prefix_shipped > 0
+    off = simulate(_setup(hot_prefix_share=0.0), trace, "blitz")
+    assert off.prefix_shipped == 0 and off.prefix_hits > 0
+    assert on.prefix_hits > off.prefix_hits  # (on this slice: 271k against 248k tokens)
+    assert len(on.records) == len(off.records) == len(trace)
