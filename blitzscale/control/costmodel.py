@@ -7,6 +7,10 @@ A profile is a JSON file:
   mean context is `context` tokens;
 - sizes: `weight_bytes`, `kv_bytes_per_token`, `device_memory_bytes` (what one GPU or CPU
   slot holds), `memory_utilization` (share of what is left after the weights for KV);
+- `mixed_extra_ms` (optional, 0 if absent): what a step that prefills and decodes at once
+  takes beyond a prefill of as many tokens (its decode rows counted as prompt tokens), as
+  measured: a mixed step launches more kernels (the decode attention besides the prompt's)
+  and, on a GPU whose eager steps are bound by the host's launches, pays for each;
 - `derived_from` (optional): the measured profile it was scaled from and the factors
   (decode scales with memory bandwidth, prefill with the FLOP rate).
 Between points the times are linear; beyond the last point they grow with the last slope.
@@ -56,6 +60,7 @@ class Profile:
     num_layers: int = 32
     derived_from: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    mixed_extra_ms: float = 0.0
 
     def __post_init__(self) -> None:
         def increasing(name: str, xs: tuple[int, ...]) -> None:
@@ -73,6 +78,10 @@ class Profile:
             raise ProfileError(f"profile {self.name!r}: decode.ms must be [batch][context]")
         if self.kv_tokens < 1:
             raise ProfileError(f"profile {self.name!r}: the weights leave no memory for KV")
+        if not self.mixed_extra_ms >= 0:
+            raise ProfileError(
+                f"profile {self.name!r}: mixed_extra_ms must be >= 0, got {self.mixed_extra_ms}"
+            )
 
     # --- times ----------------------------------------------------------------------------
 
@@ -162,6 +171,7 @@ class Profile:
                 "context": list(self.decode_context),
                 "ms": [list(r) for r in self.decode_ms],
             },
+            "mixed_extra_ms": d["mixed_extra_ms"],
             "derived_from": d["derived_from"],
         }
 
@@ -183,6 +193,7 @@ class Profile:
                 decode_context=tuple(int(x) for x in d["decode"]["context"]),
                 decode_ms=tuple(tuple(float(x) for x in row) for row in d["decode"]["ms"]),
                 derived_from=dict(d.get("derived_from") or {}),
+                mixed_extra_ms=float(d.get("mixed_extra_ms", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ProfileError):
@@ -206,6 +217,7 @@ class Profile:
             num_layers=num_layers,
             prefill_ms=tuple(round(x * f, 4) for x in self.prefill_ms),
             decode_ms=tuple(tuple(round(x * f, 4) for x in row) for row in self.decode_ms),
+            mixed_extra_ms=round(self.mixed_extra_ms * f, 4),
             derived_from={"profile": self.name, "weight_factor": f},
         )
 
@@ -228,6 +240,7 @@ class Profile:
             decode_batch=self.decode_batch,
             decode_context=self.decode_context,
             decode_ms=tuple(tuple(round(x / bandwidth_factor, 4) for x in row) for row in self.decode_ms),
+            mixed_extra_ms=round(self.mixed_extra_ms / flops_factor, 4),
             derived_from={
                 "profile": self.name,
                 "device": self.device,

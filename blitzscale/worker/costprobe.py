@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -29,9 +29,11 @@ from blitzscale.control.costmodel import Profile
 
 __all__ = ["ProbePoints", "Profile", "measure", "scratch_engine", "stand_in"]
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
+from blitzscale.engine.work import StepWork
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.config import ModelConfig
 from blitzscale.model.weights import ModelWeights
+from blitzscale.worker.pacing import step_s
 
 log = logging.getLogger("blitzscale.worker")
 
@@ -53,11 +55,21 @@ class ProbePoints:
         return 2 + self.repeats * DECODE_WINDOW + 2
 
     @property
+    def mixed(self) -> tuple[int, int, int]:
+        """The mixed step measured: (prompt tokens, decode rows, their context): a prompt of
+        the second prefill point joining a mid-sized decode batch at the longest context."""
+        n = self.prefill_tokens[min(1, len(self.prefill_tokens) - 1)]
+        b = self.decode_batch[min(2, len(self.decode_batch) - 1)]
+        return n, b, max(self.decode_context)
+
+    @property
     def tokens_needed(self) -> int:
         """KV tokens the probe holds at most at once."""
+        n, b, c = self.mixed
         return max(
             max(self.prefill_tokens) + 1,
             max(self.decode_batch) * (max(self.decode_context) + self.decode_tokens + 2),
+            b * (c + self.decode_tokens + 2) + 3 * (n + 1),
         )
 
 
@@ -108,6 +120,7 @@ def fit(points: ProbePoints, engine: LLMEngine) -> ProbePoints:
 
 
 WORKER_THREADS = 1  # torch threads of a worker process (worker/worker.py)
+PROBE_VERSION = 2  # what the probe measures (2: the mixed step); cached profiles of others are remeasured
 
 
 def device_name(device: torch.device, threads: int = 0) -> str:
@@ -130,6 +143,7 @@ def cache_key(
         "device": device_name(device, threads),
         "engine": [engine.block_size, engine.max_num_batched_tokens, engine.max_num_seqs, engine.overlap],
         "torch": torch.__version__,
+        "probe": PROBE_VERSION,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -183,6 +197,39 @@ def _first_token_s(engine: LLMEngine, prompt: list[int], params: SamplingParams)
     return took
 
 
+def _decoding(
+    engine: LLMEngine, batch: int, context: int, tokens: int, vocab: int, gen: torch.Generator
+) -> list[str]:
+    """`batch` requests of `context` prompt tokens, every one of them decoding now."""
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in _prompts(batch, context, vocab, gen)]
+    while any((r := engine.request(i)) is not None and r.num_output_tokens == 0 for i in ids):
+        engine.step()
+    engine.step()  # every request decoding
+    return ids
+
+
+def _mixed_step_s(engine: LLMEngine, points: ProbePoints, vocab: int, gen: torch.Generator) -> float:
+    """A steady run of mixed steps: a decode batch with a new one-token prompt joining at
+    every step (the shape of a serving loop's steps under load); the fastest window."""
+    n, b, c = points.mixed
+    ids = _decoding(engine, b, c, points.decode_tokens, vocab, gen)
+    one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    device = engine.model.weights.device
+    best = float("inf")
+    for _ in range(points.repeats):
+        prompts = _prompts(DECODE_WINDOW, n, vocab, gen)
+        _sync(device)
+        t = time.perf_counter()
+        for p in prompts:
+            ids.append(engine.add_request(p, one))
+            engine.step()
+        _sync(device)
+        best = min(best, (time.perf_counter() - t) / DECODE_WINDOW)
+    _drain(engine, ids)
+    return best
+
+
 def _drain(engine: LLMEngine, ids: list[str]) -> None:
     for rid in ids:
         engine.abort(rid)
@@ -212,11 +259,7 @@ def measure(engine: LLMEngine, points: ProbePoints, name: str) -> Profile:
     for b in points.decode_batch:
         row = []
         for c in points.decode_context:
-            params = SamplingParams(max_tokens=points.decode_tokens, temperature=0, ignore_eos=True)
-            ids = [engine.add_request(p, params) for p in _prompts(b, c, mc.vocab_size, gen)]
-            while any((r := engine.request(i)) is not None and r.num_output_tokens == 0 for i in ids):
-                engine.step()
-            engine.step()  # every request decoding
+            ids = _decoding(engine, b, c, points.decode_tokens, mc.vocab_size, gen)
             row.append(min(_timed(engine, DECODE_WINDOW) for _ in range(points.repeats)))
             _drain(engine, ids)
         decode_ms.append(row)
@@ -225,7 +268,7 @@ def measure(engine: LLMEngine, points: ProbePoints, name: str) -> Profile:
         memory = torch.cuda.get_device_properties(device).total_memory
     else:
         memory = weights.layout.nbytes + engine.pool.num_blocks * engine.config.block_size * per_token
-    return Profile(
+    profile = Profile(
         name=name,
         device=device_name(device),
         note=f"measured by the worker at start (torch {torch.__version__})",
@@ -240,6 +283,11 @@ def measure(engine: LLMEngine, points: ProbePoints, name: str) -> Profile:
         decode_context=points.decode_context,
         decode_ms=monotone(decode_ms),
     )
+    # The mixed step against the rule without it (worker/pacing.step_s): the rest is its own.
+    n, b, c = points.mixed
+    rule = step_s(profile, StepWork(prompt_tokens=n, decode_contexts=[c] * b))
+    mixed = _mixed_step_s(engine, points, mc.vocab_size, gen)
+    return replace(profile, mixed_extra_ms=round(max(0.0, 1000 * (mixed - rule)), 3))
 
 
 def monotone(ms: list[list[float]]) -> tuple[tuple[float, ...], ...]:

@@ -86,14 +86,16 @@ def step_s(p: Profile, work: StepWork) -> float:
     """Seconds one step of `work` takes on `p`'s device. A mixed step reads the weights
     once: its decode rows cost what as many more prompt tokens would, plus what attending
     to their contexts adds over the shortest profiled one (the simulator's rule,
-    sim/engine.py); prompt tokens through some of the layers cost that share of a prefill
-    of as many tokens."""
+    sim/engine.py), and what the profile measured a mixed step to take beyond that
+    (`mixed_extra_ms`); prompt tokens through some of the layers cost that share of a
+    prefill of as many tokens."""
     b = work.decode_batch
     if work.prompt_tokens:
         t = p.prefill_s(work.prompt_tokens + b)
         if b:
             ctx = work.mean_context
             t += max(0.0, p.decode_s(b, ctx) - p.decode_s(b, min(ctx, p.decode_context[0])))
+            t += p.mixed_extra_ms / 1000
     else:
         t = p.decode_s(b, work.mean_context) if b else 0.0
     return t + sum(p.prefill_s(n) * share for n, share in work.partial)

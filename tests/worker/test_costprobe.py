@@ -32,6 +32,7 @@ def test_a_probe_of_a_scratch_engine_is_a_profile_of_the_model() -> None:
     assert p.device.startswith("cpu") and p.prefill_tokens == points.prefill_tokens
     assert all(ms > 0 for ms in p.prefill_ms) and all(ms > 0 for row in p.decode_ms for ms in row)
     assert p.prefill_rate() > 0 and p.kv_bytes_per_token > 0
+    assert points.mixed == (128, 4, 32) and p.mixed_extra_ms >= 0  # (a mixed step was measured)
 
 
 def test_points_fit_what_the_engine_holds() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from blitzscale.control.costmodel import load_profile
+from blitzscale.control.costmodel import Profile, ProfileError, load_profile
 from blitzscale.engine.work import StepWork
 from blitzscale.errors import InvalidRequestError
 from blitzscale.worker.pacing import (
@@ -38,6 +38,21 @@ def test_a_mixed_step_counts_its_decode_rows_as_prompt_tokens_plus_their_attenti
     extra = CPU.decode_s(2, 1024) - CPU.decode_s(2, 128)
     assert extra > 0
     assert step_s(CPU, long) == pytest.approx(CPU.prefill_s(130) + extra)
+
+
+def test_a_mixed_step_adds_what_the_profile_measured_beyond_the_rule() -> None:
+    """The probe's `mixed_extra_ms` (worker/costprobe.py): every step that prefills and
+    decodes at once pays it; a pure prefill or decode step does not; it survives JSON."""
+    from dataclasses import replace
+
+    p = replace(CPU, mixed_extra_ms=7.5)
+    mixed = StepWork(prompt_tokens=128, decode_contexts=[16, 16])
+    assert step_s(p, mixed) == pytest.approx(step_s(CPU, mixed) + 0.0075)
+    assert step_s(p, StepWork(prompt_tokens=128)) == step_s(CPU, StepWork(prompt_tokens=128))
+    assert step_s(p, StepWork(decode_contexts=[16])) == step_s(CPU, StepWork(decode_contexts=[16]))
+    assert Profile.from_json(p.to_json()) == p and CPU.mixed_extra_ms == 0.0
+    with pytest.raises(ProfileError, match="mixed_extra_ms must be >= 0"):
+        replace(CPU, mixed_extra_ms=-1.0)
 
 
 def test_layer_ranges_cost_their_share_of_a_whole_prefill() -> None:
