@@ -8,6 +8,7 @@ import time
 import torch
 
 from blitzscale.bench.mixes import Burst, ClosedLoop, Mix, Single, median
+from blitzscale.core.heap import free_frozen, freeze_heap
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.engine import LLMEngine, SamplingParams
 from blitzscale.engine.engine import default_dtype
@@ -120,6 +121,7 @@ def run_engine_mixes(model: str, device: str, mix: Mix) -> dict[str, object]:
     engine = LLMEngine(weights, None, SERVE_ENGINE.for_device(dev.type))
     try:
         engine.generate(_prompts(2, 64, engine.model_config.vocab_size, 9), SamplingParams(max_tokens=4))
+        freeze_heap()  # as a worker does before it serves (core/heap.py): no full collections
         out: dict[str, object] = {"single": single(engine, mix), "burst": burst(engine, mix)}
         for n in mix.streams:
             tally = StepTally()
@@ -128,5 +130,6 @@ def run_engine_mixes(model: str, device: str, mix: Mix) -> dict[str, object]:
         return out
     finally:
         del engine, weights
+        free_frozen()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
