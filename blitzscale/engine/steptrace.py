@@ -15,8 +15,8 @@ its Python threads, and on CUDA the module-loading mode the driver really uses.
 
 from __future__ import annotations
 
-import gc
 import ctypes
+import gc
 import json
 import os
 import sys
