@@ -294,9 +294,11 @@ class LocalCluster:
         return self._check_alive(set(range(self.world_size)))
 
     def dead_now(self) -> set[int]:
-        """Ranks with no live process now (a rank being respawned has one)."""
+        """Ranks with no live process now (a rank being respawned has one), each already
+        forgotten: one whose process ends between the two looks is left to the next call
+        (named here, it was not yet dead to `respawn`, and the try was lost)."""
         self.find_dead()
-        return {r for r, p in enumerate(self.procs) if not p.is_alive()}
+        return {r for r, p in enumerate(self.procs) if r in self.dead and not p.is_alive()}
 
     @property
     def blocking(self) -> Blocking:

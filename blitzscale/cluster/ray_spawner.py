@@ -1,13 +1,20 @@
 """Workers as Ray actors, one per GPU (or CPU slot), across a Ray cluster's nodes.
 
-Each worker is an actor in one placement group (a bundle per rank, spread over the nodes):
-its one method runs the same `worker_main(WorkerConfig)` as a local process does, on the
-actor's node, and returns when the worker stops. Everything else is the controller's, as
-with local processes: commands are our msgspec frames over ZeroMQ, tensors go over
-torch.distributed (NCCL on GPU, gloo on CPU); Ray only starts, checks, kills and stops
-actors. The actor's running call is its liveness: it completes (with Ray's error) when the
-actor or its node is lost. A respawned rank goes back into its own bundle, so onto its node
-(or wherever Ray rescheduled a lost node's bundle).
+Each worker is an actor, one per rank, on the node a placement group chose for that rank
+(a bundle per rank, `PACK`ed over the nodes): its one method runs the same
+`worker_main(WorkerConfig)` as a local process does, on the actor's node, and returns when
+the worker stops. Everything else is the controller's, as with local processes: commands
+are our msgspec frames over ZeroMQ, tensors go over torch.distributed (NCCL on GPU, gloo on
+CPU); Ray only starts, checks, kills and stops actors. The actor's running call is its
+liveness: it completes (with Ray's error) when the actor or its node is lost. A respawned
+rank goes back onto its node, or, when that node is gone, onto any node with room.
+
+The placement group only decides where the ranks go: it is given back once Ray has placed
+it, and each actor is pinned to its bundle's node (node affinity) instead. Kept, a group
+with bundles on a lost node is rescheduled by Ray's GCS, and while they cannot be placed
+(a packed cluster that lost a node has no spare room) the GCS retries them in a busy loop:
+a whole core, taken from the surviving workers, until the group is removed, which would
+also kill the survivors in it (ray-project/ray#65007, unfixed in Ray 2.60).
 
 Ray is imported here only: the local backend never needs it.
 """
@@ -18,6 +25,7 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from blitzscale.cluster.spawn import whole_instances
@@ -67,6 +75,16 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
             f"no Ray cluster answers at {address!r} (--ray-address): {e.strerror or e}; "
             "start one with `ray start --head` there, or leave --ray-address out to start one here"
         ) from e
+
+
+def bundle_nodes(table: dict[str, Any], n: int) -> dict[int, str]:
+    """Rank -> node id, from a placed group's `placement_group_table` entry (bundle k is
+    rank k)."""
+    where = table.get("bundles_to_node_id") or {}
+    missing = [k for k in range(n) if not where.get(k)]
+    if missing:
+        raise BlitzScaleError(f"Ray placed no node for bundles {missing} of the placement group: {table}")
+    return {k: where[k] for k in range(n)}
 
 
 class WorkerActorBody:
@@ -139,7 +157,8 @@ class RaySpawner:
         self.startup_timeout_s = startup_timeout_s
         self.host = ""
         self.workers: dict[int, RayWorker] = {}
-        self._pg: Any = None
+        self._pg: Any = None  # only while placing the ranks (`slots`)
+        self._homes: dict[int, str] = {}  # rank -> the node id it is placed on
         self._started_ray = False
         self._actor_cls: Any = None
         self._device = "cpu"
@@ -169,7 +188,7 @@ class RaySpawner:
         return host if ips <= {mine} else mine
 
     def slots(self, num_workers: int, device: str, tp: int) -> int:
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, placement_group_table
 
         self._device = device
         kind = "GPU" if device == "cuda" else "CPU"
@@ -194,23 +213,37 @@ class RaySpawner:
                 f"Ray could not place {n} workers of 1 {kind} each within {self.startup_timeout_s} s "
                 f"(cluster resources: {self.ray.cluster_resources()})"
             )
+        self._homes = bundle_nodes(placement_group_table(self._pg), n)
+        self._release_pg()  # (the actors claim the same resources on the same nodes next)
         return n
 
+    def _release_pg(self) -> None:
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+            self._pg = None
+
     def spawn(self, cfg: WorkerConfig, name: str) -> RayWorker:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if self._actor_cls is None:
             self._actor_cls = self.ray.remote(max_restarts=0, max_task_retries=0)(WorkerActorBody)
         gpu = self._device == "cuda"
         if gpu:  # the actor sees its one GPU as device 0
             cfg = dataclasses.replace(cfg, device="cuda:0")
+        # The first actor of a rank goes where the placement group put its bundle, and
+        # only there; a replacement prefers its rank's node and, that node gone, goes
+        # wherever there is room (soft), or waits for room.
+        before = self.workers.get(cfg.rank)
+        respawn = before is not None
+        if before is not None and before.known_node():  # (where Ray put the last one)
+            self._homes[cfg.rank] = before.known_node()
         actor = self._actor_cls.options(
             name=None,
             num_cpus=0 if gpu else 1,
             num_gpus=1 if gpu else 0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self._pg, placement_group_bundle_index=cfg.rank
-            ),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self._homes[cfg.rank], soft=respawn),
         ).remote()
         worker = RayWorker(self.ray, actor, cfg, self.startup_timeout_s)
         self.workers[cfg.rank] = worker
@@ -220,6 +253,28 @@ class RaySpawner:
         w = self.workers.get(rank)
         node = w.known_node() if w is not None else ""
         return node[:8] if node else "?"
+
+    def _until_dead(self, actors: list[Any], timeout_s: float) -> None:
+        """Until each killed actor is dead. `ray.kill` only asks the GCS: a worker that
+        returned from `run` (it was told to shut down) answers calls until the kill lands.
+        (Removing the placement group it ran in used to wait for that.)"""
+        errors = self.ray.exceptions
+        deadline = time.monotonic() + timeout_s
+        for actor in actors:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("a worker actor was still alive %.0f s after it was killed", timeout_s)
+                    return
+                try:
+                    self.ray.get(actor.where.remote(), timeout=left)
+                except errors.ActorUnavailableError:
+                    pass  # (reachable again soon, or dead)
+                except errors.RayActorError:
+                    break  # dead
+                except errors.GetTimeoutError:
+                    continue  # (the deadline is checked above)
+                time.sleep(0.05)  # it answered: the kill has not landed yet
 
     def close(self) -> None:
         ray = self.ray
@@ -231,12 +286,9 @@ class RaySpawner:
         # Until Ray has seen every actor end (its process is then on its way out).
         if self.workers:
             ray.wait([w.running for w in self.workers.values()], num_returns=len(self.workers), timeout=30)
+            self._until_dead([w.actor for w in self.workers.values()], 30.0)
         self.workers.clear()
-        if self._pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self._pg)
-            self._pg = None
+        self._release_pg()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False

@@ -51,3 +51,27 @@ def test_a_respawned_worker_takes_and_gives_weights_over_rebuilt_links(cluster: 
 def test_only_a_dead_worker_is_respawned(cluster: Blocking) -> None:
     with pytest.raises(BlitzScaleError, match="not dead"):
         cluster.respawn(0)
+
+
+def test_a_rank_dead_now_is_one_the_cluster_has_forgotten() -> None:
+    """A worker that ends between `dead_now`'s look for new deaths and its answer is not
+    named until the next call: named early, its respawn was refused ("not dead") and the
+    try counted against its restarts (seen when a Ray node was lost)."""
+    from blitzscale.cluster.config import ClusterConfig
+    from blitzscale.cluster.local import LocalCluster
+
+    class Dying:  # alive at the first look only
+        looks = 0
+
+        def is_alive(self) -> bool:
+            self.looks += 1
+            return self.looks == 1
+
+    class Alive:
+        def is_alive(self) -> bool:
+            return True
+
+    c = LocalCluster(ClusterConfig(num_workers=2), spawner=object())  # type: ignore[arg-type]
+    c.procs = [Alive(), Dying()]  # type: ignore[list-item]
+    assert c.dead_now() == set() and c.dead == set()
+    assert c.dead_now() == {1} and c.dead == {1}

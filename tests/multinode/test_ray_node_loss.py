@@ -1,8 +1,9 @@
 """A whole node lost while serving (`ray.cluster_utils.Cluster.remove_node`: its raylet and
 every process on it go): its ranks are found dead, each request ends with the right tokens
 (rerun on the other node if it had streamed nothing) or an error naming a lost rank, the
-cluster view drops them, the other node serves on, and shutdown leaves nothing behind,
-the lost ranks' pending respawns included.
+cluster view drops them, no placement group is left for Ray to reschedule (its GCS spins on
+one it cannot place), the other node serves on, and shutdown leaves nothing behind, the
+lost ranks' pending respawns included.
 
 Four colocated instances, one per worker, and no scaling (`fixed`), so two instances are on
 each node when the second one goes."""
@@ -43,6 +44,7 @@ def test_a_lost_node_is_detected_and_the_other_node_keeps_serving(
     service: tuple[ServingCluster, LoopThread], ray_cluster: Any
 ) -> None:
     import ray
+    from ray.util.placement_group import placement_group_table
 
     svc, lt = service
     router, cluster = svc.router, svc.cluster
@@ -77,6 +79,10 @@ def test_a_lost_node_is_detected_and_the_other_node_keeps_serving(
     assert router.respawner.deaths >= 2
     # The cluster view drops them; the head node serves on.
     assert set(lost_ranks) <= cluster.dead and not set(lost_ranks) & set(cluster.alive_ranks())
+    # No placement group of ours waits for the lost node's bundles: Ray's GCS would retry
+    # placing them in a busy loop, a core taken from the node that serves on.
+    groups = placement_group_table()
+    assert all(g["state"] == "REMOVED" for g in groups.values()), groups
     assert not set(lost_ranks) & set(cluster.pool.gpu_holders(svc.cfg.model.name))
     for k in range(3):
         assert lt.run(asyncio.wait_for(_one(svc, f"after{k}", ids, PARAMS), 300)) == ref
