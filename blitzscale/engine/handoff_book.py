@@ -152,7 +152,7 @@ class HandoffBook:
             raise InvalidRequestError(
                 f"no room for {num_blocks} prefix blocks: {self.pool.num_empty_blocks} empty"
             )
-        return self.pool.allocate(num_blocks)
+        return self.table.reserve_blocks(num_blocks)
 
     def commit_prefixes(self, block_ids: list[int], blocks: list[tuple[bytes, bytes, int]]) -> int:
         """The KV of (hash, parent, hits) `blocks` is in `block_ids`: cached now, held by
@@ -162,11 +162,11 @@ class HandoffBook:
             self.pool.register(b, h, parent, hits)
             for b, (h, parent, hits) in zip(block_ids, blocks, strict=True)
         )
-        self.pool.free(block_ids)
+        self.table.free_reserved(block_ids)
         return n
 
     def cancel_prefixes(self, block_ids: list[int]) -> None:
-        self.pool.free(block_ids)
+        self.table.free_reserved(block_ids)
 
     # --- KV migration (prefill/decode disaggregation) -----------------------------------
 

@@ -9,18 +9,20 @@ from blitzscale.engine.request import Request
 from blitzscale.kvcache.pool import BlockPool
 
 
-def kv_problems(pool: BlockPool, owners: Iterable[Request]) -> list[str]:
+def kv_problems(pool: BlockPool, owners: Iterable[Request], reserved: Iterable[int] = ()) -> list[str]:
     """What is wrong (empty: nothing): the pool's own books, a block held twice by one
     request, a block several requests hold that is not a cached prefix, a block whose
     holders are not the pool's count of them, a block a request holds that the pool calls
     free, a used block nobody holds (a leak). `owners` may name a request more than once
-    (it sits in several containers)."""
+    (it sits in several containers); `reserved` blocks are held by the books themselves
+    (one holder each)."""
     problems = pool.check()
     holders: Counter[int] = Counter()
     for req in {id(r): r for r in owners}.values():
         if len(set(req.block_ids)) != len(req.block_ids):
             problems.append(f"request {req.request_id!r} holds a block twice")
         holders.update(req.block_ids)
+    holders.update(reserved)
     for b, n in holders.items():
         if n > 1 and not pool.is_registered(b):
             problems.append(f"block {b} held by {n} requests but not a cached prefix")

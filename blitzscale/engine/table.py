@@ -4,6 +4,8 @@ Requests enter here (`add`), change status here (`move`, checked against TRANSIT
 leave here (`release`, the one path that frees a request's KV blocks for good; preemption
 gives them back through `drop_blocks` and recomputes later). The scheduler's queue and
 batch and the live queue only order requests; what a request *is* is its status here.
+Blocks held by no request (hot prefixes on their way in) are the table's too:
+`reserve_blocks`, then `free_reserved`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ class RequestTable:
     def __init__(self, pool: BlockPool) -> None:
         self.pool = pool
         self._reqs: dict[str, Request] = {}
+        self._reserved: set[int] = set()  # held by no request: hot prefixes arriving
+
+    def reserve_blocks(self, num_blocks: int) -> list[int]:
+        """Blocks held by the table itself until `free_reserved`."""
+        ids = self.pool.allocate(num_blocks)
+        self._reserved.update(ids)
+        return ids
+
+    def free_reserved(self, block_ids: list[int]) -> None:
+        if not self._reserved.issuperset(block_ids):
+            raise RequestStateError(f"blocks {sorted(set(block_ids) - self._reserved)[:8]} were not reserved")
+        self._reserved.difference_update(block_ids)
+        self.pool.free(block_ids)
 
     def add(self, req: Request, status: RequestStatus) -> None:
         if req.request_id in self._reqs:
@@ -102,7 +117,7 @@ class RequestTable:
     def problems(self) -> list[str]:
         """The KV books (every used block owned by exactly one request here, free + used =
         total) and the table's own (no finished request kept)."""
-        problems = kv_problems(self.pool, self._reqs.values())
+        problems = kv_problems(self.pool, self._reqs.values(), self._reserved)
         for rid, r in self._reqs.items():
             if r.is_finished:
                 problems.append(f"request {rid!r} is finished but still here")
