@@ -30,6 +30,7 @@ from blitzscale.cluster.local import LocalCluster
 from blitzscale.cluster.spawners import make_spawner
 from blitzscale.control.costmodel import Profile
 from blitzscale.core.heap import freeze_heap
+from blitzscale.core.progress import Phase
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
 from blitzscale.serve.config import ModelEntry, ServeConfig
@@ -114,9 +115,10 @@ class ServingCluster:
         pace = resolve_pace(cfg.engine.pace, cfg.cluster.num_workers)  # (a bad value: before any worker)
         for m in models:
             await asyncio.to_thread(check_model_tp, m.spec, tp)
-        folders = {
-            m.name: await asyncio.to_thread(prepare_model, m.spec, cfg.model.cache_dir, tp) for m in models
-        }
+        folders = {}
+        for m in models:  # (converted once and kept: a first start writes the whole model)
+            with Phase(f"preparing {m.spec} in our format"):
+                folders[m.name] = await asyncio.to_thread(prepare_model, m.spec, cfg.model.cache_dir, tp)
         default = models[0]
         folder = folders[default.name]
         given = profile_file(cfg)  # (a bad file is refused before any worker starts)
@@ -135,7 +137,9 @@ class ServingCluster:
             cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby, tp=tp, spawner=spawner
         )
         try:
-            await asyncio.to_thread(self.cluster.start)
+            what = "standby engines, kernels, CUDA graphs" if standby is not None else "links"
+            with Phase(f"starting {cfg.cluster.num_workers} workers ({what})"):
+                await asyncio.to_thread(self.cluster.start)
         except BaseException:
             self.cluster = None  # start() stopped what it began (the spawner's too)
             raise
@@ -143,7 +147,8 @@ class ServingCluster:
             if pace is not None:  # paced workers are the reference device: its profile is their cost
                 costs: dict[str, Profile | None] = {m.name: pace for m in models}
             else:
-                costs = await cost_models(self.cluster, cfg, models, folders, engine, given)
+                with Phase("the cost model: measured on a worker, or read back"):
+                    costs = await cost_models(self.cluster, cfg, models, folders, engine, given)
         except BaseException:
             await asyncio.to_thread(self.cluster.stop)
             self.cluster = None
@@ -165,7 +170,10 @@ class ServingCluster:
         )
         if pace is not None:
             log.info("pacing every engine step by %s (%s): the cost model of all", pace.name, pace.device)
-        self.control = await build_control_plane(spec, self.cluster, ZmqDataPlane(data, self.cluster.token))
+        with Phase("loading the first instances"):
+            self.control = await build_control_plane(
+                spec, self.cluster, ZmqDataPlane(data, self.cluster.token)
+            )
         self.control.start_scaling()
 
     @property
