@@ -55,6 +55,18 @@ def test_openai_client_chat_and_completions_streaming_and_not(pd_url: str, smoll
     assert [m.id for m in c.models.list()] == ["smollm2-135m"]
 
 
+def test_the_readmes_python_example_runs_as_written(pd_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """README.md's OpenAI example, its address the test server's, prints an answer."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert 'base_url="http://127.0.0.1:8000/v1"' in code
+    exec(code.replace("http://127.0.0.1:8000", pd_url), {})  # (our own README)
+    assert capsys.readouterr().out.strip()
+
+
 def test_pd_mode_with_kv_migration_equals_colocated_and_the_engine(
     pd_url: str, colocated_url: str, smollm2_engine_texts: list[str]
 ) -> None:
