@@ -198,11 +198,27 @@ class Scaler:
             self.state.move(rank, ROLE_STATE[role], "(activated)")
         self.router.wake()
 
+    def prefix_source(self, model: str, fallback: int, exclude: Mapping[int, object]) -> int:
+        """Where a new instance's hot prefixes come from: the instance of `model` that
+        computes prompts (prefill, colocated, or a live target's partner) whose cache was
+        hit the most, not one of the new ones; else `fallback` (the weights' source). In pd
+        mode the weights come from decode instances, whose caches are only ever imported
+        into, never looked up: the hot ones are the prefill instances'."""
+        computing = (InstanceState.PREFILL, InstanceState.COLOCATED, InstanceState.OLD_PREFILL)
+        best = [
+            (i.stats.prefix_hits if i.stats is not None else 0, -i.rank, i.rank)
+            for i in self.router.instances.values()
+            if i.model == model and i.state in computing and i.rank not in exclude
+        ]
+        return max(best)[2] if best else fallback
+
     async def ship_prefixes(self, source: int, targets: Mapping[int, ActivateResult], model: str) -> None:
-        """The source's most reused cached prefixes into each new instance (one after
-        another: the source packs a copy for each), up to `hot_prefix_share` of its KV
-        blocks. Instances of one rank only; a failure leaves the target empty, serving."""
+        """The most reused cached prefixes of `model` (from `prefix_source`; `source`, the
+        weights' source, when no other instance computes prompts) into each new instance
+        (one after another: the source packs a copy for each), up to `hot_prefix_share` of
+        its KV blocks. Instances of one rank only; a failure leaves the target empty, serving."""
         share = self.policy.hot_prefix_share
+        source = self.prefix_source(model, source, targets)
         if share <= 0 or self.tp > 1 or source in targets:
             return
         for rank, res in targets.items():
