@@ -1,7 +1,8 @@
 """How the scaler brings weights onto new instances: over the network (chain multicast,
 or live: serving while they arrive), from the one host copy, or from disk; then the
-engines are started. Composed into `Scaler`, which chooses the actions (control/policies.py);
-`LoadsOwner` names what the loads use of it.
+engines are started, and after a network load the hottest cached prefixes follow.
+Composed into `Scaler`, which chooses the actions (control/policies.py); `LoadsOwner`
+names what the loads use of it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from blitzscale.cluster.base import Cluster
 from blitzscale.cluster.commands import Activation, LiveStart
 from blitzscale.cluster.results import TransferResult, transfer_bytes
 from blitzscale.control.backoff import LoadBackoff
+from blitzscale.control.config import PolicyConfig
 from blitzscale.control.policies import LoadAction
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.core.roles import Role
@@ -38,6 +40,7 @@ class LoadsOwner(Protocol):
     state: ControlState
     backoff: LoadBackoff
     metrics: ClusterMetrics
+    policy: PolicyConfig
     model: str  # the default model's name
 
     @property
@@ -58,8 +61,6 @@ class LoadsOwner(Protocol):
     async def activate_many(
         self, ranks: list[int], role: Role, model: str | None = None, prefix_source: int | None = None
     ) -> None: ...
-
-    async def ship_prefixes(self, source: int, targets: Mapping[int, ActivateResult], model: str) -> None: ...
 
     def record(
         self,
@@ -218,7 +219,7 @@ class Loads:
             model=model,
         )
         if a.sources:  # serving already: the hot prefixes reach them as the weights did
-            await self.scaler.ship_prefixes(a.sources[0], activated, model)
+            await self.ship_prefixes(a.sources[0], activated, model)
         missed = [t for t in ids if t not in activated]
         if missed:  # loaded, but never started live: start them the ordinary way
             for t in missed:
@@ -226,6 +227,47 @@ class Loads:
             await self.scaler.activate_many(
                 missed, role, model=model, prefix_source=a.sources[0] if a.sources else None
             )
+
+    def prefix_source(self, model: str, fallback: int, exclude: Mapping[int, object]) -> int:
+        """Where a new instance's hot prefixes come from: the instance of `model` that
+        computes prompts (prefill, colocated, or a live target's partner) whose cache was
+        hit the most, not one of the new ones; else `fallback` (the weights' source). In pd
+        mode the weights come from decode instances, whose caches are only ever imported
+        into, never looked up: the hot ones are the prefill instances'."""
+        computing = (InstanceState.PREFILL, InstanceState.COLOCATED, InstanceState.OLD_PREFILL)
+        best = [
+            (i.stats.prefix_hits if i.stats is not None else 0, -i.rank, i.rank)
+            for i in self.router.instances.values()
+            if i.model == model and i.state in computing and i.rank not in exclude
+        ]
+        return max(best)[2] if best else fallback
+
+    async def ship_prefixes(self, source: int, targets: Mapping[int, ActivateResult], model: str) -> None:
+        """The most reused cached prefixes of `model` (from `prefix_source`; `source`, the
+        weights' source, when no other instance computes prompts) into each new instance
+        (one after another: the source packs a copy for each), up to `hot_prefix_share` of
+        its KV blocks. Instances of one rank only; a failure leaves the target empty, serving."""
+        share = self.scaler.policy.hot_prefix_share
+        if share <= 0 or self.scaler.tp > 1:
+            return
+        source = self.prefix_source(model, source, targets)
+        if source in targets:
+            return
+        for rank, res in targets.items():
+            try:
+                shipped = await self.cluster.ship_prefixes(
+                    model, source, rank, int(share * res.num_kv_blocks)
+                )
+            except BlitzScaleError as e:
+                log.warning("hot prefixes of %s from rank %d to rank %d: %s", model, source, rank, e)
+                continue
+            if shipped.blocks:
+                self.scaler.metrics.prefixes_shipped(model, shipped.blocks, shipped.bytes)
+                self.router.prefixes_shipped(model, rank, list(shipped.hashes))
+                log.info(
+                    "%d hot prefix blocks of %s from rank %d to rank %d (%.1f MB, %.3f s)",
+                    shipped.blocks, model, source, rank, shipped.bytes / 1e6, shipped.seconds,
+                )  # fmt: skip
 
     async def network(
         self, sources: tuple[int, ...], targets: tuple[int, ...], multicast: bool, model: str | None = None

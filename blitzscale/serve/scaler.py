@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from blitzscale import clock
@@ -37,8 +36,6 @@ from blitzscale.control.policies import (
 from blitzscale.control.snapshot import ClusterSnapshot, InstanceState
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.roles import Role
-from blitzscale.errors import BlitzScaleError
-from blitzscale.messages import ActivateResult
 from blitzscale.serve.events import Direction, ScaleEvent
 from blitzscale.serve.instances import Instance
 from blitzscale.serve.loads import Loads
@@ -190,52 +187,13 @@ class Scaler:
         for res in results.values():
             self.metrics.activated(res)
         if prefix_source is not None:
-            await self.ship_prefixes(prefix_source, results, self._model(model).name)
+            await self.loads.ship_prefixes(prefix_source, results, self._model(model).name)
         for rank in ranks:
             if role == "decode":  # decode instances are made from prefill ones (design §4)
                 self.state.move(rank, InstanceState.PREFILL, "(activated)")
                 self.state.move(rank, InstanceState.MUTATING_TO_DECODE, "(bootstrap)")
             self.state.move(rank, ROLE_STATE[role], "(activated)")
         self.router.wake()
-
-    def prefix_source(self, model: str, fallback: int, exclude: Mapping[int, object]) -> int:
-        """Where a new instance's hot prefixes come from: the instance of `model` that
-        computes prompts (prefill, colocated, or a live target's partner) whose cache was
-        hit the most, not one of the new ones; else `fallback` (the weights' source). In pd
-        mode the weights come from decode instances, whose caches are only ever imported
-        into, never looked up: the hot ones are the prefill instances'."""
-        computing = (InstanceState.PREFILL, InstanceState.COLOCATED, InstanceState.OLD_PREFILL)
-        best = [
-            (i.stats.prefix_hits if i.stats is not None else 0, -i.rank, i.rank)
-            for i in self.router.instances.values()
-            if i.model == model and i.state in computing and i.rank not in exclude
-        ]
-        return max(best)[2] if best else fallback
-
-    async def ship_prefixes(self, source: int, targets: Mapping[int, ActivateResult], model: str) -> None:
-        """The most reused cached prefixes of `model` (from `prefix_source`; `source`, the
-        weights' source, when no other instance computes prompts) into each new instance
-        (one after another: the source packs a copy for each), up to `hot_prefix_share` of
-        its KV blocks. Instances of one rank only; a failure leaves the target empty, serving."""
-        share = self.policy.hot_prefix_share
-        source = self.prefix_source(model, source, targets)
-        if share <= 0 or self.tp > 1 or source in targets:
-            return
-        for rank, res in targets.items():
-            try:
-                shipped = await self.cluster.ship_prefixes(
-                    model, source, rank, int(share * res.num_kv_blocks)
-                )
-            except BlitzScaleError as e:
-                log.warning("hot prefixes of %s from rank %d to rank %d: %s", model, source, rank, e)
-                continue
-            if shipped.blocks:
-                self.metrics.prefixes_shipped(model, shipped.blocks, shipped.bytes)
-                self.router.prefixes_shipped(model, rank, list(shipped.hashes))
-                log.info(
-                    "%d hot prefix blocks of %s from rank %d to rank %d (%.1f MB, %.3f s)",
-                    shipped.blocks, model, source, rank, shipped.bytes / 1e6, shipped.seconds,
-                )  # fmt: skip
 
     # --- the loop -----------------------------------------------------------------------
 

@@ -60,7 +60,7 @@ def test_new_instances_get_hot_prefixes_with_their_weights_unless_the_share_is_z
 def test_in_pd_mode_hot_prefixes_come_from_a_prefill_instance() -> None:
     """In pd mode the weights come from decode instances, whose caches are only imported
     into (never hit); the hot prefixes come from the prefill instance whose cache was hit
-    most (`Scaler.prefix_source`): without that choice nothing was shipped at all."""
+    most (`Loads.prefix_source`): without that choice nothing was shipped at all."""
     trace = transform(load_trace(SLICE, "mooncake"), duration=120, max_input=4096, max_output=64)
     res = simulate(_setup(mode="pd"), trace, "blitz")
     assert any(e.is_up and e.path == "network" for e in res.events)
