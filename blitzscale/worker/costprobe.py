@@ -29,6 +29,7 @@ from blitzscale.control.costmodel import Profile
 
 __all__ = ["ProbePoints", "Profile", "measure", "scratch_engine", "stand_in"]
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
+from blitzscale.engine.request import RequestStatus
 from blitzscale.engine.work import StepWork
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.config import ModelConfig
@@ -62,15 +63,31 @@ class ProbePoints:
         b = self.decode_batch[min(2, len(self.decode_batch) - 1)]
         return n, b, max(self.decode_context)
 
-    @property
-    def tokens_needed(self) -> int:
-        """KV tokens the probe holds at most at once."""
+    def tokens_needed(self, step_tokens: int) -> int:
+        """KV tokens the probe holds at most at once, in steps of `step_tokens`."""
         n, b, c = self.mixed
         return max(
             max(self.prefill_tokens) + 1,
-            max(self.decode_batch) * (max(self.decode_context) + self.decode_tokens + 2),
-            b * (c + self.decode_tokens + 2) + 3 * (n + 1),
+            max(self.held_tokens(bb, max(self.decode_context), step_tokens) for bb in self.decode_batch),
+            self.held_tokens(b, c, step_tokens) + 3 * (n + 1),
         )
+
+    def decoding_tokens(self, batch: int, context: int, step_tokens: int) -> int:
+        """Tokens each of `batch` decoding requests of `context` prompt tokens may generate:
+        `decode_tokens`, and as many more as the steps their prompts take to prefill (the
+        first requests decode through them). Fewer, and the first rows finished before the
+        timing ended: on an H200 the probe timed a batch of 256 at context 512 as 10.0 ms a
+        step where 256 rows take 12.5 ms."""
+        return self.decode_tokens + prefill_steps(batch * context, step_tokens)
+
+    def held_tokens(self, batch: int, context: int, step_tokens: int) -> int:
+        return batch * (context + self.decoding_tokens(batch, context, step_tokens) + 2)
+
+
+def prefill_steps(tokens: int, step_tokens: int) -> int:
+    """Steps an engine takes to prefill `tokens` prompt tokens in steps of `step_tokens`
+    (and one to spare)."""
+    return -(-tokens // max(1, step_tokens)) + 1
 
 
 DECODE_WINDOW = 4  # decode steps timed together (the fastest of `repeats` such windows counts)
@@ -108,9 +125,10 @@ def fit(points: ProbePoints, engine: LLMEngine) -> ProbePoints:
     """`points` within what `engine` holds: its context and its KV cache (a batch that
     would not fit would queue, and its step would not be the batch measured)."""
     room = engine.pool.num_blocks * engine.config.block_size
-    steps = points.decode_tokens + 4
-    context = _upto(points.decode_context, min(engine.max_model_len, room) - steps)
-    batch = tuple(b for b in points.decode_batch if b * (max(context) + steps) <= room)
+    step = engine.config.max_num_batched_tokens
+    context = _upto(points.decode_context, min(engine.max_model_len, room) - points.decode_tokens - 4)
+    context = tuple(c for c in context if points.held_tokens(1, c, step) <= room) or context[:1]
+    batch = tuple(b for b in points.decode_batch if points.held_tokens(b, max(context), step) <= room)
     return ProbePoints(
         prefill_tokens=_upto(points.prefill_tokens, min(engine.max_model_len - 2, room - 1)),
         decode_batch=batch or (1,),
@@ -120,7 +138,9 @@ def fit(points: ProbePoints, engine: LLMEngine) -> ProbePoints:
 
 
 WORKER_THREADS = 1  # torch threads of a worker process (worker/worker.py)
-PROBE_VERSION = 2  # what the probe measures (2: the mixed step); cached profiles of others are remeasured
+# What the probe measures (2: the mixed step; 3: decode batches that stay whole while timed);
+# cached profiles of others are measured again.
+PROBE_VERSION = 3
 
 
 def device_name(device: torch.device, threads: int = 0) -> str:
@@ -198,9 +218,11 @@ def _first_token_s(engine: LLMEngine, prompt: list[int], params: SamplingParams)
 
 
 def _decoding(
-    engine: LLMEngine, batch: int, context: int, tokens: int, vocab: int, gen: torch.Generator
+    engine: LLMEngine, points: ProbePoints, batch: int, context: int, vocab: int, gen: torch.Generator
 ) -> list[str]:
-    """`batch` requests of `context` prompt tokens, every one of them decoding now."""
+    """`batch` requests of `context` prompt tokens, every one of them decoding now (and
+    still decoding through `points.decode_tokens` more steps: `_check_decoding`)."""
+    tokens = points.decoding_tokens(batch, context, engine.config.max_num_batched_tokens)
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in _prompts(batch, context, vocab, gen)]
     while any((r := engine.request(i)) is not None and r.num_output_tokens == 0 for i in ids):
@@ -209,11 +231,19 @@ def _decoding(
     return ids
 
 
+def _check_decoding(engine: LLMEngine, ids: list[str]) -> None:
+    """Every one of `ids` still decoding after a timing: the step timed was the batch named."""
+    left = sum(1 for i in ids if engine.request(i, RequestStatus.RUNNING) is not None)
+    if left < len(ids):
+        raise RuntimeError(f"the cost probe's decode batch of {len(ids)} shrank to {left} while timed")
+
+
 def _mixed_step_s(engine: LLMEngine, points: ProbePoints, vocab: int, gen: torch.Generator) -> float:
     """A steady run of mixed steps: a decode batch with a new one-token prompt joining at
     every step (the shape of a serving loop's steps under load); the fastest window."""
     n, b, c = points.mixed
-    ids = _decoding(engine, b, c, points.decode_tokens, vocab, gen)
+    ids = _decoding(engine, points, b, c, vocab, gen)
+    rows = list(ids)
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     device = engine.model.weights.device
     best = float("inf")
@@ -226,6 +256,7 @@ def _mixed_step_s(engine: LLMEngine, points: ProbePoints, vocab: int, gen: torch
             engine.step()
         _sync(device)
         best = min(best, (time.perf_counter() - t) / DECODE_WINDOW)
+    _check_decoding(engine, rows)
     _drain(engine, ids)
     return best
 
@@ -267,8 +298,9 @@ def measure(engine: LLMEngine, points: ProbePoints, name: str) -> Profile:
     for b in points.decode_batch:
         row = []
         for c in points.decode_context:
-            ids = _decoding(engine, b, c, points.decode_tokens, mc.vocab_size, gen)
+            ids = _decoding(engine, points, b, c, mc.vocab_size, gen)
             row.append(min(_timed(engine, DECODE_WINDOW) for _ in range(points.repeats)))
+            _check_decoding(engine, ids)
             _drain(engine, ids)
         decode_ms.append(row)
     prefill_ms = [round(1000 * min(a, b), 3) for a, b in zip(first, prefill_pass(), strict=True)]
@@ -334,7 +366,7 @@ def scratch_engine(
     weights = ModelWeights.empty(config, dtype, device)
     fill_random(weights, seed=0)
     weights.readiness.mark_all_ready()
-    blocks = -(-points.tokens_needed // engine.block_size) + max(points.decode_batch) + 1
+    blocks = -(-points.tokens_needed(engine.max_num_batched_tokens) // engine.block_size) + max(points.decode_batch) + 1
     cfg = EngineConfig(
         block_size=engine.block_size,
         num_kv_blocks=blocks,

@@ -102,3 +102,15 @@ def test_decode_times_never_fall_with_more_context_or_batch() -> None:
     ms = monotone([[0.005, 0.0052], [0.0112, 0.0082], [0.010, 0.009]])
     assert ms == ((5.0, 5.2), (11.2, 11.2), (11.2, 11.2))
     assert monotone([[0.001]]) == ((1.0,),)
+
+
+def test_decode_batches_stay_whole_while_timed() -> None:
+    """Prompts that take several steps to prefill: the first requests decode through those
+    steps, and must still be decoding when the batch is timed (on an H200 the rows that had
+    finished made a batch of 256 at context 512 look 20% cheaper than it is)."""
+    small_steps = EngineConfig(block_size=16, max_num_batched_tokens=32).for_device("cpu")
+    points = costprobe.ProbePoints((16,), (6,), (32,), 1)  # 6 x 32 tokens: 7 steps of prefill
+    assert points.decoding_tokens(6, 32, 32) == points.decode_tokens + 7
+    engine = costprobe.scratch_engine(CONFIG, torch.float32, torch.device("cpu"), small_steps, points)
+    p = costprobe.measure(engine, points, "t")  # raises if a row finished while timed
+    assert p.decode_batch == (6,) and engine.is_idle
