@@ -48,7 +48,9 @@ def measure_profile(cfg: ProfileConfig, log: Callable[[str], None] = print) -> P
         None,
         EngineConfig(
             block_size=cfg.block_size,
-            num_kv_blocks=-(-points.tokens_needed(max(cfg.prefill_tokens)) // cfg.block_size) + max(cfg.decode_batch) + 1,
+            num_kv_blocks=-(-points.tokens_needed(max(cfg.prefill_tokens)) // cfg.block_size)
+            + max(cfg.decode_batch)
+            + 1,
             max_num_batched_tokens=max(cfg.prefill_tokens),
             max_num_seqs=max(cfg.decode_batch),
             max_model_len=max(cfg.prefill_tokens) + max(cfg.decode_context) + 64,

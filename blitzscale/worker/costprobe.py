@@ -366,7 +366,8 @@ def scratch_engine(
     weights = ModelWeights.empty(config, dtype, device)
     fill_random(weights, seed=0)
     weights.readiness.mark_all_ready()
-    blocks = -(-points.tokens_needed(engine.max_num_batched_tokens) // engine.block_size) + max(points.decode_batch) + 1
+    needed = points.tokens_needed(engine.max_num_batched_tokens)
+    blocks = -(-needed // engine.block_size) + max(points.decode_batch) + 1
     cfg = EngineConfig(
         block_size=engine.block_size,
         num_kv_blocks=blocks,
