@@ -1,0 +1,140 @@
+"""Structured output (`response_format`): grammars compiled by xgrammar, and each request's
+matcher.
+
+xgrammar (and with it torch) is imported only when a request asks for structured output, so
+importing this module costs nothing. A `Grammars` belongs to one tokenizer (the HTTP edge's
+model, an engine): it compiles a request's `Grammar` (cached by xgrammar per grammar text;
+an error is an InvalidRequestError naming the library's complaint, the HTTP 400) and makes
+matchers. A `Matcher` is one request's grammar state: it is owned by the engine's request
+(engine/request.py), made on the instance that samples the request by replaying the output
+tokens it already has (so a request that migrated, was relayed or recomputed continues where
+it stopped), and advanced by each token accepted.
+
+Output is compact JSON (no whitespace beyond ", " and ": "): a small model left free to
+choose whitespace can emit it for ever. `json_object` is any JSON object; `json_schema` is
+compiled in strict mode (no properties or items beyond the schema's), whatever the request's
+`strict` says, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from blitzscale.core.sampling import Grammar
+from blitzscale.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    import torch
+
+# xgrammar's errors start with its log prefix: "[12:02:44] /project/cpp/file.cc:94: "
+_LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+CACHE_LIMIT_BYTES = 256 << 20  # compiled grammars kept per tokenizer
+
+
+def _xgr() -> Any:
+    """xgrammar, imported on first use. Its FFI layer would JIT-compile a torch extension
+    (a C++ build in a subprocess) on a torch without the DLPack exchange API; we need none of
+    what that enables, so it is off unless the environment says otherwise."""
+    os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
+    import xgrammar
+
+    return xgrammar
+
+
+def library_message(err: BaseException) -> str:
+    """xgrammar's complaint without its log prefix, on one line."""
+    text = _LOG_PREFIX.sub("", str(err).strip())
+    return " ".join(text.split()) or type(err).__name__
+
+
+class Grammars:
+    """Compiles grammars for one tokenizer and makes matchers of them (thread-safe: the HTTP
+    edge compiles on worker threads). `vocab_size` is the model's logits width (it may be
+    larger than the tokenizer's vocabulary: padding); `stop_token_ids` end the grammar."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
+        if tokenizer is None:
+            raise InvalidRequestError(
+                "response_format needs the model's tokenizer, and this model has none", "response_format"
+            )
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(set(stop_token_ids))
+        self._compiler: Any = None
+        self._lock = threading.Lock()
+
+    def _xgr_compiler(self) -> Any:
+        with self._lock:
+            if self._compiler is None:
+                xgr = _xgr()
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+                )
+                self._compiler = xgr.GrammarCompiler(
+                    info, max_threads=2, cache_enabled=True, cache_limit_bytes=CACHE_LIMIT_BYTES
+                )
+            return self._compiler
+
+    def compile(self, grammar: Grammar) -> Any:
+        """xgrammar's CompiledGrammar (cached); InvalidRequestError (param response_format)
+        with the library's message for a schema it cannot compile."""
+        grammar.validate()
+        compiler = self._xgr_compiler()
+        schema = grammar.schema if grammar.kind == "json_schema" else JSON_OBJECT_SCHEMA
+        try:
+            return compiler.compile_json_schema(
+                schema, any_whitespace=False, strict_mode=grammar.kind == "json_schema"
+            )
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise InvalidRequestError(
+                f"response_format: the schema cannot be compiled: {library_message(e)}", "response_format"
+            ) from e
+
+    def matcher(self, grammar: Grammar, output_token_ids: Iterable[int] = ()) -> Matcher:
+        """A fresh matcher of `grammar`, advanced over `output_token_ids` (the tokens the
+        request already has); InvalidRequestError if the grammar refuses one of them."""
+        m = Matcher(_xgr().GrammarMatcher(self.compile(grammar)))
+        for i, tok in enumerate(output_token_ids):
+            if not m.accept(tok):
+                raise InvalidRequestError(f"output token {tok} at position {i} does not fit the grammar")
+        return m
+
+
+class Matcher:
+    """One request's grammar state."""
+
+    def __init__(self, handle: Any) -> None:
+        self._m = handle
+
+    def accept(self, token: int) -> bool:
+        """Advance by `token`; False (and no change) if the grammar does not allow it."""
+        return bool(self._m.accept_token(token))
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and its stop token was accepted: the output ends."""
+        return bool(self._m.is_terminated())
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the tokens allowed next into `bitmask[row]` (int32, on the host)."""
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+
+def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    """A host bitmask for `rows` rows (one bit per token, all allowed)."""
+    return _xgr().allocate_token_bitmask(rows, vocab_size)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Set to -inf, in place, every logit of `rows` whose bit in `bitmask` (host, one row
+    per logits row) is 0. On CUDA the bitmask goes up by one asynchronous copy and
+    xgrammar's Triton kernel applies it; on CPU its C++ kernel."""
+    if logits.device.type == "cuda":
+        bitmask = bitmask.pin_memory().to(logits.device, non_blocking=True)
+    indices = None if len(rows) == logits.shape[0] else rows
+    _xgr().apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[-1], indices=indices)
