@@ -18,6 +18,7 @@ compiled in strict mode (no properties or items beyond the schema's), whatever t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -33,6 +34,11 @@ if TYPE_CHECKING:
 # xgrammar's errors start with its log prefix: "[12:02:44] /project/cpp/file.cc:94: "
 _LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
+# xgrammar 0.2.9 writes a string with minLength / maxLength as characters of this class,
+# which lets raw control characters (U+0000-U+001F but CR, LF) through: not JSON. Its other
+# strings use the second one; `_compile_schema` swaps them.
+_LENGTH_CHARS = r"[^\"\\\r\n]"
+_JSON_CHARS = r"[^\0-\x1f\"\\\r\n]"
 CACHE_LIMIT_BYTES = 256 << 20  # compiled grammars kept per tokenizer
 
 
@@ -86,10 +92,12 @@ class Grammars:
         grammar.validate()
         compiler = self._xgr_compiler()
         schema = grammar.schema if grammar.kind == "json_schema" else JSON_OBJECT_SCHEMA
-        try:
-            return compiler.compile_json_schema(
-                schema, any_whitespace=False, strict_mode=grammar.kind == "json_schema"
+        if (problem := _ignored_by_library(json.loads(schema))) is not None:
+            raise InvalidRequestError(
+                f"response_format: the schema cannot be compiled: {problem}", "response_format"
             )
+        try:
+            return _compile_schema(compiler, schema, strict=grammar.kind == "json_schema")
         except (RuntimeError, ValueError, TypeError) as e:
             raise InvalidRequestError(
                 f"response_format: the schema cannot be compiled: {library_message(e)}", "response_format"
@@ -103,6 +111,32 @@ class Grammars:
             if not m.accept(tok):
                 raise InvalidRequestError(f"output token {tok} at position {i} does not fit the grammar")
         return m
+
+
+def _compile_schema(compiler: Any, schema: str, strict: bool) -> Any:
+    """The schema's grammar, compact; through its EBNF text with the length-bounded string
+    characters made JSON's when xgrammar writes them too wide (see _LENGTH_CHARS)."""
+    xgr = _xgr()
+    ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict))
+    if _LENGTH_CHARS not in ebnf:
+        return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=strict)
+    return compiler.compile_grammar(ebnf.replace(_LENGTH_CHARS, _JSON_CHARS))
+
+
+def _ignored_by_library(schema: Any) -> str | None:
+    """What xgrammar would silently drop (so answers could break the schema): a string's
+    pattern together with minLength / maxLength (it keeps the pattern only)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack += node
+        elif isinstance(node, dict):
+            lengths = (isinstance(node.get(k), int) for k in ("minLength", "maxLength"))
+            if isinstance(node.get("pattern"), str) and any(lengths):
+                return "a string's pattern together with minLength or maxLength is not supported"
+            stack += list(node.values())
+    return None
 
 
 class Matcher:
