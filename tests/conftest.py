@@ -39,6 +39,7 @@ SHARED = {
     "tests/serve/test_http.py": "pd_service",
     "tests/serve/test_sampling_paths.py": "pd_service",
     "tests/serve/test_scaling.py": "pd_service",
+    "tests/serve/test_structured_output.py": "pd_service",
     # transformers' load of SmolLM2 (`smollm2_hf`, about 25 s of a core) once, not per worker
     "tests/engine/test_logits_processors.py": "smollm2_hf",
     "tests/engine/test_prefix_caching.py": "smollm2_hf",
