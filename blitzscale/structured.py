@@ -22,6 +22,7 @@ import json
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +35,14 @@ if TYPE_CHECKING:
 # xgrammar's errors start with its log prefix: "[12:02:44] /project/cpp/file.cc:94: "
 _LOG_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
-# xgrammar 0.2.9 writes a string with minLength / maxLength as characters of this class,
-# which lets raw control characters (U+0000-U+001F but CR, LF) through: not JSON. Its other
-# strings use the second one; `_compile_schema` swaps them.
+# String characters as xgrammar 0.2.9 writes them (EBNF text): with minLength / maxLength
+# its class lets raw control characters (U+0000-U+001F but CR, LF) through, and every
+# class lets UTF-8-encoded surrogates (U+D800-U+DFFF: bytes no UTF-8 decoder accepts)
+# through; neither is JSON. `_compile_schema` swaps both for JSON's characters.
 _LENGTH_CHARS = r"[^\"\\\r\n]"
-_JSON_CHARS = r"[^\0-\x1f\"\\\r\n]"
+_STRING_CHARS = r"[^\0-\x1f\"\\\r\n]"
+_JSON_CHARS = r"[^\0-\x1f\"\\\r\n\uD800-\uDFFF]"
+COMPILED_KEPT = 256  # compiled grammars an owner keeps at hand (xgrammar caches them too)
 CACHE_LIMIT_BYTES = 256 << 20  # compiled grammars kept per tokenizer
 
 
@@ -73,6 +77,7 @@ class Grammars:
         self.stop_token_ids = sorted(set(stop_token_ids))
         self._compiler: Any = None
         self._lock = threading.Lock()
+        self._compiled: OrderedDict[Grammar, Any] = OrderedDict()  # most recently used last
 
     def _xgr_compiler(self) -> Any:
         with self._lock:
@@ -89,6 +94,10 @@ class Grammars:
     def compile(self, grammar: Grammar) -> Any:
         """xgrammar's CompiledGrammar (cached); InvalidRequestError (param response_format)
         with the library's message for a schema it cannot compile."""
+        with self._lock:
+            if (hit := self._compiled.get(grammar)) is not None:
+                self._compiled.move_to_end(grammar)
+                return hit
         grammar.validate()
         compiler = self._xgr_compiler()
         schema = grammar.schema if grammar.kind == "json_schema" else JSON_OBJECT_SCHEMA
@@ -97,11 +106,16 @@ class Grammars:
                 f"response_format: the schema cannot be compiled: {problem}", "response_format"
             )
         try:
-            return _compile_schema(compiler, schema, strict=grammar.kind == "json_schema")
+            compiled = _compile_schema(compiler, schema, strict=grammar.kind == "json_schema")
         except (RuntimeError, ValueError, TypeError) as e:
             raise InvalidRequestError(
                 f"response_format: the schema cannot be compiled: {library_message(e)}", "response_format"
             ) from e
+        with self._lock:
+            self._compiled[grammar] = compiled
+            while len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
+        return compiled
 
     def matcher(self, grammar: Grammar, output_token_ids: Iterable[int] = ()) -> Matcher:
         """A fresh matcher of `grammar`, advanced over `output_token_ids` (the tokens the
@@ -114,13 +128,12 @@ class Grammars:
 
 
 def _compile_schema(compiler: Any, schema: str, strict: bool) -> Any:
-    """The schema's grammar, compact; through its EBNF text with the length-bounded string
-    characters made JSON's when xgrammar writes them too wide (see _LENGTH_CHARS)."""
+    """The schema's grammar, compact, through its EBNF text with every string's characters
+    made JSON's (see _LENGTH_CHARS)."""
     xgr = _xgr()
     ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict))
-    if _LENGTH_CHARS not in ebnf:
-        return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=strict)
-    return compiler.compile_grammar(ebnf.replace(_LENGTH_CHARS, _JSON_CHARS))
+    ebnf = ebnf.replace(_LENGTH_CHARS, _JSON_CHARS).replace(_STRING_CHARS, _JSON_CHARS)
+    return compiler.compile_grammar(ebnf)
 
 
 def _ignored_by_library(schema: Any) -> str | None:

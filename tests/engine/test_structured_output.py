@@ -205,8 +205,9 @@ def test_a_model_without_a_tokenizer_refuses_a_grammar(tiny_weights: Callable[[s
 
 
 def test_length_bounded_strings_refuse_raw_control_characters(tokenizer: Any) -> None:
-    """xgrammar 0.2.9 lets raw control characters into strings with minLength / maxLength
-    (not JSON); structured.py compiles those with JSON's string characters."""
+    """xgrammar 0.2.9 lets raw control characters into strings with minLength / maxLength,
+    and UTF-8-encoded surrogates into any string (neither is JSON; a random model over bytes
+    finds them); structured.py compiles strings with JSON's characters."""
     grammars = Grammars(tokenizer, 512, [tokenizer.eos_token_id])
     for schema in (
         {"type": "string", "maxLength": 6},
@@ -216,6 +217,8 @@ def test_length_bounded_strings_refuse_raw_control_characters(tokenizer: Any) ->
         m = grammars.matcher(grammar(schema))
         assert m.accept(tokenizer.encode('"')[0])
         assert not m.accept(tokenizer.encode("\x0c")[0]) and not m.accept(tokenizer.encode("\t")[0])
+        assert m.accept(2 + 0xED) and not m.accept(2 + 0xA0)  # (U+D800's first bytes)
+        assert all(m.accept(2 + b) for b in (0x9F, 0xBF))  # (U+D7FF: a character)
         assert all(m.accept(t) for t in tokenizer.encode('ab"'))
 
 
