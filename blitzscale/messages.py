@@ -15,6 +15,7 @@ import msgspec
 from blitzscale.control.costmodel import Profile
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.roles import Role
+from blitzscale.core.sampling import Grammar
 
 
 class Msg(msgspec.Struct, tag=True, kw_only=True, frozen=True):
@@ -321,6 +322,13 @@ class InstanceLinkMsg(Msg):
 # --- data plane: router <-> serving workers (a socket of its own) ---------------------
 
 
+class GrammarMsg(msgspec.Struct, frozen=True, array_like=True):
+    """`blitzscale.core.sampling.Grammar` on the wire (structured output)."""
+
+    kind: str
+    schema: str = ""
+
+
 class SamplingMsg(Msg):
     """`blitzscale.core.sampling.SamplingParams` on the wire (same field names)."""
 
@@ -338,17 +346,23 @@ class SamplingMsg(Msg):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logprobs: int | None = None
+    grammar: GrammarMsg | None = None  # structured output (the decoding side rebuilds its state)
 
 
 def sampling_msg(params: Any) -> SamplingMsg:
     """A SamplingParams dataclass as its message (tuples become lists)."""
     fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(params).items()}
+    g = params.grammar
+    fields["grammar"] = None if g is None else GrammarMsg(g.kind, g.schema)
     return SamplingMsg(**fields)
 
 
 def sampling_fields(m: SamplingMsg) -> dict[str, Any]:
     """The message's fields, ready for SamplingParams(**...) (lists become tuples)."""
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in msgspec.structs.asdict(m).items()}
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in msgspec.structs.asdict(m).items()}
+    g = m.grammar
+    fields["grammar"] = None if g is None else Grammar(g.kind, g.schema)
+    return fields
 
 
 class GenerateMsg(Msg):

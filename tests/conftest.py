@@ -39,6 +39,7 @@ SHARED = {
     "tests/serve/test_http.py": "pd_service",
     "tests/serve/test_sampling_paths.py": "pd_service",
     "tests/serve/test_scaling.py": "pd_service",
+    "tests/serve/test_structured_output.py": "pd_service",
     # transformers' load of SmolLM2 (`smollm2_hf`, about 25 s of a core) once, not per worker
     "tests/engine/test_logits_processors.py": "smollm2_hf",
     "tests/engine/test_prefix_caching.py": "smollm2_hf",
@@ -209,6 +210,24 @@ def save_tiny_hf_folder(path: Any, preset: str, tokenizer: bool = True, seed: in
         fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1")
         fast.save_pretrained(str(path))
     return path
+
+
+def byte_tokenizer(eos_id: int = 1) -> Any:
+    """A byte-level Hugging Face tokenizer with no merges: "<unk>" 0, "<eos>" `eos_id` (1, the
+    tiny presets' EOS), then the 256 bytes (ids 2..257). Any text encodes, so grammar
+    libraries can run over a random tiny model's 512 logits (the rest is padding); made
+    offline (the GPU tests use it too, where no tokenizer can be downloaded)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    assert eos_id in (0, 1)
+    vocab = {"<unk>": 1 - eos_id, "<eos>": eos_id}
+    vocab |= {ch: 2 + b for b, ch in sorted(bytes_to_unicode().items())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
 
 
 @pytest.fixture(scope="session")

@@ -81,7 +81,7 @@ def test_every_sampling_parameter_and_logprob_crosses_the_wire() -> None:
     migration and live relays send), and output logprobs survive the codec."""
     import dataclasses
 
-    from blitzscale.core.sampling import SamplingParams
+    from blitzscale.core.sampling import Grammar, SamplingParams
     from blitzscale.messages import GenerateMsg, OutputMsg, OutputsMsg, TokenLogprobMsg, sampling_msg
     from blitzscale.worker.p2p import to_params
 
@@ -89,6 +89,7 @@ def test_every_sampling_parameter_and_logprob_crosses_the_wire() -> None:
         max_tokens=9, temperature=0.7, top_p=0.9, top_k=5, seed=11, stop=("x",), stop_token_ids=(3,),
         ignore_eos=True, min_tokens=2, logit_bias=((5, -1.5), (8, 2.0)), repetition_penalty=1.2,
         frequency_penalty=0.4, presence_penalty=-0.3, logprobs=4,
+        grammar=Grammar("json_schema", '{"type":"object","properties":{"a":{"type":"integer"}}}'),
     )  # fmt: skip
     defaults = SamplingParams()
     assert all(getattr(params, f.name) != getattr(defaults, f.name) for f in dataclasses.fields(params))

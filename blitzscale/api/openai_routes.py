@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 import uuid
 from typing import Any
@@ -38,7 +39,7 @@ from blitzscale.api.protocol import (
 )
 from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
-from blitzscale.core.sampling import SamplingParams
+from blitzscale.core.sampling import GRAMMAR_KINDS, Grammar, SamplingParams
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Chat has no default in OpenAI's API ("until the context is full"); a cap keeps a request
@@ -63,6 +64,7 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         decode = backend.decode if body.logprobs is not None else None
         fmt = CompletionFormat(request_id, int(time.time()), backend.model_name, decode)
         params = sampling_params(body, max_tokens)
+        await check_grammar(backend, params)
         return await serve(request, backend, metrics, prompt_ids, params, fmt, body, arrival)
 
     @router.post("/v1/chat/completions")
@@ -83,6 +85,7 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         decode = backend.decode if body.logprobs else None
         fmt = ChatFormat(request_id, int(time.time()), backend.model_name, decode)
         params = sampling_params(body, max_tokens)
+        await check_grammar(backend, params)
         return await serve(request, backend, metrics, prompt_ids, params, fmt, body, arrival)
 
     def card(backend: ServingBackend) -> ModelCard:
@@ -215,6 +218,7 @@ def backend_for(backend: ServingBackend, model: str | None) -> ServingBackend:
 def check_features(body: SamplingFields) -> None:
     """What the backend cannot judge: features this server does not have (the model name is
     `backend_for`'s)."""
+    grammar_of(body)  # (a response_format this server cannot give is refused here)
     if (field := body.unsupported_field()) is not None:
         raise ApiError(400, f"{field} is not supported by this server", param=field)
     if (problem := body.logit_bias_error()) is not None:
@@ -257,6 +261,35 @@ def chat_default_max_tokens(num_prompt_tokens: int, max_model_len: int) -> int:
     return max(1, min(max_model_len - num_prompt_tokens, CHAT_DEFAULT_MAX_TOKENS_CAP))
 
 
+def grammar_of(body: SamplingFields) -> Grammar | None:
+    """The grammar `response_format` asks for (None: text); a 400 naming what is wrong for
+    a type this server does not have or a json_schema without a schema."""
+    rf = body.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type not in GRAMMAR_KINDS:
+        kinds = ", ".join(("text", *GRAMMAR_KINDS))
+        raise ApiError(
+            400, f"response_format type {rf.type!r} is not supported (use {kinds})", param="response_format"
+        )
+    if rf.type == "json_object":
+        return Grammar("json_object")
+    if rf.json_schema is None or rf.json_schema.schema_ is None:
+        raise ApiError(
+            400, "response_format json_schema needs json_schema.schema", param="response_format.json_schema"
+        )
+    return Grammar("json_schema", json.dumps(rf.json_schema.schema_, ensure_ascii=False))
+
+
+async def check_grammar(backend: ServingBackend, params: SamplingParams) -> None:
+    """Compile a request's grammar at the edge, once (cached), so a schema the library cannot
+    compile is a 400 with its message before anything is queued. A backend without
+    `check_grammar` (a test's) leaves it to its engine, which compiles it in `validate`."""
+    check = getattr(backend, "check_grammar", None)
+    if params.grammar is not None and callable(check):
+        await off_loop(check, params.grammar)
+
+
 def sampling_params(body: SamplingFields, max_tokens: int) -> SamplingParams:
     def given(value: float | None, default: float) -> float:
         return default if value is None else value
@@ -276,4 +309,5 @@ def sampling_params(body: SamplingFields, max_tokens: int) -> SamplingParams:
         frequency_penalty=given(body.frequency_penalty, 0.0),
         presence_penalty=given(body.presence_penalty, 0.0),
         logprobs=body.top_logprobs_asked,
+        grammar=grammar_of(body),
     )

@@ -39,9 +39,32 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """`response_format.json_schema`: OpenAI's shape. The schema is always enforced (as
+    vLLM does), `strict` or not."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`; any other
+    type is refused by name at the route (structured output: blitzscale/structured.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(BaseModel):
     """What completions and chat completions share, including vLLM's `top_k`, `min_tokens`,
-    `repetition_penalty`, `ignore_eos` and `stop_token_ids`."""
+    `repetition_penalty`, `ignore_eos` and `stop_token_ids`, and `response_format` (vLLM
+    takes it on completions too)."""
 
     model_config = ConfigDict(extra="allow")  # extras are refused by `unsupported_field`
 
@@ -62,6 +85,7 @@ class SamplingFields(BaseModel):
     min_tokens: int | None = Field(None, ge=0)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
 
     @property
     def num_choices(self) -> int:
@@ -140,11 +164,9 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     def unsupported_field(self) -> str | None:
         asked = {"tools": bool(self.tools), "tool_choice": self.tool_choice not in (None, "none", "auto")}
-        asked["response_format"] = (self.response_format or {}).get("type", "text") != "text"
         return next((name for name, is_set in asked.items() if is_set), None) or self.extra_field()
 
     @property

@@ -2,10 +2,44 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 from blitzscale.errors import InvalidRequestError
+
+GRAMMAR_KINDS = ("json_object", "json_schema")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """Structured output (`response_format`): what the output must spell. The engine masks
+    every token the grammar does not allow (blitzscale/structured.py, xgrammar) and ends the
+    output where the grammar ends."""
+
+    kind: str  # "json_object": any JSON object; "json_schema": a JSON value valid against `schema`
+    schema: str = ""  # json_schema: the JSON Schema as JSON text (its key order is kept)
+
+    def validate(self) -> None:
+        """The checks that need no grammar library (compiling is structured.py's)."""
+        if self.kind not in GRAMMAR_KINDS:
+            raise InvalidRequestError(
+                f"response_format type must be one of {', '.join(GRAMMAR_KINDS)} or text, got {self.kind!r}",
+                "response_format",
+            )
+        if self.kind == "json_object":
+            if self.schema:
+                raise InvalidRequestError("a json_object response_format takes no schema", "response_format")
+            return
+        try:
+            schema = json.loads(self.schema)
+        except (TypeError, ValueError) as e:
+            raise InvalidRequestError(f"the json_schema's schema is not JSON: {e}", "response_format") from e
+        if not isinstance(schema, dict | bool):
+            raise InvalidRequestError(
+                f"the json_schema's schema must be a JSON object, got {type(schema).__name__}",
+                "response_format",
+            )
 
 
 @dataclass(frozen=True)
@@ -25,6 +59,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI: minus penalty x count in the output
     presence_penalty: float = 0.0  # OpenAI: minus penalty once a token is in the output
     logprobs: int | None = None  # per token: its log-probability and the `logprobs` most likely
+    grammar: Grammar | None = None  # structured output: tokens the grammar refuses are masked
 
     def validate(self) -> None:
         """Refuse any value the engine cannot run or a message cannot carry, by name."""
@@ -40,6 +75,16 @@ class SamplingParams:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", "stop")
         self._validate_processors()
+        if self.grammar is not None:
+            if not isinstance(self.grammar, Grammar):
+                raise InvalidRequestError(f"grammar must be a Grammar, got {self.grammar!r}", "grammar")
+            self.grammar.validate()
+            if self.min_tokens:  # (the grammar allows only EOS once it is complete)
+                raise InvalidRequestError(
+                    "min_tokens cannot be combined with response_format: the grammar decides where the "
+                    "output ends",
+                    "min_tokens",
+                )
 
     def _validate_processors(self) -> None:
         """What the engine can run (the HTTP API checks OpenAI's narrower ranges first)."""
@@ -73,9 +118,10 @@ class SamplingParams:
 
     @property
     def reads_every_step(self) -> bool:
-        """Its sampling reads its own token history, or the host reads its logprobs, every
-        step: it never overlaps (engine/overlap.py), so no token of it is ever pending."""
-        return self.processes_logits or self.logprobs is not None
+        """Its sampling reads its own token history (a grammar's state too), or the host reads
+        its logprobs, every step: it never overlaps (engine/overlap.py), so no token of it is
+        ever pending."""
+        return self.processes_logits or self.logprobs is not None or self.grammar is not None
 
     @property
     def is_greedy(self) -> bool:

@@ -28,7 +28,7 @@ from blitzscale.engine.model_runner import ModelRunner
 from blitzscale.engine.output import OutputProcessor
 from blitzscale.engine.overlap import PENDING, Overlap, plain
 from blitzscale.engine.request import Request, RequestStatus
-from blitzscale.engine.sampler import NO_TOKEN, sample
+from blitzscale.engine.sampler import NO_TOKEN, TokenMask, sample
 from blitzscale.engine.scheduler import Scheduler
 from blitzscale.engine.steptrace import step_trace
 from blitzscale.engine.table import STEPPED, RequestTable
@@ -110,6 +110,7 @@ class LLMEngine:
         self._step_outputs: list[RequestOutput] = []  # of the step under way
         self.last_work = StepWork()  # what the last step computed (for pacing it)
         self._ids = itertools.count()
+        self._grammars: Any = None  # structured.Grammars, made for the first request with a grammar
         cfg = self.config
         on = cfg.overlap == "on" or (cfg.overlap == "auto" and weights.device.type == "cuda")
         on = on and self.tp_group is None  # (a TP leader sends each step's ids to its shards)
@@ -166,12 +167,25 @@ class LLMEngine:
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidRequestError, naming the bad value, for a request that can never run."""
         validate_request(prompt_token_ids, params, self.model_config.vocab_size, self.max_model_len)
+        if params.grammar is not None:
+            self.grammars.compile(params.grammar)  # (cached: the sampling side compiles it again)
         n = len(prompt_token_ids)
         need = self.pool.blocks_for_tokens(min(n + params.max_tokens, self.max_model_len))
         if need > self.pool.num_blocks:
             raise InvalidRequestError(
                 f"prompt plus max_tokens needs {need} KV blocks, the cache holds {self.pool.num_blocks}"
             )
+
+    @property
+    def grammars(self) -> Any:
+        """Structured output's compiler and matchers for this engine's tokenizer and logits
+        width (xgrammar is imported by the first request that asks for a grammar)."""
+        if self._grammars is None:
+            from blitzscale.structured import Grammars
+
+            eos = self.outputs.eos_token_ids
+            self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size, eos)
+        return self._grammars
 
     def abort(self, request_id: str) -> bool:
         """Stop a request the step works on (waiting, running, live, relayed in and
@@ -355,12 +369,46 @@ class LLMEngine:
         self._sample(reqs, logits)
 
     def _sample(self, sampling: list[Request], logits: torch.Tensor) -> None:
+        mask = None
+        if any(r.params.grammar is not None for r in sampling):
+            sampling, logits, mask = self._grammar_mask(sampling, logits)
+            if not sampling:
+                return
         params = [r.params for r in sampling]
         history = History(sampling, frozenset(self.outputs.eos_token_ids))
-        tokens = sample(logits, params, [r.generator for r in sampling], history)
+        tokens = sample(logits, params, [r.generator for r in sampling], history, mask)
         logprobs = logprobs_of(logits, tokens, params)
         for req, tok, lp in zip(sampling, tokens, logprobs, strict=True):
             self._emit(req, tok, lp)
+
+    def _grammar_mask(
+        self, sampling: list[Request], logits: torch.Tensor
+    ) -> tuple[list[Request], torch.Tensor, TokenMask | None]:
+        """Structured output's mask of this step's rows, filled on the host (on CUDA while the
+        device still computes the logits). A request sampled here for the first time gets its
+        matcher from the tokens it already has (it may have been prefilled, or begun, on
+        another instance); one whose grammar cannot be rebuilt fails alone."""
+        keep: list[int] = []
+        for i, r in enumerate(sampling):
+            if r.params.grammar is not None and r.matcher is None:
+                try:
+                    r.matcher = self.grammars.matcher(r.params.grammar, r.output_token_ids)
+                except InvalidRequestError as e:
+                    self._step_outputs.append(self._fail(r, str(e)))
+                    continue
+            keep.append(i)
+        if len(keep) < len(sampling):
+            sampling = [sampling[i] for i in keep]
+            logits = logits[torch.tensor(keep, device=logits.device)] if keep else logits[:0]
+        rows = [i for i, r in enumerate(sampling) if r.matcher is not None]
+        if not rows:
+            return sampling, logits, None
+        from blitzscale.structured import allocate_bitmask
+
+        bitmask = allocate_bitmask(len(sampling), logits.shape[-1])
+        for i in rows:
+            sampling[i].matcher.fill(bitmask, i)
+        return sampling, logits, TokenMask(bitmask, rows)
 
     def _settle(self) -> None:
         if self.overlap is not None:
@@ -372,10 +420,15 @@ class LLMEngine:
         if tok == NO_TOKEN:
             out.append(self._fail(req, "the model produced non-finite logits for it"))
             return
+        if req.matcher is not None and not req.matcher.accept(tok):  # (the mask let it through)
+            out.append(self._fail(req, f"token {tok} does not fit the response_format grammar"))
+            return
         req.token_ids.append(tok)
         if logprob is not None:
             req.logprobs.append(logprob)
         reason = self.outputs.check_stop(req)
+        if reason is None and req.matcher is not None and req.matcher.is_terminated:
+            reason = "stop"  # the grammar is complete (its stop token, ignore_eos or not)
         if reason is not None:
             self.scheduler.finish(req, reason)  # (the table releases it)
             out.append(self._finalize(req))

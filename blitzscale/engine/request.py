@@ -1,7 +1,10 @@
 """A request's state inside the engine (its parameters and outputs are plain data: core/).
 
 Torch-free: the simulator's engine (sim/engine.py) keeps the same requests. A seeded
-request's generator is made (and torch loaded) when something first asks for it.
+request's generator is made (and torch loaded) when something first asks for it; a
+structured-output request's grammar matcher (blitzscale/structured.py) by the engine that
+first samples it, from the output tokens it already has (so after a migration or a relay the
+instance that samples rebuilds it).
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ class Request:
     num_emitted_chars: int = 0
 
     _generator: Any = field(default=None, init=False, repr=False)
+    # structured output: its grammar's state (a structured.Matcher), made and advanced by the
+    # engine that samples it; never sent anywhere (the receiving engine replays the tokens)
+    matcher: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -1,5 +1,6 @@
 """Batched sampling: logits processors (engine/logits.py), then greedy, temperature, top-k,
-top-p, per-request seeds.
+top-p, per-request seeds; structured output's token masks (blitzscale/structured.py) after
+the processors, on the logits' device.
 
 On CUDA the whole batch is sampled on the GPU and read back in one copy (the step's only
 wait for the device): parameters go up by an asynchronous copy, unseeded rows draw by the
@@ -10,6 +11,8 @@ reproducible and can migrate between instances (that row's probabilities come to
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from blitzscale.core.sampling import SamplingParams
@@ -19,36 +22,53 @@ from blitzscale.engine.sync import wait_for_device
 NO_TOKEN = -1  # a row with no valid distribution (non-finite logits): its request fails
 
 
+@dataclass(frozen=True)
+class TokenMask:
+    """The tokens structured output allows: `bitmask` (host, int32, one row per logits row,
+    one bit per token, filled by the rows' grammar matchers) applies to `rows` only."""
+
+    bitmask: torch.Tensor
+    rows: list[int]
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     history: History | None = None,
+    mask: TokenMask | None = None,
 ) -> list[int]:
     """One token per row of `logits` ([N, vocab], float32); NO_TOKEN for a row whose logits
-    are not all finite, so that one request fails and the rest of the batch goes on.
-    `history` (the rows' tokens) is needed by rows with logits processors; `logits` itself
-    is left as it is."""
+    are not all finite (or that a mask leaves nothing), so that one request fails and the
+    rest of the batch goes on. `history` (the rows' tokens) is needed by rows with logits
+    processors; `logits` itself is left as it is."""
     if logits.device.type == "cuda":
-        return _sample_on_device(logits, params, generators, history)
+        return _sample_on_device(logits, params, generators, history, mask)
     wait_for_device(logits.device)  # before any .tolist(): wait without the GIL
-    logits, bad = _prepared(logits, params, history)
+    logits, bad = _prepared(logits, params, history, mask)
     out = _sample(logits, params, generators)
     return [NO_TOKEN if b else t for t, b in zip(out, bad.tolist(), strict=True)]
 
 
 def _prepared(
-    logits: torch.Tensor, params: list[SamplingParams], history: History | None
+    logits: torch.Tensor, params: list[SamplingParams], history: History | None, mask: TokenMask | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits after the processors, and which rows have no valid distribution (a
-    non-finite raw logit; or, after the processors, a NaN, a +inf or nothing left but -inf).
-    Bad rows hold zeros: they are sampled harmlessly, then discarded."""
+    """The logits after the processors and the mask, and which rows have no valid
+    distribution (a non-finite raw logit; or, after the processors and the mask, a NaN, a
+    +inf or nothing left but -inf). Bad rows hold zeros: they are sampled harmlessly, then
+    discarded."""
     bad = ~torch.isfinite(logits).all(dim=-1)
-    if all(p.is_greedy and not p.processes_logits for p in params):
+    if mask is None and all(p.is_greedy and not p.processes_logits for p in params):
         return logits, bad  # argmax needs no valid distribution (bad rows are dropped)
-    logits = logits.masked_fill(bad[:, None], 0.0)
-    if any(p.processes_logits for p in params):
+    logits = logits.masked_fill(bad[:, None], 0.0)  # (a new tensor: the raw logits stay)
+    processed = any(p.processes_logits for p in params)
+    if processed:
         logits = process(logits, params, history)
+    if mask is not None:
+        from blitzscale.structured import apply_bitmask
+
+        apply_bitmask(logits, mask.bitmask, mask.rows)
+    if processed or mask is not None:
         bad |= logits.isnan().any(dim=-1) | logits.isposinf().any(dim=-1) | logits.isneginf().all(dim=-1)
         logits = logits.masked_fill(bad[:, None], 0.0)
     return logits, bad
@@ -123,8 +143,9 @@ def _sample_on_device(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     history: History | None,
+    mask: TokenMask | None = None,
 ) -> list[int]:
-    out = _draw_on_device(logits, params, generators, history)
+    out = _draw_on_device(logits, params, generators, history, mask)
     host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
     host.copy_(out, non_blocking=True)
     wait_for_device(logits.device)  # the one wait of the step, without the GIL
@@ -136,9 +157,10 @@ def _draw_on_device(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     history: History | None = None,
+    mask: TokenMask | None = None,
 ) -> torch.Tensor:
     """The batch's ids on the device, NO_TOKEN for a row with non-finite logits."""
-    logits, bad = _prepared(logits, params, history)
+    logits, bad = _prepared(logits, params, history, mask)
     out = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if rows:

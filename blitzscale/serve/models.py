@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from blitzscale.control.costmodel import Profile
 from blitzscale.core.outputs import RequestOutput
-from blitzscale.core.sampling import SamplingParams
+from blitzscale.core.sampling import Grammar, SamplingParams
 from blitzscale.errors import InvalidRequestError
 
 
@@ -67,6 +67,7 @@ class ModelBackend:
     def __init__(self, router: RequestRouter, model: ServedModel) -> None:
         self.router = router
         self.model = model
+        self._grammars: Any = None  # structured.Grammars for its tokenizer (xgrammar on first use)
 
     @property
     def model_name(self) -> str:
@@ -105,6 +106,17 @@ class ModelBackend:
         except Exception as e:  # jinja errors on malformed messages
             raise InvalidRequestError(f"messages do not fit the chat template: {e}") from e
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """Compile a request's grammar for this model's tokenizer (cached); InvalidRequestError
+        with the library's message if it cannot be (the HTTP edge calls it off the loop)."""
+        if self._grammars is None:
+            from blitzscale.structured import Grammars
+
+            tok = self.model.tokenizer
+            eos = getattr(tok, "eos_token_id", None)
+            self._grammars = Grammars(tok, self.model.vocab_size, [] if eos is None else [eos])
+        self._grammars.compile(grammar)
 
     def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams

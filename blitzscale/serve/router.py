@@ -24,7 +24,7 @@ from blitzscale.control.snapshot import InstanceState
 from blitzscale.control.states import is_serving
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.roles import Role
-from blitzscale.core.sampling import SamplingParams
+from blitzscale.core.sampling import Grammar, SamplingParams
 from blitzscale.core.validate import validate_request
 from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFailedError, UnavailableError
 from blitzscale.messages import (
@@ -210,6 +210,9 @@ class Router:
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         return self._models[self.model_name].encode_chat(messages)
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        self._models[self.model_name].check_grammar(grammar)
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, model: str | None = None

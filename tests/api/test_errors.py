@@ -95,8 +95,16 @@ async def test_completion_errors(
          "not supported"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400,
          "tools", "not supported"),
-        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, 400,
-         "response_format", "not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "regex"}}, 400,
+         "response_format", "'regex' is not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}, 400,
+         "response_format.json_schema", "needs json_schema.schema"),
+        ({"messages": [{"role": "user", "content": "x"}],
+          "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": [1]}}}, 400,
+         "response_format.json_schema.schema", "valid dictionary"),
+        ({"messages": [{"role": "user", "content": "x"}],
+          "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}, "x": 1}}},
+         400, "response_format.json_schema.x", "Extra inputs"),
     ],
 )  # fmt: skip
 async def test_chat_errors(
