@@ -26,12 +26,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from blitzscale.model.quant import FP8_MAX
+from blitzscale.model.quant import FP8_MAX, MIN_SCALE
 
 FP8 = torch.float8_e4m3fn
-# The smallest per-token scale: a row of zeros (a padded row of a CUDA graph) quantizes to
-# zeros instead of dividing by zero.
-MIN_SCALE = 1e-12
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,9 @@ QUANTS = ("none", "fp8")
 FP8_DTYPE = "float8_e4m3fn"  # the stored weights' dtype (torch's name)
 SCALE_DTYPE = "float32"  # the per-channel scales' dtype in our layout
 FP8_MAX = 448.0  # the largest finite e4m3fn value
+# The smallest per-token scale: a row of zeros (a padded row of a CUDA graph) quantizes to
+# zeros instead of dividing by zero.
+MIN_SCALE = 1e-12
 DTYPE_BYTES = {FP8_DTYPE: 1, SCALE_DTYPE: 4}
 LINEAR_NAMES = ("qkv", "o", "gate_up", "down")  # the quantized tensors of a layer
 

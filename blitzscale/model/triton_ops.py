@@ -22,6 +22,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from blitzscale.model.attention.triton_kernels import rope_pair
+from blitzscale.model.quant import FP8_MAX, MIN_SCALE
 from blitzscale.model.rope import RotaryEmbedding
 
 
@@ -105,11 +106,8 @@ def _quantize_rows(x_ptr, q_ptr, s_ptr, stride_x, K, fp8_max, min_scale, BLOCK: 
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Activations [M, K] -> (e4m3 [M, K], fp32 scales [M, 1]), one program a row, on the
     device (no host sync: usable inside a CUDA graph)."""
-    from blitzscale.model.linear import FP8, MIN_SCALE
-    from blitzscale.model.quant import FP8_MAX
-
     m, k = x.shape
-    q = torch.empty((m, k), dtype=FP8, device=x.device)
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
         _quantize_rows[(m,)](x, q, scale, x.stride(0), k, FP8_MAX, MIN_SCALE, BLOCK=1024, num_warps=4)
