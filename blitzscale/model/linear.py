@@ -139,7 +139,7 @@ def select_linear(device: torch.device, dtype: torch.dtype, quant: str, name: st
             raise ValueError(f"linear {name!r} needs a quantized model")
         return DenseLinear()
     if name == "dense":
-        raise ValueError(f"a {quant} model cannot run dense linears (its weights are {quant})")
+        raise ValueError(f"linear {name!r} cannot run a {quant} model (its weights are {quant})")
     if name == "dequant" or (
         name == "auto" and not (fp8_matmul_supported(device) and dtype == torch.bfloat16)
     ):
