@@ -182,3 +182,24 @@ def test_unsupported_quantization_is_refused_naming_what_it_found(case: str) -> 
 def test_an_unknown_quant_value_is_refused_by_name() -> None:
     with pytest.raises(CheckpointError, match="'int8'"):
         replace(PRESETS["tiny-llama3"], quant="int8")
+
+
+def test_bench_engine_fp8_times_both_models_and_prints_ratios() -> None:
+    from blitzscale.bench.engine_bench import EngineBenchConfig, run_engine_bench
+
+    cfg = EngineBenchConfig(
+        model="random:tiny-llama3",
+        device="cpu",
+        batch_sizes=(1, 4),
+        context_lens=(32,),
+        decode_steps=2,
+        prefill_len=48,
+        dtype="fp8",
+    )
+    r = run_engine_bench(cfg)
+    assert r["fp8"]["linear"] == "dequant" and r["dense"]["linear"] == "dense"
+    assert r["fp8_logits_vs_dense_dequantized"]["max_abs_diff"] == 0.0  # CPU: exact
+    assert r["fp8_over_dense"]["weight_bytes"] < 0.5  # fp32 dense on CPU
+    assert set(r["fp8_over_dense"]["decode_ms_per_step"]) == {"1", "4"}
+    with pytest.raises(ValueError, match="'int4'"):
+        run_engine_bench(replace(cfg, dtype="int4"))
