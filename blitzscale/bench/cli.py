@@ -28,6 +28,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--prefill-len", type=int, default=2048)
     e.add_argument("--block-size", type=int, default=64, help="tokens per KV block (serve's default is 16)")
     e.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
+    e.add_argument(
+        "--dtype",
+        choices=["bf16", "fp8"],
+        default="bf16",
+        help="fp8: the model with FP8 linears beside the bf16 model of the same weights (both timed, "
+        "ratios printed)",
+    )
     e.add_argument("--json", action="store_true", help="(output is always JSON)")
     e.set_defaults(func=_run_engine)
 
@@ -393,6 +400,7 @@ def _run_engine(args: argparse.Namespace) -> int:
         prefill_len=args.prefill_len,
         block_size=args.block_size,
         with_hf=not args.no_hf,
+        dtype=args.dtype,
     )
     print(json.dumps(run_engine_bench(cfg), indent=2))
     return 0

@@ -7,6 +7,10 @@
 - time to prefill `prefill_len` tokens, for us and for one HF forward, and the bf16 FLOP
   bound: the prefill's matmul and attention FLOPs / a large bf16 matmul's rate measured now;
 - a live target: time from its last weight segment landing to its first decode step's end.
+
+With `dtype="fp8"` (`bench engine --dtype fp8`) it measures instead the model with FP8
+linears beside the bf16 model of the same weights dequantized, in one run: logits of one
+against the other, decode ms per step, prefill ms, weight bytes, and the FP8/bf16 ratios.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class EngineBenchConfig:
     prefill_len: int = 2048
     with_hf: bool = True
     block_size: int = 64
+    dtype: str = "bf16"  # "bf16", or "fp8": FP8 linears beside bf16, both measured
 
 
 def _sync(device: torch.device) -> None:
@@ -293,7 +298,79 @@ def _live_first_decode(
     }
 
 
+def _free(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _speed(weights: ModelWeights, cfg: EngineBenchConfig, device: torch.device) -> dict[str, Any]:
+    """One model's decode and prefill times, its weight bytes and its linear path."""
+    engine = _engine(weights, cfg, max(cfg.batch_sizes))
+    c = cfg.context_lens[0]
+    out: dict[str, Any] = {
+        "weight_bytes": weights.layout.nbytes,
+        "linear": engine.model.linear.name,
+        "cuda_graph_buckets": engine.runner.graphs.buckets if engine.runner.graphs else [],
+        "decode_context": c,
+        "decode_ms_per_step": {
+            str(b): round(_decode_ms(engine, cfg, b, c, device, cfg.decode_steps), 3) for b in cfg.batch_sizes
+        },
+        "prefill_len": cfg.prefill_len,
+        "prefill_ms": round(_prefill_ms(engine, cfg, device), 3),
+    }
+    del engine
+    _free(device)
+    return out
+
+
+def run_fp8_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
+    """FP8 linears (`torch._scaled_mm` on Hopper) against the bf16 model holding the same
+    weights dequantized: logits agreement and speed, in one run on one device."""
+    from dataclasses import replace
+
+    from blitzscale.checkpoint.pack import pack_into
+
+    device = torch.device(cfg.device)
+    dtype = default_dtype(device)
+    t0 = time.perf_counter()
+    fp8 = load_weights(resolve_model(cfg.model), dtype=dtype, device=device, quant="fp8")
+    dense = ModelWeights.empty(replace(fp8.config, quant="none"), dtype, device)
+    pack_into(dense, hf_state_dict(fp8).__getitem__)  # the same weights, dequantized
+    result: dict[str, Any] = {
+        "config": asdict(cfg),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "activation_dtype": str(dtype),
+        "build_s": round(time.perf_counter() - t0, 3),
+    }
+    probe = _engine(fp8, cfg, 1)
+    ours = _our_logits(probe.model, probe, device)
+    ref = _our_logits(LlamaModel(dense, max_positions=probe.max_model_len), probe, device)
+    result["fp8_logits_vs_dense_dequantized"] = _logit_stats(ours, ref)
+    del probe
+    _free(device)
+    result["dense"] = _speed(dense, cfg, device)
+    result["fp8"] = _speed(fp8, cfg, device)
+    b16, f8 = result["dense"], result["fp8"]
+    result["fp8_over_dense"] = {
+        "weight_bytes": round(f8["weight_bytes"] / b16["weight_bytes"], 3),
+        "decode_ms_per_step": {
+            b: round(f8["decode_ms_per_step"][b] / b16["decode_ms_per_step"][b], 3)
+            for b in b16["decode_ms_per_step"]
+        },
+        "prefill_ms": round(f8["prefill_ms"] / b16["prefill_ms"], 3),
+    }
+    return result
+
+
 def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
+    if cfg.dtype not in ("bf16", "fp8"):
+        raise ValueError(f"bench engine: unknown dtype {cfg.dtype!r}; use bf16 or fp8")
+    if cfg.dtype == "fp8":
+        return run_fp8_engine_bench(cfg)
     device = torch.device(cfg.device)
     dtype = default_dtype(device)
     t0 = time.perf_counter()

@@ -1,8 +1,13 @@
-"""`blitzscale convert SRC DST`: any source to our per-rank contiguous format."""
+"""`blitzscale convert SRC DST`: any source to our per-rank contiguous format.
+
+`--dtype fp8` stores the linear layers in e4m3 with per-output-channel scales (the rest in
+bfloat16, the activation dtype a GPU serves them with); the file is the same layout the
+worker holds in memory, so a disk load is still one sequential read."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -11,6 +16,7 @@ from blitzscale.checkpoint import native
 from blitzscale.checkpoint.loader import load_config, load_tokenizer, load_weights
 from blitzscale.checkpoint.resolve import ModelSource, resolve_model
 from blitzscale.errors import CheckpointError
+from blitzscale.model.quant import check_quant
 
 
 def default_dtype_of(src: ModelSource) -> torch.dtype:
@@ -24,17 +30,36 @@ def default_dtype_of(src: ModelSource) -> torch.dtype:
     return torch.float32
 
 
-def convert(spec: str, dst: Path, dtype: torch.dtype | None = None, tp_size: int = 1) -> Path:
+def parse_target(name: str | None) -> tuple[torch.dtype | None, str | None]:
+    """`--dtype` -> (activation dtype, quant): None keeps the source's both; "fp8" is FP8
+    linears in a bfloat16 model; a float dtype is an unquantized model in it."""
+    if name is None:
+        return None, None
+    if name == "fp8":
+        return torch.bfloat16, "fp8"
+    return native.parse_dtype(name), "none"
+
+
+def convert(
+    spec: str, dst: Path, dtype: torch.dtype | None = None, tp_size: int = 1, quant: str | None = None
+) -> Path:
+    """`quant`: "none", "fp8", or None for the source's own."""
     if tp_size < 1:
         raise CheckpointError(f"--tp must be at least 1, got {tp_size}")
     src = resolve_model(spec)
     if src.kind == "native" and src.path.resolve() == dst.resolve():
         raise CheckpointError(f"source and destination are the same folder: {dst}")
     cfg = load_config(src)
+    if quant is not None:
+        cfg = replace(cfg, quant=check_quant(quant))
     dtype = dtype or default_dtype_of(src)
+    if src.kind == "native" and tp_size > 1 and cfg.quant != load_config(src).quant:
+        raise CheckpointError(
+            f"{spec}: changing the quantization of a converted model needs tp=1 (convert from the original)"
+        )
     dst.mkdir(parents=True, exist_ok=True)
     for rank in range(tp_size):
-        weights = load_weights(src, dtype=dtype, device="cpu", tp_size=tp_size, tp_rank=rank)
+        weights = load_weights(src, dtype=dtype, device="cpu", tp_size=tp_size, tp_rank=rank, quant=cfg.quant)
         native.save_rank(native.rank_file(dst, rank), weights)
         del weights
     tokenizer = load_tokenizer(src)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -9,10 +10,12 @@ import torch
 from blitzscale.checkpoint import native
 from blitzscale.checkpoint.hf import SafetensorsFolder, read_hf_config
 from blitzscale.checkpoint.pack import copy_weights, hf_state_dict, pack_into
-from blitzscale.checkpoint.presets import PRESETS
+from blitzscale.checkpoint.presets import preset_config
 from blitzscale.checkpoint.resolve import ModelSource
 from blitzscale.errors import CheckpointError
 from blitzscale.model.config import ModelConfig
+from blitzscale.model.linear import quantize_rows
+from blitzscale.model.quant import LINEAR_NAMES
 from blitzscale.model.weights import ModelWeights
 
 RANDOM_STD = 0.02
@@ -25,7 +28,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 def load_config(src: ModelSource) -> ModelConfig:
     if src.kind == "random":
-        return PRESETS[src.preset]
+        assert src.preset is not None
+        return preset_config(src.preset)
     if src.kind == "hf":
         return read_hf_config(src.path)
     if src.kind == "native":
@@ -42,33 +46,44 @@ def load_weights(
     tp_size: int = 1,
     tp_rank: int = 0,
     seed: int = 0,
+    quant: str | None = None,
 ) -> ModelWeights:
+    """`src`'s weights in the layout of `dtype` (the activation dtype) on `device`. `quant`:
+    how to store the linear layers ("none", "fp8"); None keeps the source's (an FP8
+    checkpoint stays FP8, its bytes as stored)."""
+    cfg = load_config(src)
+    if quant is not None and quant != cfg.quant:
+        cfg = replace(cfg, quant=quant)
     if src.kind == "random":
-        return random_weights(PRESETS[src.preset], dtype, device, tp_size, tp_rank, seed)
+        return random_weights(cfg, dtype, device, tp_size, tp_rank, seed)
     if src.kind == "native":
-        return _load_native(src, dtype, device, tp_size, tp_rank)
+        return _load_native(src, cfg, dtype, device, tp_size, tp_rank)
     if src.kind == "hf":
-        cfg, getter = read_hf_config(src.path), SafetensorsFolder(src.path)
+        getter = SafetensorsFolder(src.path)
     else:
         from blitzscale.checkpoint.gguf_file import GGUFFile
 
-        g = GGUFFile(src.path)
-        cfg, getter = g.config, g
+        getter = GGUFFile(src.path)
     weights = ModelWeights.empty(cfg, dtype, device, tp_size, tp_rank)
     pack_into(weights, getter)
     return weights
 
 
 def _load_native(
-    src: ModelSource, dtype: torch.dtype, device: torch.device | str, tp_size: int, tp_rank: int
+    src: ModelSource,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    tp_size: int,
+    tp_rank: int,
 ) -> ModelWeights:
     index = native.read_index(src.path)
     if index["tp_size"] != tp_size:
         raise CheckpointError(f"{src.path} was converted for tp={index['tp_size']}, asked for tp={tp_size}")
     stored = native.load_rank(native.rank_file(src.path, tp_rank))
-    if stored.dtype == dtype and torch.device(device).type == "cpu":
+    if stored.dtype == dtype and stored.config == cfg and torch.device(device).type == "cpu":
         return stored
-    weights = ModelWeights.empty(stored.config, dtype, device, tp_size, tp_rank)
+    weights = ModelWeights.empty(cfg, dtype, device, tp_size, tp_rank)
     copy_weights(stored, weights)
     return weights
 
@@ -94,13 +109,22 @@ def random_weights(
 
 
 def fill_random(weights: ModelWeights, seed: int) -> None:
-    """N(0, 0.02) matrices and unit norms in `weights`' buffer (readiness untouched)."""
+    """N(0, 0.02) matrices and unit norms in `weights`' buffer (readiness untouched); an FP8
+    model's linears are such matrices quantized per output channel."""
     gen = torch.Generator(device=weights.device).manual_seed(seed)
     weights.buffer.normal_(0.0, RANDOM_STD, generator=gen)
     weights.zero_padding()
     for lw in weights.layers:
         lw.input_norm.fill_(1.0)
         lw.post_norm.fill_(1.0)
+        if weights.config.quant == "none":
+            continue
+        for name in LINEAR_NAMES:
+            q = getattr(lw, name)
+            dense = torch.empty(q.shape, dtype=weights.dtype, device=weights.device)
+            q8, scale = quantize_rows(dense.normal_(0.0, RANDOM_STD, generator=gen))
+            q.copy_(q8)
+            getattr(lw, name + "_scale").copy_(scale)
     weights.norm.fill_(1.0)
 
 

@@ -1,8 +1,14 @@
-"""Model shapes that can be built with random weights (`random:NAME`) for benchmarks and tests."""
+"""Model shapes that can be built with random weights (`random:NAME`) for benchmarks and tests.
+
+`NAME:fp8` is the same shape with FP8 linear weights (model/quant.py): `random:llama3-8b:fp8`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from blitzscale.model.config import ModelConfig, RopeScaling
+from blitzscale.model.quant import QUANTS
 
 _LLAMA3_ROPE = RopeScaling(
     kind="llama3",
@@ -109,3 +115,21 @@ PRESETS: dict[str, ModelConfig] = {
         eos_token_ids=(1,),
     ),
 }
+
+
+def split_preset(name: str) -> tuple[str, str]:
+    """ "llama3-8b:fp8" -> ("llama3-8b", "fp8"); "llama3-8b" -> ("llama3-8b", "none").
+    Raises KeyError naming the value for an unknown shape or weight type."""
+    base, sep, quant = name.partition(":")
+    if base not in PRESETS:
+        raise KeyError(f"unknown model shape {base!r}; known: {', '.join(sorted(PRESETS))}")
+    if sep and (quant == "none" or quant not in QUANTS):
+        known = ", ".join(q for q in QUANTS if q != "none")
+        raise KeyError(f"unknown weight type {quant!r} in {name!r}; known: {known} (NAME:{known})")
+    return base, quant or "none"
+
+
+def preset_config(name: str) -> ModelConfig:
+    """The config of preset `name` ("llama3-8b", "llama3-8b:fp8")."""
+    base, quant = split_preset(name)
+    return replace(PRESETS[base], quant=quant)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blitzscale.checkpoint.folders import is_hf_folder, is_native_folder
-from blitzscale.checkpoint.presets import PRESETS
+from blitzscale.checkpoint.presets import PRESETS, split_preset
 from blitzscale.errors import ModelNotFoundError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -20,7 +20,7 @@ class ModelSource:
     kind: str  # "gguf" | "hf" | "native" | "random"
     name: str  # what the user asked for
     path: Path | None = None
-    preset: str | None = None
+    preset: str | None = None  # random: the shape, with its weight type ("llama3-8b:fp8")
 
 
 def _packaged_gguf(dist: str) -> Path:
@@ -55,6 +55,7 @@ def hf_id(spec: str) -> str | None:
 
 
 def known_names() -> list[str]:
+    """Every name a user may type (each random shape also takes `:fp8`)."""
     return sorted(_NAMED) + [RANDOM_PREFIX + p for p in sorted(PRESETS)]
 
 
@@ -65,10 +66,13 @@ def resolve_model(spec: str) -> ModelSource:
         return ModelSource("gguf", spec, _NAMED[spec]())
     if spec.startswith(RANDOM_PREFIX):
         preset = spec[len(RANDOM_PREFIX) :]
-        if preset not in PRESETS:
+        try:
+            split_preset(preset)
+        except KeyError as e:
             raise ModelNotFoundError(
-                f"unknown random model {spec!r}; known: {', '.join(RANDOM_PREFIX + p for p in PRESETS)}"
-            )
+                f"unknown random model {spec!r} ({e.args[0]}); known: "
+                f"{', '.join(RANDOM_PREFIX + p for p in PRESETS)}, each also as NAME:fp8"
+            ) from e
         return ModelSource("random", spec, preset=preset)
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":

@@ -12,19 +12,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dst", type=Path, help="output folder")
     p.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16", "float16"],
+        choices=["float32", "bfloat16", "float16", "fp8"],
         default=None,
-        help="stored precision (default: the source's)",
+        help="stored precision (default: the source's, an FP8 checkpoint stays FP8); fp8: e4m3 "
+        "linear weights with per-channel scales, the rest bfloat16; a float dtype: every weight in "
+        "it (an FP8 source dequantized)",
     )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks to shard for")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from blitzscale.checkpoint.convert import convert
-    from blitzscale.checkpoint.native import parse_dtype
+    from blitzscale.checkpoint.convert import convert, parse_target
 
-    dtype = parse_dtype(args.dtype) if args.dtype else None
-    dst = convert(args.src, args.dst, dtype=dtype, tp_size=args.tp)
+    dtype, quant = parse_target(args.dtype)
+    dst = convert(args.src, args.dst, dtype=dtype, tp_size=args.tp, quant=quant)
     print(f"wrote {dst}")
     return 0

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blitzscale.errors import CheckpointError
+from blitzscale.model.quant import check_quant, hf_quantization_config, quant_from_hf
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 
@@ -40,8 +41,11 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # How the linear layers' weights are stored: "none" or "fp8" (model/quant.py)
+    quant: str = "none"
 
     def __post_init__(self) -> None:
+        check_quant(self.quant)
         if self.arch not in SUPPORTED_ARCHS:
             raise CheckpointError(
                 f"unsupported architecture {self.arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
@@ -90,6 +94,7 @@ class ModelConfig:
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=tuple(int(e) for e in eos_ids),
+                quant=quant_from_hf(d.get("quantization_config")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"config.json is missing or has a bad field: {e}") from e
@@ -129,6 +134,8 @@ class ModelConfig:
         }
         if self.arch == "llama":
             d["attention_bias"] = self.qkv_bias
+        if self.quant == "fp8":
+            d["quantization_config"] = hf_quantization_config()
         return d
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,6 +4,11 @@ Every layer segment has the same size, so a transfer is one message per segment 
 receiver knows where layer i lands without asking. Segments start on `SEGMENT_ALIGN`-byte
 boundaries (direct I/O friendly), tensors inside a segment on `TENSOR_ALIGN` bytes.
 Tensor-parallel slicing is applied here: rank k's buffer holds shard k of every layer.
+
+The buffer has the activation dtype. A quantized model (`ModelConfig.quant`, model/quant.py)
+keeps its linear weights in it as raw bytes of their own dtype (fp8: one byte an element)
+with their fp32 scales beside them: a tensor's `dtype` names it, its `span` is what it
+takes of the buffer. Every layer segment is still the same size.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 
 from blitzscale.errors import CheckpointError
 from blitzscale.model.config import ModelConfig
+from blitzscale.model.quant import DTYPE_BYTES, FP8_DTYPE, LINEAR_NAMES, SCALE_DTYPE, scale_name
 
 SEGMENT_ALIGN = 4096
 TENSOR_ALIGN = 256
@@ -22,7 +28,9 @@ TENSOR_ALIGN = 256
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    offset: int  # elements from the start of its segment
+    offset: int  # buffer elements from the start of its segment
+    span: int  # buffer elements it takes (its numel unless `dtype` is another's)
+    dtype: str = ""  # "": the buffer's dtype; else torch's name of its own (FP8_DTYPE, ...)
 
     @property
     def numel(self) -> int:
@@ -88,7 +96,9 @@ class WeightLayout:
                     "name": s.name,
                     "offset": s.offset,
                     "numel": s.numel,
-                    "tensors": [[t.name, list(t.shape), t.offset] for t in s.tensors],
+                    "tensors": [
+                        [t.name, list(t.shape), t.offset, *([t.dtype] if t.dtype else [])] for t in s.tensors
+                    ],
                 }
                 for s in self.segments
             ],
@@ -107,7 +117,8 @@ def check_tp(cfg: ModelConfig, tp_size: int) -> None:
 
 
 def layer_tensor_shapes(cfg: ModelConfig, tp_size: int = 1) -> list[tuple[str, tuple[int, ...]]]:
-    """Shapes of one layer's tensors on one TP rank (gate and up fused, q/k/v fused)."""
+    """Shapes of one layer's tensors on one TP rank (gate and up fused, q/k/v fused); a
+    quantized model's linear weights are each followed by their per-output-channel scales."""
     h = cfg.hidden_size
     check_tp(cfg, tp_size)
     q, kv, inter = cfg.q_size // tp_size, cfg.kv_size // tp_size, cfg.intermediate_size // tp_size
@@ -123,7 +134,25 @@ def layer_tensor_shapes(cfg: ModelConfig, tp_size: int = 1) -> list[tuple[str, t
         ("gate_up", (2 * inter, h)),
         ("down", (h, inter)),
     ]
-    return shapes
+    if cfg.quant == "none":
+        return shapes
+    out: list[tuple[str, tuple[int, ...]]] = []
+    for name, shape in shapes:
+        out.append((name, shape))
+        if name in LINEAR_NAMES:
+            out.append((scale_name(name), (shape[0],)))
+    return out
+
+
+def tensor_dtype(cfg: ModelConfig, name: str) -> str:
+    """The dtype a layer tensor is stored in ("" = the buffer's)."""
+    if cfg.quant == "none":
+        return ""
+    if name in LINEAR_NAMES:
+        return FP8_DTYPE
+    if name.endswith("_scale") and name[: -len("_scale")] in LINEAR_NAMES:
+        return SCALE_DTYPE
+    return ""
 
 
 def build_layout(cfg: ModelConfig, itemsize: int, tp_size: int = 1, tp_rank: int = 0) -> WeightLayout:
@@ -135,6 +164,7 @@ def build_layout(cfg: ModelConfig, itemsize: int, tp_size: int = 1, tp_rank: int
     ]
     per_layer = layer_tensor_shapes(cfg, tp_size)
     groups += [(f"layer.{i}", per_layer) for i in range(cfg.num_layers)]
+    layer_dtypes = {name: tensor_dtype(cfg, name) for name, _ in per_layer}
     head: list[tuple[str, tuple[int, ...]]] = [("norm", (h,))]
     if not cfg.tie_word_embeddings:
         head.append(("lm_head", (cfg.vocab_size, h)))
@@ -148,8 +178,13 @@ def build_layout(cfg: ModelConfig, itemsize: int, tp_size: int = 1, tp_rank: int
         tensors = []
         inner = 0
         for tname, shape in shapes:
-            tensors.append(TensorSpec(tname, shape, inner))
-            inner = _round_up(inner + tensors[-1].numel, t_align)
+            dtype = layer_dtypes.get(tname, "") if name.startswith("layer.") else ""
+            numel = 1
+            for d in shape:
+                numel *= d
+            span = numel if not dtype else -(-numel * DTYPE_BYTES[dtype] // itemsize)
+            tensors.append(TensorSpec(tname, shape, inner, span, dtype))
+            inner = _round_up(inner + span, t_align)
         numel = _round_up(inner, s_align)
         segments.append(SegmentSpec(name, offset, numel, tuple(tensors)))
         offset += numel

@@ -4,7 +4,9 @@
 range on given hidden states: live scaling splits one request's layers across instances.
 Attention goes through an `AttentionBackend` (model/attention) and the pointwise work through
 an ops object (model/ops.py): the SDPA reference and plain torch on CPU, Triton kernels for
-bf16/fp16 on CUDA. Inside a range the residual add is fused with the next RMSNorm.
+bf16/fp16 on CUDA. The linear layers go through a `Linear` (model/linear.py): `F.linear`,
+or for an FP8 model `torch._scaled_mm` on Hopper and dequantized weights elsewhere.
+Inside a range the residual add is fused with the next RMSNorm.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from blitzscale.model.attention import AttentionMetadata, select_backend
+from blitzscale.model.linear import select_linear
 from blitzscale.model.ops import rms_norm, select_ops
 from blitzscale.model.rope import RotaryEmbedding
 from blitzscale.model.tp import TensorParallel
@@ -38,10 +41,13 @@ class LlamaModel:
         tp_group: dist.ProcessGroup | TensorParallel | None = None,
         backend: str = "auto",
         ops: str | None = None,
+        linear: str = "auto",
     ) -> None:
         """`backend`: "auto" (by device and dtype), "reference" (SDPA) or "triton"; `ops`
-        ("auto", "torch", "triton") follows it unless given. `tp_group`: a shard's group (a
-        `TensorParallel` also hears every layer range before it runs: model/tp.py)."""
+        ("auto", "torch", "triton") follows it unless given; `linear`: model/linear.py's
+        `select_linear` (auto: by device, dtype and the model's quantization). `tp_group`: a
+        shard's group (a `TensorParallel` also hears every layer range before it runs:
+        model/tp.py)."""
         self.weights = weights
         self.tp = tp_group if isinstance(tp_group, TensorParallel) else None
         self.tp_group = tp_group.group if isinstance(tp_group, TensorParallel) else tp_group
@@ -65,6 +71,7 @@ class LlamaModel:
         )
         self.attn = select_backend(weights.device, weights.dtype, backend)
         self.ops = select_ops(weights.device, weights.dtype, ops or _OPS.get(backend, "auto"))
+        self.linear = select_linear(weights.device, weights.dtype, cfg.quant, linear)
         self.fuse_rotary = self.attn.fuses_rotary and self.ops.name == "triton"
         self.check_ready = True  # off only while capturing CUDA graphs ahead of the weights
 
@@ -120,14 +127,15 @@ class LlamaModel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i on the residual stream `residual + delta` (delta: the last layer's MLP
         output, not yet added); returns the new (residual, delta)."""
-        w, ops = self._weights(i), self.ops
+        w, ops, linear = self._weights(i), self.ops, self.linear
         eps = self.config.rms_norm_eps
         n, d = residual.shape[0], self.config.head_dim
         if delta is None:
             x = ops.rms_norm(residual, w.input_norm, eps)
         else:
             x, residual = ops.add_rms_norm(delta, residual, w.input_norm, eps)
-        q, k, v = F.linear(x, w.qkv, w.qkv_bias).split([self.q_size, self.kv_size, self.kv_size], -1)
+        qkv = linear(x, w.qkv, w.qkv_scale, w.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
         q = q.view(n, self.num_heads, d)
         k, v = k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
         if self.fuse_rotary:
@@ -135,9 +143,10 @@ class LlamaModel:
         else:
             q, k = ops.rotary(q, k, rot)
             attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale)
-        out = self._reduce(F.linear(attn.reshape(n, self.q_size), w.o))
+        out = self._reduce(linear(attn.reshape(n, self.q_size), w.o, w.o_scale))
         x, residual = ops.add_rms_norm(out, residual, w.post_norm, eps)
-        return residual, self._reduce(F.linear(ops.silu_mul(F.linear(x, w.gate_up)), w.down))
+        act = ops.silu_mul(linear(x, w.gate_up, w.gate_up_scale))
+        return residual, self._reduce(linear(act, w.down, w.down_scale))
 
     @torch.inference_mode()
     def warm_up_attention(self, kv_cache: KVCache) -> None:

@@ -4,7 +4,10 @@
   the sum to the activation dtype, then the normalised row, then the weight product);
 - `silu_mul`: SiLU(gate) * up straight from the fused gate_up projection;
 - `rotary`: rotary embedding of q and k in place, reading cos/sin by position (the Triton
-  attention backend fuses this with its cache store instead).
+  attention backend fuses this with its cache store instead);
+- `quantize_tokens`: an FP8 model's activations, e4m3 with one fp32 scale a row (dynamic
+  per-token), for `torch._scaled_mm` (model/linear.py); the same arithmetic as the torch
+  reference `quantize_tokens_torch` (IEEE divisions, round to nearest).
 Each rounds to the activation dtype where the eager torch ops round (logits stay close to
 transformers', which runs those ops).
 """
@@ -19,6 +22,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from blitzscale.model.attention.triton_kernels import rope_pair
+from blitzscale.model.quant import FP8_MAX, MIN_SCALE
 from blitzscale.model.rope import RotaryEmbedding
 
 
@@ -79,6 +83,35 @@ def _rotary(
     o1, o2 = rope_pair(tl.load(p, mask=mk, other=0.0), tl.load(p + HALF, mask=mk, other=0.0), cos, sin)
     tl.store(p, o1, mask=mk)
     tl.store(p + HALF, o2, mask=mk)
+
+
+@triton.jit
+def _quantize_rows(x_ptr, q_ptr, s_ptr, stride_x, K, fp8_max, min_scale, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(libdevice.div_rn(tl.max(amax, 0), fp8_max), min_scale)
+    tl.store(s_ptr + row, scale)
+    for k0 in range(0, K, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        m = cols < K
+        x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(libdevice.div_rn(x, scale), -fp8_max), fp8_max)
+        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m)
+
+
+def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations [M, K] -> (e4m3 [M, K], fp32 scales [M, 1]), one program a row, on the
+    device (no host sync: usable inside a CUDA graph)."""
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m:
+        _quantize_rows[(m,)](x, q, scale, x.stride(0), k, FP8_MAX, MIN_SCALE, BLOCK=1024, num_warps=4)
+    return q, scale
 
 
 class TritonOps:

@@ -1,4 +1,7 @@
-"""One rank's weights: a single flat buffer in the contiguous layout, with named views."""
+"""One rank's weights: a single flat buffer in the contiguous layout, with named views.
+
+A quantized model's linear weights are views of their own dtype into the same buffer
+(fp8 bytes, fp32 scales: model/layout.py); the buffer itself has the activation dtype."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import torch
 from blitzscale.errors import WeightsNotReadyError
 from blitzscale.model.config import ModelConfig
 from blitzscale.model.layout import SegmentSpec, WeightLayout, build_layout
+from blitzscale.model.quant import LINEAR_NAMES
 from blitzscale.model.readiness import SegmentReadiness
 
 
@@ -21,6 +25,11 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+    # per-output-channel fp32 scales of a quantized model's linears (None: not quantized)
+    qkv_scale: torch.Tensor | None = None
+    o_scale: torch.Tensor | None = None
+    gate_up_scale: torch.Tensor | None = None
+    down_scale: torch.Tensor | None = None
 
 
 class ModelWeights:
@@ -60,7 +69,13 @@ class ModelWeights:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The activation dtype (the buffer's); quantized linears keep their own."""
         return self.buffer.dtype
+
+    @property
+    def quant(self) -> str:
+        """How the linear layers are stored: "none" or "fp8" (model/quant.py)."""
+        return self.config.quant
 
     @property
     def device(self) -> torch.device:
@@ -79,7 +94,11 @@ class ModelWeights:
             for t in seg.tensors:
                 if t.offset > pos:
                     self.buffer[seg.offset + pos : seg.offset + t.offset].zero_()
-                pos = t.offset + t.numel
+                if t.dtype:  # the bytes of its last buffer element beyond its own
+                    start = seg.offset + t.offset
+                    raw = self.buffer[start : start + t.span].view(torch.uint8)
+                    raw[t.numel * getattr(torch, t.dtype).itemsize :].zero_()
+                pos = t.offset + t.span
             if seg.numel > pos:
                 self.buffer[seg.offset + pos : seg.offset + seg.numel].zero_()
 
@@ -91,7 +110,10 @@ class ModelWeights:
     def _view(self, seg: SegmentSpec, name: str) -> torch.Tensor:
         t = seg.tensor(name)
         start = seg.offset + t.offset
-        return self.buffer[start : start + t.numel].view(t.shape)
+        flat = self.buffer[start : start + t.span]
+        if t.dtype:
+            flat = flat.view(getattr(torch, t.dtype))[: t.numel]
+        return flat.view(t.shape)
 
     def _layer(self, seg: SegmentSpec) -> LayerWeights:
         names = {t.name for t in seg.tensors}
@@ -103,4 +125,5 @@ class ModelWeights:
             post_norm=self._view(seg, "post_norm"),
             gate_up=self._view(seg, "gate_up"),
             down=self._view(seg, "down"),
+            **{f"{n}_scale": self._view(seg, f"{n}_scale") for n in LINEAR_NAMES if f"{n}_scale" in names},
         )

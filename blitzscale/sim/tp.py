@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from blitzscale.checkpoint.presets import PRESETS
+from blitzscale.checkpoint.presets import preset_config
 from blitzscale.control.costmodel import Profile
 from blitzscale.model.config import ModelConfig
 from blitzscale.model.layout import build_layout
@@ -26,13 +26,14 @@ BF16 = 2
 
 
 def shape(model: str) -> ModelConfig:
-    """The model's architecture, from the random-weight presets (`random:<model>`)."""
-    if model not in PRESETS:
-        raise KeyError(f"no model shape {model!r}; known: {', '.join(sorted(PRESETS))}")
-    return PRESETS[model]
+    """The model's architecture, from the random-weight presets (`random:<model>`); an
+    `NAME:fp8` model is the shape with FP8 linears (its weight bytes about half)."""
+    return preset_config(model)
 
 
 def weight_bytes(cfg: ModelConfig, tp: int = 1) -> int:
+    """Bytes of one rank's weights in a bf16 model: the real layout's (FP8 linears at one
+    byte a weight plus their scales)."""
     return build_layout(cfg, BF16, tp, 0).nbytes
 
 
@@ -41,7 +42,10 @@ def kv_bytes_per_token(cfg: ModelConfig, tp: int = 1) -> int:
 
 
 def params(cfg: ModelConfig) -> float:
-    return weight_bytes(cfg) / BF16
+    """Parameters (the FLOPs a token costs): those of the unquantized model. An FP8 model's
+    prefill is estimated at its bf16 model's time (no FP8 FLOP speed-up is assumed until a
+    measured profile says otherwise); its decode steps scale with the bytes they read."""
+    return weight_bytes(replace(cfg, quant="none")) / BF16
 
 
 def _decode(p: Profile, w: float, kv: float, extra_ms: float | None = None) -> tuple[tuple[float, ...], ...]:

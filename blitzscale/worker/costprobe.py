@@ -157,8 +157,11 @@ def cache_key(
     """What a measurement depends on: the model's shapes, dtype, the device (a CPU's with
     `threads`; 0: this process's), the engine's step limits, block size and overlap, and
     torch."""
+    model = asdict(config)
+    if model["quant"] == "none":  # (keys of unquantized models as before quantization existed)
+        del model["quant"]
     parts = {
-        "model": asdict(config),
+        "model": model,
         "dtype": str(dtype),
         "device": device_name(device, threads),
         "engine": [engine.block_size, engine.max_num_batched_tokens, engine.max_num_seqs, engine.overlap],

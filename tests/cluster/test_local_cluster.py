@@ -160,6 +160,28 @@ def test_tensor_parallel_instances_move_shard_k_to_shard_k(cluster: Blocking) ->
         cluster.release(model, r)
 
 
+def test_fp8_weights_move_as_they_are_by_network_and_host_copy(cluster: Blocking) -> None:
+    """An FP8 model's buffer (e4m3 linears, fp32 scales) travels byte for byte: chain
+    multicast, then from the one host copy; its sizes are the FP8 layout's, not fp32's."""
+    model, spec = "tiny-fp8", "random:tiny-llama3:fp8"
+    loaded = cluster.load(model, 0, spec)
+    ref = cluster.checksum(model, 0)
+    report = cluster.transfer(model, spec, [0], [1, 2])
+    assert [cluster.checksum(model, r) for r in (1, 2)] == [ref, ref]
+    dense = cluster.load("tiny-dense", 3, "random:tiny-llama3")
+    assert report[1].bytes == loaded.bytes < 0.6 * dense.bytes
+    copy = cluster.cache_on_host(model, 0)
+    assert copy.bytes == loaded.bytes
+    for r in (0, 1, 2):
+        cluster.release(model, r)
+    cluster.release("tiny-dense", 3)
+    cluster.transfer(model, spec, [0], [0, 3], from_host=True)
+    assert [cluster.checksum(model, r) for r in (0, 3)] == [ref, ref]
+    for r in (0, 3):
+        cluster.release(model, r)
+    cluster.release_host_copy(model)
+
+
 def test_configured_bandwidth_cap_slows_a_transfer_to_its_rate(smollm2_dir: Path) -> None:
     rate = 200e6  # bytes/s: 540 MB take about 2.7 s
     with LocalCluster(ClusterConfig(num_workers=2, transfer_bytes_per_s=rate)).blocking as c:

@@ -1,0 +1,151 @@
+"""The model's linear layers (q/k/v, o, gate/up, down) behind one small interface.
+
+`Linear` is the interface: `linear(x, weight, scale, bias)`, where `scale` is the weight's
+per-output-channel fp32 scales (None for an unquantized model). The implementations:
+
+- `DenseLinear`: `F.linear`, the unquantized model everywhere;
+- `DequantLinear`: an fp8 model where no FP8 matmul runs (CPU, GPUs before sm_89): the
+  weight is dequantized to the activation dtype for each matmul (`q * scale[row]`, the
+  exact product in fp32), so the stored bytes stay FP8 (what transfers and the host copy
+  move; a live target's segments land in place) and the result is a plain matmul with
+  the dequantized weights: on CPU tokens equal transformers' on dequantized weights;
+- `ScaledMMLinear`: an fp8 model on Hopper (sm_89+): activations quantized per token
+  (one fp32 scale a row, on the device: no host sync, static shapes, so it runs inside
+  the decode CUDA graphs) and `torch._scaled_mm` with rowwise scaling (a [M, 1] and b
+  [1, N] fp32 scales) on the fp8 weight as stored (`w.t()` is the column-major operand).
+
+`select_linear` picks one by device, activation dtype and the model's quantization, as
+`select_ops` picks the pointwise ops (model/ops.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from blitzscale.model.quant import FP8_MAX, MIN_SCALE
+
+FP8 = torch.float8_e4m3fn
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel e4m3 quantization of a [N, K] weight: (q [N, K] fp8, scale [N]
+    fp32) with w ~= q * scale[:, None]; each row's largest magnitude maps to FP8_MAX."""
+    wf = w.float()
+    scale = (wf.abs().amax(dim=1) / FP8_MAX).clamp(min=MIN_SCALE)
+    q = (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """q * scale[:, None], computed in fp32, in `dtype`."""
+    return (q.float() * scale.float()[:, None]).to(dtype)
+
+
+def quantize_tokens_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token quantization of activations [M, K]: (q [M, K] fp8, scale [M, 1]
+    fp32), with torch ops (the reference for the Triton kernel; no host sync)."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
+    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+class Linear(Protocol):
+    name: str  # "dense" | "dequant" | "scaled_mm"
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        scale: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+
+class DenseLinear:
+    name = "dense"
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        scale: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+
+class DequantLinear:
+    name = "dequant"
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        scale: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        assert scale is not None, "a quantized weight comes with its scales"
+        return F.linear(x, dequantize_rows(weight, scale, x.dtype), bias)
+
+
+class ScaledMMLinear:
+    """FP8 x FP8 -> activation dtype through `torch._scaled_mm` (rowwise scales)."""
+
+    name = "scaled_mm"
+
+    def __init__(
+        self, quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    ) -> None:
+        self.quantize = quantize or quantize_tokens_torch
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        scale: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        assert scale is not None, "a quantized weight comes with its scales"
+        n = weight.shape[0]
+        if x.shape[0] == 0:
+            return x.new_empty((0, n))
+        xq, xs = self.quantize(x.contiguous())
+        out = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n), out_dtype=x.dtype)
+        return out if bias is None else out + bias
+
+
+def fp8_matmul_supported(device: torch.device) -> bool:
+    """Whether `torch._scaled_mm` runs FP8 with rowwise scales here (CUDA sm_89 and later)."""
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+LINEARS = ("auto", "dense", "dequant", "scaled_mm")
+
+
+def select_linear(device: torch.device, dtype: torch.dtype, quant: str, name: str = "auto") -> Linear:
+    """`name`: "auto" (dense for unquantized models; for fp8, `_scaled_mm` where the device
+    runs FP8 matmuls and the model is bf16 (rowwise scaling gives bf16 only), else
+    dequantize), or one of LINEARS by name (tests)."""
+    if name not in LINEARS:
+        raise ValueError(f"unknown linear {name!r}; use one of {', '.join(LINEARS)}")
+    if quant == "none":
+        if name not in ("auto", "dense"):
+            raise ValueError(f"linear {name!r} needs a quantized model")
+        return DenseLinear()
+    if name == "dense":
+        raise ValueError(f"linear {name!r} cannot run a {quant} model (its weights are {quant})")
+    if name == "dequant" or (
+        name == "auto" and not (fp8_matmul_supported(device) and dtype == torch.bfloat16)
+    ):
+        return DequantLinear()
+    if device.type == "cuda":
+        from blitzscale.model.triton_ops import quantize_tokens
+
+        return ScaledMMLinear(quantize_tokens)
+    return ScaledMMLinear()
