@@ -15,6 +15,7 @@ import torch
 from blitzscale.checkpoint import native
 from blitzscale.checkpoint.loader import load_config, load_tokenizer, load_weights
 from blitzscale.checkpoint.resolve import ModelSource, resolve_model
+from blitzscale.core.progress import Report
 from blitzscale.errors import CheckpointError
 from blitzscale.model.quant import check_quant
 
@@ -41,9 +42,15 @@ def parse_target(name: str | None) -> tuple[torch.dtype | None, str | None]:
 
 
 def convert(
-    spec: str, dst: Path, dtype: torch.dtype | None = None, tp_size: int = 1, quant: str | None = None
+    spec: str,
+    dst: Path,
+    dtype: torch.dtype | None = None,
+    tp_size: int = 1,
+    quant: str | None = None,
+    report: Report | None = None,
 ) -> Path:
-    """`quant`: "none", "fp8", or None for the source's own."""
+    """`quant`: "none", "fp8", or None for the source's own. `report` hears how far the
+    checksums and the writes of each rank's file are, in bytes (core/progress.py)."""
     if tp_size < 1:
         raise CheckpointError(f"--tp must be at least 1, got {tp_size}")
     src = resolve_model(spec)
@@ -60,7 +67,8 @@ def convert(
     dst.mkdir(parents=True, exist_ok=True)
     for rank in range(tp_size):
         weights = load_weights(src, dtype=dtype, device="cpu", tp_size=tp_size, tp_rank=rank, quant=cfg.quant)
-        native.save_rank(native.rank_file(dst, rank), weights)
+        stage = f"rank {rank + 1} of {tp_size}: " if tp_size > 1 else ""
+        native.save_rank(native.rank_file(dst, rank), weights, report, stage)
         del weights
     tokenizer = load_tokenizer(src)
     if tokenizer is not None:

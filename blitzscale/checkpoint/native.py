@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from blitzscale.checkpoint.folders import INDEX_FILE
+from blitzscale.core.progress import Report
 from blitzscale.errors import CheckpointError
 from blitzscale.model.config import ModelConfig
 from blitzscale.model.layout import SEGMENT_ALIGN
@@ -52,12 +53,22 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy())
 
 
-def save_rank(path: Path, weights: ModelWeights) -> None:
+WRITE_CHUNK = 256 << 20  # bytes written (and reported) at a time
+
+
+def save_rank(path: Path, weights: ModelWeights, report: Report | None = None, stage: str = "") -> None:
+    """The rank's file, written whole or not at all; `report` hears the checksums' and the
+    write's progress in bytes (stages named after `stage`)."""
     buf = weights.buffer.detach().cpu().contiguous()
-    crcs = []
+    total = buf.numel() * buf.element_size()
+    crcs, done = [], 0
     for i in range(len(weights.layout.segments)):
         s = weights.layout.segments[i]
-        crcs.append(zlib.crc32(_bytes_of(buf[s.offset : s.offset + s.numel])))
+        seg = _bytes_of(buf[s.offset : s.offset + s.numel])
+        crcs.append(zlib.crc32(seg))
+        done += len(seg)
+        if report is not None:
+            report(f"{stage}checksums", done, total)
     header = {
         "version": FORMAT_VERSION,
         "config": weights.config.to_dict(),
@@ -71,7 +82,11 @@ def save_rank(path: Path, weights: ModelWeights) -> None:
     with open(tmp, "wb") as f:
         f.write(MAGIC + PREAMBLE.pack(len(blob), data_offset, zlib.crc32(blob)) + blob)
         f.write(b"\0" * (data_offset - f.tell()))
-        f.write(_bytes_of(buf))
+        data = _bytes_of(buf)
+        for at in range(0, len(data), WRITE_CHUNK):
+            f.write(data[at : at + WRITE_CHUNK])
+            if report is not None:
+                report(f"{stage}writing", min(at + WRITE_CHUNK, len(data)), len(data))
     os.replace(tmp, path)
 
 

@@ -23,9 +23,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from blitzscale.checkpoint.convert import convert, parse_target
+    import logging
 
+    from blitzscale.checkpoint.convert import convert, parse_target
+    from blitzscale.core.progress import Phase
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # (the progress lines)
     dtype, quant = parse_target(args.dtype)
-    dst = convert(args.src, args.dst, dtype=dtype, tp_size=args.tp, quant=quant)
+    with Phase(f"converting {args.src}") as phase:
+        dst = convert(args.src, args.dst, dtype=dtype, tp_size=args.tp, quant=quant, report=phase.report)
     print(f"wrote {dst}")
     return 0

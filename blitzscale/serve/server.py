@@ -30,7 +30,7 @@ from blitzscale.cluster.local import LocalCluster
 from blitzscale.cluster.spawners import make_spawner
 from blitzscale.control.costmodel import Profile
 from blitzscale.core.heap import freeze_heap
-from blitzscale.core.progress import Phase
+from blitzscale.core.progress import Phase, Report
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
 from blitzscale.serve.config import ModelEntry, ServeConfig
@@ -47,9 +47,9 @@ from blitzscale.worker.standby import StandbySpec
 log = logging.getLogger("blitzscale.serve")
 
 
-def prepare_model(name: str, cache_dir: str = "", tp: int = 1) -> str:
+def prepare_model(name: str, cache_dir: str = "", tp: int = 1, report: Report | None = None) -> str:
     """Our-format folder of the model (converted once and kept, one file per shard), so
-    every load is one read."""
+    every load is one read. `report` hears how far a conversion's writes are."""
     src = resolve_model(name)
     if src.kind == "native":
         return str(src.path)
@@ -57,7 +57,7 @@ def prepare_model(name: str, cache_dir: str = "", tp: int = 1) -> str:
     folder = root / "models" / (name.replace(":", "_").replace("/", "_") + (f"_tp{tp}" if tp > 1 else ""))
     if not is_native_folder(folder):
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        convert(name, tmp, tp_size=tp)
+        convert(name, tmp, tp_size=tp, report=report)
         try:
             tmp.rename(folder)
         except OSError:  # another server converted it first (two starting on a fresh cache)
@@ -117,8 +117,10 @@ class ServingCluster:
             await asyncio.to_thread(check_model_tp, m.spec, tp)
         folders = {}
         for m in models:  # (converted once and kept: a first start writes the whole model)
-            with Phase(f"preparing {m.spec} in our format"):
-                folders[m.name] = await asyncio.to_thread(prepare_model, m.spec, cfg.model.cache_dir, tp)
+            with Phase(f"preparing {m.spec} in our format") as phase:
+                folders[m.name] = await asyncio.to_thread(
+                    prepare_model, m.spec, cfg.model.cache_dir, tp, phase.report
+                )
         default = models[0]
         folder = folders[default.name]
         given = profile_file(cfg)  # (a bad file is refused before any worker starts)

@@ -5,8 +5,10 @@ says nothing; on a terminal a spinner instead of the repeated lines."""
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import threading
+from pathlib import Path
 
 from blitzscale.core.progress import Phase
 
@@ -66,3 +68,29 @@ def test_on_a_terminal_a_spinner_and_the_duration_at_the_end() -> None:
         assert p.seconds >= 1.0
     assert "capturing CUDA graphs" in out.getvalue()  # the spinner's text
     assert len(h.lines) == 1 and h.lines[0].startswith("capturing CUDA graphs: done in ")
+
+
+def test_a_step_that_reports_bytes_shows_them_piped_and_as_a_bar_on_a_terminal() -> None:
+    from blitzscale.core.progress import how_far
+
+    logger, h = _logger()
+    with Phase("preparing the model", every_s=0.05, stream=io.StringIO(), logger=logger) as p:
+        p.report("writing", 4_000_000_000, 16_000_000_000)
+        assert h.wait_for(3)
+    assert any(line.endswith("s so far; writing 4.0 of 16.0 GB (25%))") for line in h.lines[1:-1])
+    assert how_far("writing", 4, 16, bar=True) == "writing [######------------------] 0.0 of 0.0 GB (25%)"
+
+
+def test_a_conversion_reports_its_checksums_and_writes_to_the_last_byte(tmp_path: Path) -> None:
+    from blitzscale.checkpoint.convert import convert
+    from blitzscale.checkpoint.native import rank_file, read_header
+
+    heard: list[tuple[str, int, int]] = []
+    dst = convert("random:tiny-llama3", tmp_path / "m", tp_size=2, report=lambda *a: heard.append(a))
+    for rank in (1, 2):
+        for stage in ("checksums", "writing"):
+            name = f"rank {rank} of 2: {stage}"
+            seen = [(done, total) for s, done, total in heard if s == name]
+            assert seen and all(a[0] <= b[0] for a, b in itertools.pairwise(seen))
+            assert seen[-1][0] == seen[-1][1] > 0  # to the last byte
+    assert read_header(rank_file(dst, 1))["dtype"]  # (the files are whole)
