@@ -93,7 +93,9 @@ def _quantize_rows(x_ptr, q_ptr, s_ptr, stride_x, K, fp8_max, min_scale, BLOCK: 
         cols = k0 + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + row * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(libdevice.div_rn(tl.max(amax, 0), fp8_max), min_scale)
+    # amax * (1 / fp8_max), the reciprocal rounded once: torch's `tensor / scalar` on CUDA
+    # (the reference, quantize_tokens_torch) multiplies by the scalar's reciprocal
+    scale = tl.maximum(tl.max(amax, 0) * libdevice.div_rn(1.0, fp8_max), min_scale)
     tl.store(s_ptr + row, scale)
     for k0 in range(0, K, BLOCK):
         cols = k0 + tl.arange(0, BLOCK)
