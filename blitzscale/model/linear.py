@@ -12,7 +12,9 @@ per-output-channel fp32 scales (None for an unquantized model). The implementati
 - `ScaledMMLinear`: an fp8 model on Hopper (sm_89+): activations quantized per token
   (one fp32 scale a row, on the device: no host sync, static shapes, so it runs inside
   the decode CUDA graphs) and `torch._scaled_mm` with rowwise scaling (a [M, 1] and b
-  [1, N] fp32 scales) on the fp8 weight as stored (`w.t()` is the column-major operand).
+  [1, N] fp32 scales) on the fp8 weight as stored (`w.t()` is the column-major operand);
+  steps of at most 64 tokens (decode) through model/fp8_matmul.py instead: FP8 weights
+  widened in registers times bf16 activations, at the weights' read rate.
 
 `select_linear` picks one by device, activation dtype and the model's quantization, as
 `select_ops` picks the pointwise ops (model/ops.py).
@@ -21,6 +23,7 @@ per-output-channel fp32 scales (None for an unquantized model). The implementati
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -92,15 +95,28 @@ class DequantLinear:
         return F.linear(x, dequantize_rows(weight, scale, x.dtype), bias)
 
 
+@dataclass(frozen=True)
+class FewRows:
+    """A matmul for steps of few tokens: `supports(x, weight)`, `matmul(x, weight, scale)`."""
+
+    supports: Callable[[torch.Tensor, torch.Tensor], bool]
+    matmul: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 class ScaledMMLinear:
-    """FP8 x FP8 -> activation dtype through `torch._scaled_mm` (rowwise scales)."""
+    """FP8 x FP8 -> activation dtype through `torch._scaled_mm` (rowwise scales); a step of
+    few tokens (a decode step) through `few_rows` instead where given (model/fp8_matmul.py:
+    FP8 weights times bf16 activations, at the weights' read rate)."""
 
     name = "scaled_mm"
 
     def __init__(
-        self, quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+        self,
+        quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
+        few_rows: FewRows | None = None,
     ) -> None:
         self.quantize = quantize or quantize_tokens_torch
+        self.few_rows = few_rows
 
     def __call__(
         self,
@@ -113,6 +129,9 @@ class ScaledMMLinear:
         n = weight.shape[0]
         if x.shape[0] == 0:
             return x.new_empty((0, n))
+        if self.few_rows is not None and self.few_rows.supports(x, weight):
+            out = self.few_rows.matmul(x, weight, scale)
+            return out if bias is None else out + bias
         xq, xs = self.quantize(x.contiguous())
         out = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n), out_dtype=x.dtype)
         return out if bias is None else out + bias
@@ -145,7 +164,8 @@ def select_linear(device: torch.device, dtype: torch.dtype, quant: str, name: st
     ):
         return DequantLinear()
     if device.type == "cuda":
+        from blitzscale.model import fp8_matmul
         from blitzscale.model.triton_ops import quantize_tokens
 
-        return ScaledMMLinear(quantize_tokens)
+        return ScaledMMLinear(quantize_tokens, FewRows(fp8_matmul.supports, fp8_matmul.w8a16_matmul))
     return ScaledMMLinear()

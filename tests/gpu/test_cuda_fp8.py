@@ -190,3 +190,28 @@ def test_bench_engine_fp8_measures_both_and_their_ratios() -> None:
     assert r["fp8_logits_vs_dense_dequantized"]["cosine_mean"] >= 0.8  # 32 random layers: ~0.9
     assert set(r["fp8_over_dense"]["decode_ms_per_step"]) == {"1", "64"}
     assert r["fp8"]["prefill_ms"] > 0 and r["dense"]["prefill_ms"] > 0
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 64, 65, 300])
+@torch.inference_mode()
+def test_steps_of_few_tokens_take_the_weight_only_kernel_and_match_its_reference(m: int) -> None:
+    """Up to 64 rows: FP8 weights times bf16 activations (model/fp8_matmul.py), against the
+    same product in fp32 torch; more rows: `_scaled_mm` on quantized activations."""
+    from blitzscale.model import fp8_matmul
+    from blitzscale.model.linear import select_linear
+
+    linear = select_linear(torch.device("cuda"), torch.bfloat16, "fp8")
+    for n, k in ((6144, 4096), (4096, 14336), (48, 256)):
+        q, s = quantize_rows(torch.randn(n, k, device="cuda") * 0.02)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = linear(x, q, s)
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16
+        if m <= fp8_matmul.MAX_ROWS:
+            assert fp8_matmul.supports(x, q)
+            ref = x.float() @ (q.float() * s[:, None]).t()  # activations not quantized
+            err = (out.float() - ref).abs().max() / ref.abs().max()
+            assert float(err) < 0.01, (n, k, float(err))
+        else:
+            assert not fp8_matmul.supports(x, q)
+        cos = torch.nn.functional.cosine_similarity(out.float(), x.float() @ (q.float() * s[:, None]).t(), -1)
+        assert float(cos.min()) > 0.99
