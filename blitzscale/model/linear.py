@@ -13,7 +13,7 @@ per-output-channel fp32 scales (None for an unquantized model). The implementati
   (one fp32 scale a row, on the device: no host sync, static shapes, so it runs inside
   the decode CUDA graphs) and `torch._scaled_mm` with rowwise scaling (a [M, 1] and b
   [1, N] fp32 scales) on the fp8 weight as stored (`w.t()` is the column-major operand);
-  steps of at most 64 tokens (decode) through model/fp8_matmul.py instead: FP8 weights
+  steps of at most 16 tokens (decode) through model/fp8_matmul.py instead: FP8 weights
   widened in registers times bf16 activations, at the weights' read rate.
 
 `select_linear` picks one by device, activation dtype and the model's quantization, as

@@ -192,10 +192,10 @@ def test_bench_engine_fp8_measures_both_and_their_ratios() -> None:
     assert r["fp8"]["prefill_ms"] > 0 and r["dense"]["prefill_ms"] > 0
 
 
-@pytest.mark.parametrize("m", [1, 5, 16, 17, 64, 65, 300])
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 64, 300])
 @torch.inference_mode()
 def test_steps_of_few_tokens_take_the_weight_only_kernel_and_match_its_reference(m: int) -> None:
-    """Up to 64 rows: FP8 weights times bf16 activations (model/fp8_matmul.py), against the
+    """Up to 16 rows: FP8 weights times bf16 activations (model/fp8_matmul.py), against the
     same product in fp32 torch; more rows: `_scaled_mm` on quantized activations."""
     from blitzscale.model import fp8_matmul
     from blitzscale.model.linear import select_linear
