@@ -20,10 +20,10 @@ import triton.language as tl
 MAX_ROWS = 16  # steps of up to this many tokens take this kernel; more go to _scaled_mm
 # (64 rows with 16 channels a program re-read the activations from L2 for every strip:
 # 3.2x bf16's decode step at batch 64, where _scaled_mm is at par)
-BLOCK_N = 16  # output channels a program computes (Llama's 4096 -> 256 programs)
+BLOCK_N = 32  # output channels a program computes (swept: 16-64, docs/results/fp8_w8a16_sweep_h200.json)
 BLOCK_K = 256  # weight bytes per row and iteration
 NUM_WARPS = 4
-NUM_STAGES = 4
+NUM_STAGES = 3
 
 
 @triton.jit(do_not_specialize=["M", "stride_x", "stride_o"])
