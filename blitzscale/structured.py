@@ -172,6 +172,25 @@ class Matcher:
         self._m.fill_next_token_bitmask(bitmask, row)
 
 
+ROWS_PER_THREAD = 8  # a batch's mask is filled on one thread per this many rows (at most FILL_THREADS)
+FILL_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
+_batch_fillers: dict[int, Any] = {}
+
+
+def fill_bitmask(matchers: list[Matcher], bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Each matcher's allowed tokens into its row of `bitmask` (host, int32): a few rows on
+    this thread, more on several threads at once (xgrammar's batch matcher, without the
+    GIL: 39 us a row on an H200's host, 2.5 ms for 64 rows on one thread)."""
+    threads = min(FILL_THREADS, len(matchers) // ROWS_PER_THREAD)
+    if threads <= 1:
+        for m, row in zip(matchers, rows, strict=True):
+            m.fill(bitmask, row)
+        return
+    if (batch := _batch_fillers.get(threads)) is None:
+        batch = _batch_fillers[threads] = _xgr().BatchGrammarMatcher(max_threads=threads)
+    batch.batch_fill_next_token_bitmask([m._m for m in matchers], bitmask, rows)
+
+
 def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     """A host bitmask for `rows` rows (one bit per token, all allowed)."""
     return _xgr().allocate_token_bitmask(rows, vocab_size)

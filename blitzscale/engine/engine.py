@@ -403,11 +403,10 @@ class LLMEngine:
         rows = [i for i, r in enumerate(sampling) if r.matcher is not None]
         if not rows:
             return sampling, logits, None
-        from blitzscale.structured import allocate_bitmask
+        from blitzscale.structured import allocate_bitmask, fill_bitmask
 
         bitmask = allocate_bitmask(len(sampling), logits.shape[-1])
-        for i in rows:
-            sampling[i].matcher.fill(bitmask, i)
+        fill_bitmask([sampling[i].matcher for i in rows], bitmask, rows)
         return sampling, logits, TokenMask(bitmask, rows)
 
     def _settle(self) -> None:

@@ -37,6 +37,7 @@ SCHEMA = {
     "additionalProperties": False,
 }
 MAX_TOKENS = 160
+SEED = 1  # the json_object row's
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,11 @@ def test_greedy_and_sampled_rows_are_valid_beside_free_rows(engine: LLMEngine, t
         ("sampled", SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=s, grammar=grammar()))
         for s in range(2)
     ]
-    obj = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.7, top_k=20, grammar=Grammar("json_object"))
+    # (seeded: a random model writes strings of any length, and this stream ends within
+    # MAX_TOKENS every run; an unseeded one ran past it in about half the runs)
+    obj = SamplingParams(
+        max_tokens=MAX_TOKENS, temperature=0.7, top_k=20, seed=SEED, grammar=Grammar("json_object")
+    )
     rows += [("object", obj)]
     ids = [engine.add_request(p, params) for p, (_, params) in zip(prompts, rows, strict=True)]
     final: dict[str, Any] = {}
@@ -230,3 +235,29 @@ def test_a_pattern_with_lengths_is_refused_rather_than_half_enforced(engine: LLM
     with pytest.raises(InvalidRequestError, match="pattern together with minLength or maxLength"):
         engine.validate([5], SamplingParams(grammar=grammar(schema)))
     engine.validate([5], SamplingParams(grammar=grammar({"type": "string", "pattern": "^a{1,3}$"})))
+
+
+def test_a_batch_filled_on_several_threads_gives_each_row_its_own_mask(
+    engine: LLMEngine, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows at different places in their answers (and one of another grammar), filled on
+    two threads at once, hold what each matcher fills alone."""
+    from blitzscale import structured
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, seed=3, grammar=grammar())
+    [out] = engine.generate([tokenizer.encode("z")], params)
+    tokens = out.token_ids[:-1]
+    grammars = Grammars(tokenizer, 512, [tokenizer.eos_token_id])
+    other = Grammar("json_object")
+    matchers = [grammars.matcher(grammar(), tokens[:k]) for k in range(0, len(tokens), 3)]
+    matchers.append(grammars.matcher(other))
+    rows = [2 * i + 1 for i in range(len(matchers))]  # (every other row: the rest have no grammar)
+    alone = allocate_bitmask(2 * len(matchers) + 1, 512)
+    for m, r in zip(matchers, rows, strict=True):
+        m.fill(alone, r)
+    monkeypatch.setattr(structured, "FILL_THREADS", 2)
+    monkeypatch.setattr(structured, "ROWS_PER_THREAD", 1)
+    batched = allocate_bitmask(2 * len(matchers) + 1, 512)
+    structured.fill_bitmask(matchers, batched, rows)
+    assert len(matchers) >= 3 and torch.equal(alone, batched)
+    assert len({tuple(batched[r].tolist()) for r in rows}) > 2  # (the rows do differ)
