@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from blitzscale.checkpoint import native
+from blitzscale.checkpoint.folders import INDEX_FILE
 from blitzscale.checkpoint.hf import SafetensorsFolder, read_hf_config
 from blitzscale.checkpoint.pack import copy_weights, hf_state_dict, pack_into
 from blitzscale.checkpoint.presets import preset_config
-from blitzscale.checkpoint.resolve import ModelSource
+from blitzscale.checkpoint.resolve import ModelSource, resolve_model
 from blitzscale.errors import CheckpointError
 from blitzscale.model.config import ModelConfig
 from blitzscale.model.linear import quantize_rows
@@ -126,6 +128,16 @@ def fill_random(weights: ModelWeights, seed: int) -> None:
             q.copy_(q8)
             getattr(lw, name + "_scale").copy_(scale)
     weights.norm.fill_(1.0)
+
+
+def load_tokenizer_of(spec: str) -> Any | None:
+    """The tokenizer of `spec`: a model (name or path, as `resolve_model` takes) or a folder
+    holding only a tokenizer (what `blitzscale tokenizer` writes)."""
+    path = Path(spec).expanduser()
+    only_tokenizer = not (path / "config.json").is_file() and not (path / INDEX_FILE).is_file()
+    if path.is_dir() and only_tokenizer and any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return load_tokenizer(ModelSource("hf", spec, path))
+    return load_tokenizer(resolve_model(spec))
 
 
 def load_tokenizer(src: ModelSource) -> Any | None:

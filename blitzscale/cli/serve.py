@@ -30,6 +30,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a model without a request this long scales to zero (default: never; every model's "
         "default, [[models]] keep_alive_s overrides it)",
     )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="SOURCE",
+        help="another model's tokenizer (name or path) for every model, e.g. for a random:* model, "
+        "which has none",
+    )
     p.add_argument("--workers", type=int, default=None, help="worker processes (CPU) or GPUs used")
     p.add_argument(
         "--tp", type=int, default=None, help="tensor-parallel ranks per instance (workers: a multiple)"
@@ -75,7 +82,12 @@ def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     entries = [parse_model_flag(v) for v in values]
     single = len(values) == 1 and not entries[0].source  # a bare --model SOURCE: today's meaning
     return {
-        "model": pick(name=values[0] if single else None, tp=args.tp, keep_alive_s=args.keep_alive),
+        "model": pick(
+            name=values[0] if single else None,
+            tp=args.tp,
+            keep_alive_s=args.keep_alive,
+            tokenizer=args.tokenizer,
+        ),
         "models": [] if single else entries,
         "server": pick(host=args.host, port=args.port, api_key=args.api_key),
         "cluster": pick(

@@ -41,6 +41,10 @@ class ModelSection:
     # The model's cost model on the workers' device (a JSON file from `blitzscale profile`);
     # "" = measured by a worker at start (and kept under the cache folder's profiles/).
     profile: str = ""
+    # Another model's tokenizer (a name or path with one) for every model, as vLLM's
+    # --tokenizer: e.g. a random:* benchmark model, which has none, can then take text,
+    # chat and response_format; "" = each model's own. `[[models]] tokenizer` overrides it.
+    tokenizer: str = ""
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -64,6 +68,7 @@ class ModelEntry:
     min_instances: int = 0  # 0: may scale to zero after keep_alive_s without a request
     max_instances: int = 0  # 0: no bound
     keep_alive_s: float | None = None  # None: [model] keep_alive_s
+    tokenizer: str = ""  # "": [model] tokenizer (whose "" is the model's own)
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -156,6 +161,7 @@ class ServeConfig:
                 source=e.spec,
                 tp=m.tp,
                 keep_alive_s=m.keep_alive_s if e.keep_alive_s is None else e.keep_alive_s,
+                tokenizer=e.tokenizer or m.tokenizer,
             )
             for e in entries
         )

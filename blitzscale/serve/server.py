@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import os
@@ -24,13 +25,15 @@ from prometheus_client import CollectorRegistry
 
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.convert import convert
-from blitzscale.checkpoint.folders import is_native_folder
+from blitzscale.checkpoint.folders import INDEX_FILE, is_native_folder
+from blitzscale.checkpoint.loader import load_tokenizer_of
 from blitzscale.checkpoint.resolve import hf_id
 from blitzscale.cluster.local import LocalCluster
 from blitzscale.cluster.spawners import make_spawner
 from blitzscale.control.costmodel import Profile
 from blitzscale.core.heap import freeze_heap
 from blitzscale.core.progress import Phase, Report
+from blitzscale.errors import CheckpointError
 from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
 from blitzscale.serve.config import ModelEntry, ServeConfig
@@ -65,6 +68,39 @@ def prepare_model(name: str, cache_dir: str = "", tp: int = 1, report: Report | 
                 raise
             shutil.rmtree(tmp)
     return str(folder)
+
+
+def with_tokenizer(folder: str, tokenizer: str) -> str:
+    """`folder` (our format) with the tokenizer of `tokenizer` (a model, or a folder holding
+    only a tokenizer, as `blitzscale tokenizer` writes): a folder beside it that links its
+    weights (nothing copied) and holds the tokenizer's files, made once and kept; refused,
+    naming both, when `tokenizer` has none or has more tokens than the model has logits."""
+    tok = load_tokenizer_of(tokenizer)
+    if tok is None:
+        raise CheckpointError(f"tokenizer {tokenizer!r}: no tokenizer found there")
+    vocab = load_config(resolve_model(folder)).vocab_size
+    if len(tok) > vocab:
+        raise CheckpointError(
+            f"tokenizer {tokenizer!r} has {len(tok)} tokens, more than the model's vocabulary of {vocab}"
+        )
+    src = Path(folder)
+    key = hashlib.sha256(tokenizer.encode()).hexdigest()[:10]
+    dst = src.with_name(f"{src.name}+tokenizer-{key}")
+    if is_native_folder(dst):
+        return str(dst)
+    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and (f.name == INDEX_FILE or f.suffix == ".bzw"):
+            (tmp / f.name).symlink_to(f.resolve())
+    tok.save_pretrained(str(tmp))
+    try:
+        tmp.rename(dst)
+    except OSError:  # another server made it first
+        if not is_native_folder(dst):
+            raise
+        shutil.rmtree(tmp)
+    return str(dst)
 
 
 def check_model_tp(name: str, tp: int) -> None:
@@ -121,6 +157,8 @@ class ServingCluster:
                 folders[m.name] = await asyncio.to_thread(
                     prepare_model, m.spec, cfg.model.cache_dir, tp, phase.report
                 )
+            if m.tokenizer:
+                folders[m.name] = await asyncio.to_thread(with_tokenizer, folders[m.name], m.tokenizer)
         default = models[0]
         folder = folders[default.name]
         given = profile_file(cfg)  # (a bad file is refused before any worker starts)

@@ -34,3 +34,29 @@ def test_two_servers_converting_one_model_into_a_fresh_cache_both_get_it(
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no copy left behind
     ours, theirs = load_weights(resolve_model(str(folder))), load_weights(resolve_model(src))
     assert torch.equal(ours.buffer, theirs.buffer)
+
+
+def test_another_models_tokenizer_is_added_beside_the_weights_by_links(tmp_path: Path) -> None:
+    """`[model] tokenizer` (serve --tokenizer): a folder beside the converted model links its
+    weights and holds the tokenizer; the converted copy itself stays as it was."""
+    from blitzscale.checkpoint import load_tokenizer
+    from blitzscale.errors import CheckpointError
+    from tests.conftest import byte_tokenizer
+
+    folder = server.prepare_model("random:tiny-llama3", str(tmp_path / "cache"))
+    tok = byte_tokenizer()
+    tok.save_pretrained(str(tmp_path / "tok"))
+    with_tok = Path(server.with_tokenizer(folder, str(tmp_path / "tok")))
+    assert with_tok != Path(folder) and is_native_folder(with_tok)
+    assert len(load_tokenizer(resolve_model(str(with_tok)))) == len(tok)
+    assert load_tokenizer(resolve_model(folder)) is None  # (the cache's copy: untouched)
+    assert all(f.is_symlink() for f in with_tok.glob("*.bzw"))  # (no weights copied)
+    linked, converted = (load_weights(resolve_model(f)).buffer for f in (str(with_tok), folder))
+    assert torch.equal(linked, converted)
+    assert server.with_tokenizer(folder, str(tmp_path / "tok")) == str(with_tok)  # made once
+    with pytest.raises(CheckpointError, match="no tokenizer found"):
+        server.with_tokenizer(folder, "random:tiny-llama3")
+    tok.add_tokens([f"<extra{i}>" for i in range(300)])  # 558 tokens, 512 logits
+    tok.save_pretrained(str(tmp_path / "big"))
+    with pytest.raises(CheckpointError, match="has 558 tokens, more than the model's vocabulary of 512"):
+        server.with_tokenizer(folder, str(tmp_path / "big"))

@@ -76,3 +76,48 @@ def test_hash_id_prompts_share_exactly_their_common_blocks_in_the_prefix_cache(t
             stop_http(server, lt)
     assert [r.status for r in done] == ["ok", "ok"], [r.error for r in done]
     assert gained == 48
+
+
+def test_a_random_model_with_another_models_tokenizer_takes_text_and_response_format(tmp_path) -> None:
+    """`[model] tokenizer`: a random-weight model (no tokenizer of its own) served with a
+    byte-level one answers a text prompt with JSON that fits the schema asked for."""
+    import json
+
+    import httpx
+    import jsonschema
+
+    from tests.conftest import byte_tokenizer
+
+    byte_tokenizer().save_pretrained(str(tmp_path / "tok"))
+    cfg = ServeConfig().with_overrides(
+        model={"name": MODEL, "cache_dir": str(tmp_path / "cache"), "tokenizer": str(tmp_path / "tok")},
+        cluster={"num_workers": 1},
+        router={"mode": "colocated"},
+        policy={"name": "fixed"},
+    )
+    schema = {
+        "type": "object",
+        "properties": {
+            "kind": {"enum": ["cat", "dog"]},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["kind", "n"],
+        "additionalProperties": False,
+    }
+    body = {
+        "model": MODEL,
+        "prompt": "An animal as JSON:",
+        "max_tokens": 64,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "pet", "schema": schema}},
+    }
+    with running(cfg) as (service, lt):
+        url, server = start_http(service, lt)
+        try:
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+        finally:
+            stop_http(server, lt)
+    assert r.status_code == 200, r.text
+    [choice] = r.json()["choices"]
+    assert choice["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(choice["text"]), schema)
