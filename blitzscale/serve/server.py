@@ -84,7 +84,10 @@ def with_tokenizer(folder: str, tokenizer: str) -> str:
             f"tokenizer {tokenizer!r} has {len(tok)} tokens, more than the model's vocabulary of {vocab}"
         )
     src = Path(folder)
-    key = hashlib.sha256(tokenizer.encode()).hexdigest()[:10]
+    # (by content: the same path holding another tokenizer later is another folder)
+    backend = getattr(tok, "backend_tokenizer", None)
+    content = f"{tokenizer}\n{backend.to_str() if backend is not None else ''}\n{tok.chat_template or ''}"
+    key = hashlib.sha256(content.encode()).hexdigest()[:10]
     dst = src.with_name(f"{src.name}+tokenizer-{key}")
     if is_native_folder(dst):
         return str(dst)

@@ -54,6 +54,10 @@ def test_another_models_tokenizer_is_added_beside_the_weights_by_links(tmp_path:
     linked, converted = (load_weights(resolve_model(f)).buffer for f in (str(with_tok), folder))
     assert torch.equal(linked, converted)
     assert server.with_tokenizer(folder, str(tmp_path / "tok")) == str(with_tok)  # made once
+    tok.chat_template = "{{ messages[0]['content'] }}"  # the same path, another tokenizer: another folder
+    tok.save_pretrained(str(tmp_path / "tok"))
+    again = server.with_tokenizer(folder, str(tmp_path / "tok"))
+    assert again != str(with_tok) and load_tokenizer(resolve_model(again)).chat_template == tok.chat_template
     with pytest.raises(CheckpointError, match="no tokenizer found"):
         server.with_tokenizer(folder, "random:tiny-llama3")
     tok.add_tokens([f"<extra{i}>" for i in range(300)])  # 558 tokens, 512 logits
