@@ -24,9 +24,10 @@ the error fails the step's requests as any other step error does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 RECOVER_STEPS = 16  # steps that fit under a cap before it doubles
 
@@ -89,8 +90,12 @@ class MemoryBackoff:
 
 
 def free_cached_memory(device: torch.device) -> None:
-    """Give the caching allocator's unused blocks back to the device (CUDA; a no-op else)."""
+    """Give the caching allocator's unused blocks back to the device (CUDA; a no-op else).
+    (torch is imported here: the scheduler imports this module, and the simulator runs the
+    scheduler without torch.)"""
     if device.type == "cuda":
+        import torch
+
         torch.cuda.empty_cache()
 
 
