@@ -352,10 +352,10 @@ class LLMEngine:
         if self.trace is not None:
             self.trace.launching()
         logits = self._forward(sched)
+        if self.trace is not None:
+            self.trace.returned()  # (its end event recorded, out of memory or not)
         if logits is None:
             return  # out of memory: nothing of the step counts, smaller steps follow
-        if self.trace is not None:
-            self.trace.returned()
         work.graph = self.runner.last_was_graph
         sampling = [s.request for s in sched.scheduled if s.completes_prompt]
         for s in sched.scheduled:
@@ -395,8 +395,9 @@ class LLMEngine:
             r = s.request
             if r.status is S.RUNNING:  # (not one the step in flight finished)
                 self.table.trim_blocks(r, self.pool.blocks_for_tokens(r.num_computed_tokens))
-        work = self.last_work
-        self.last_work = StepWork(oom=True, running=work.running, waiting=work.waiting)
+        self.last_work = dataclasses.replace(  # (what ran before it, live or relayed, stays)
+            self.last_work, prompt_tokens=0, decode_contexts=[], chunks=0, prefixed_chunks=0, oom=True
+        )
         tokens = sum(s.num_new_tokens for s in sched.scheduled)
         if self.backoff.shrink(tokens, len(sched.scheduled)):
             return

@@ -9,7 +9,9 @@ running out of memory).
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ import torch
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.engine.oom import RECOVER_STEPS
 from blitzscale.engine.overlap import PENDING
+from blitzscale.engine.steptrace import StepTrace
 
 CFG = {"block_size": 8, "num_kv_blocks": 64, "max_num_batched_tokens": 64, "max_num_seqs": 8}
 
@@ -129,11 +132,13 @@ def test_big_steps_out_of_memory_serve_every_request(
         assert e.overlap is not None and e.overlap.steps > 0  # (it did overlap)
 
 
-def test_the_cap_recovers(tiny_weights: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cap_recovers(tiny_weights: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """One out-of-memory error caps the steps; after steps that fit the cap doubles and
-    goes, so later steps are as large as configured again."""
+    goes, so later steps are as large as configured again. The step trace marks the step
+    that failed, which computed nothing (it is not paced)."""
     weights = tiny_weights("tiny-mistral")
     e = _engine(weights)
+    e.trace = StepTrace(str(tmp_path / "trace"), torch.device("cpu"))
     raised = _oom_when(e, monkeypatch, lambda n: n > 12 and not e.backoff.retries)
     sizes: list[tuple[Any, int, int]] = []  # (the cap, rows, tokens) of each step
     schedule = e.scheduler.schedule
@@ -149,6 +154,7 @@ def test_the_cap_recovers(tiny_weights: Any, monkeypatch: pytest.MonkeyPatch) ->
         e.add_request([3 + i] * 5, params, request_id=f"r{i}")
     first = e.step()
     assert raised == [40] and not first and e.scheduler.cap is not None
+    assert e.last_work.oom and e.last_work.is_empty
     assert e.scheduler.cap.seqs == 4 and e.scheduler.cap.tokens == 20
     while e.scheduler.cap is not None:
         e.step()
@@ -159,6 +165,8 @@ def test_the_cap_recovers(tiny_weights: Any, monkeypatch: pytest.MonkeyPatch) ->
     assert all(rows <= cap.seqs and tokens <= cap.tokens for cap, rows, tokens in capped)
     assert any(rows == 4 for _, rows, _ in capped[1:])
     assert sizes[-1][1] == 8, "the steps did not grow back to the whole batch"
+    lines = [json.loads(x) for x in e.trace.path.read_text().splitlines()[1:]]
+    assert [x["oom"] for x in lines[:2]] == [True, False] and not any(x["oom"] for x in lines[1:])
 
 
 def test_a_request_that_never_fits_fails_alone(tiny_weights: Any, monkeypatch: pytest.MonkeyPatch) -> None:
