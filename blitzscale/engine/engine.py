@@ -289,6 +289,10 @@ class LLMEngine:
             "oom_retries": self.backoff.retries,
         }
 
+    def free_cached_memory(self) -> None:
+        """Give the caching allocator's unused device memory back (CUDA; engine/oom.py)."""
+        free_cached_memory(self.kv_cache.data.device)
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (requests keep what they hold); how many blocks' were
         forgotten."""
@@ -389,7 +393,7 @@ class LLMEngine:
         the step in flight (it ran), give back the blocks the failed step allocated, and cap
         the next steps at half of it; a request that alone, at one token, does not fit fails
         with `error`."""
-        free_cached_memory(self.kv_cache.data.device)
+        self.free_cached_memory()
         self._settle()
         for s in sched.scheduled:
             r = s.request

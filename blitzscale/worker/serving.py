@@ -23,7 +23,6 @@ from blitzscale.control.costmodel import Profile
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.engine import LLMEngine
 from blitzscale.engine.engine import CHECK_EVERY_STEP
-from blitzscale.engine.oom import free_cached_memory
 from blitzscale.engine.request import RequestStatus
 from blitzscale.engine.work import StepTally
 from blitzscale.errors import BlitzScaleError, KVIntegrityError
@@ -329,7 +328,7 @@ class ServingLoop:
                 time.sleep(self.pacer.remainder_s(self.pace, e.last_work, time.perf_counter() - started))
             return outs
         if oom:  # (after the except: the step's tensors went with its traceback)
-            free_cached_memory(e.kv_cache.data.device)
+            e.free_cached_memory()
         return e.fail_unfinished(error)
 
     @staticmethod
