@@ -582,6 +582,8 @@ class StatsMsg(Msg):
     # prefix cache (this engine's life): prompt tokens looked up, and found there
     prefix_queries: int = 0
     prefix_hits: int = 0
+    # engine steps that ran out of device memory and were retried smaller (engine/oom.py)
+    oom_retries: int = 0
 
 
 Message = (

@@ -25,11 +25,12 @@ from blitzscale.engine.handoff import KVHandoffs
 from blitzscale.engine.live import LiveQueue, finish_relayed
 from blitzscale.engine.logits import History, logprobs_of
 from blitzscale.engine.model_runner import ModelRunner
+from blitzscale.engine.oom import MemoryBackoff, free_cached_memory, oom_error
 from blitzscale.engine.output import OutputProcessor
 from blitzscale.engine.overlap import PENDING, Overlap, plain
 from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.sampler import NO_TOKEN, TokenMask, sample
-from blitzscale.engine.scheduler import Scheduler
+from blitzscale.engine.scheduler import Scheduler, SchedulerOutput
 from blitzscale.engine.steptrace import step_trace
 from blitzscale.engine.table import STEPPED, RequestTable
 from blitzscale.engine.work import StepWork
@@ -96,6 +97,10 @@ class LLMEngine:
             self.config.max_num_seqs,
             self.table,
             prefix_caching=self.config.prefix_caching,
+        )
+        # smaller steps after one runs out of device memory (engine/oom.py)
+        self.backoff = MemoryBackoff(
+            self.scheduler, self.config.max_num_batched_tokens, self.config.max_num_seqs
         )
         eos = set(weights.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -281,7 +286,12 @@ class LLMEngine:
             "total_blocks": self.pool.num_blocks,
             "prefix_queries": self.scheduler.prefix_queries,
             "prefix_hits": self.scheduler.prefix_hits,
+            "oom_retries": self.backoff.retries,
         }
+
+    def free_cached_memory(self) -> None:
+        """Give the caching allocator's unused device memory back (CUDA; engine/oom.py)."""
+        free_cached_memory(self.kv_cache.data.device)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (requests keep what they hold); how many blocks' were
@@ -309,7 +319,7 @@ class LLMEngine:
         ov = self.overlap
         if ov is not None and ov.busy:
             blocked = self._aborted or self.live is not None or self.table.count(S.RELAYED_IN)
-            if blocked or not ov.can_continue():
+            if blocked or self.scheduler.cap is not None or not ov.can_continue():
                 ov.settle(self._emit)
         aborted, self._aborted = self._aborted, []
         self._step_outputs += [self._finalize(r) for r in aborted]
@@ -345,9 +355,11 @@ class LLMEngine:
         work.running, work.waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         if self.trace is not None:
             self.trace.launching()
-        logits = self.runner.execute(sched, ov.in_flight if ov is not None else None)
+        logits = self._forward(sched)
         if self.trace is not None:
-            self.trace.returned()
+            self.trace.returned()  # (its end event recorded, out of memory or not)
+        if logits is None:
+            return  # out of memory: nothing of the step counts, smaller steps follow
         work.graph = self.runner.last_was_graph
         sampling = [s.request for s in sched.scheduled if s.completes_prompt]
         for s in sched.scheduled:
@@ -360,6 +372,43 @@ class LLMEngine:
         else:
             assert ov is None or not ov.busy, "a step with pending tokens must overlap"
             self._sample(sampling, logits)
+
+    def _forward(self, sched: SchedulerOutput) -> torch.Tensor | None:
+        """The step's logits, or None if it ran out of device memory (engine/oom.py)."""
+        ov = self.overlap
+        try:
+            logits = self.runner.execute(sched, ov.in_flight if ov is not None else None)
+        except torch.OutOfMemoryError as err:
+            if self.tp_group is not None:
+                raise  # (its shards are mid-step: the step fails as a whole)
+            error = oom_error(err)
+        else:
+            self.backoff.fitted()
+            return logits
+        self._out_of_memory(sched, error)  # (here, the failed step's tensors are gone)
+        return None
+
+    def _out_of_memory(self, sched: SchedulerOutput, error: str) -> None:
+        """The forward of `sched` ran out of device memory: free the allocator's cache, read
+        the step in flight (it ran), give back the blocks the failed step allocated, and cap
+        the next steps at half of it; a request that alone, at one token, does not fit fails
+        with `error`."""
+        self.free_cached_memory()
+        self._settle()
+        for s in sched.scheduled:
+            r = s.request
+            if r.status is S.RUNNING:  # (not one the step in flight finished)
+                self.table.trim_blocks(r, self.pool.blocks_for_tokens(r.num_computed_tokens))
+        self.last_work = dataclasses.replace(  # (what ran before it, live or relayed, stays)
+            self.last_work, prompt_tokens=0, decode_contexts=[], chunks=0, prefixed_chunks=0, oom=True
+        )
+        tokens = sum(s.num_new_tokens for s in sched.scheduled)
+        if self.backoff.shrink(tokens, len(sched.scheduled)):
+            return
+        req = sched.scheduled[0].request
+        if req.status is S.RUNNING:
+            self.backoff.failures += 1
+            self._step_outputs.append(self._fail(req, error))
 
     def _complete_prompts(self, reqs: list[Request], logits: torch.Tensor) -> None:
         """Requests whose whole prompt was computed outside the scheduler (live or relayed):

@@ -5,6 +5,8 @@ token budget for a prompt (long prompts are prefilled in chunks). KV blocks are 
 as tokens need them; when none are left, the most recently admitted request is preempted
 (its blocks freed, recomputed later), and waiting requests queue until blocks free up.
 The scheduler orders requests; their statuses are the request table's (engine/table.py).
+After a step ran out of device memory, `cap` (engine/oom.py) holds steps to fewer tokens
+and rows than configured, and running requests past its rows are preempted the same way.
 
 With prefix caching, a request admitted from the queue first takes the cached blocks of
 its prompt's longest cached prefix (kvcache/pool.py: full blocks, never its last token,
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from blitzscale.engine.oom import StepCap
 from blitzscale.engine.request import Request, RequestStatus
 from blitzscale.engine.table import RequestTable
 from blitzscale.kvcache.pool import BlockPool
@@ -59,6 +62,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.prefix_caching = prefix_caching
+        self.cap: StepCap | None = None  # smaller steps after running out of memory
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
@@ -74,9 +78,14 @@ class Scheduler:
         self.waiting.append(req)
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
+        budget, max_seqs = self.max_num_batched_tokens, self.max_num_seqs
         scheduled: list[ScheduledRequest] = []
         num_preempted = 0
+        if self.cap is not None:  # (engine/oom.py: the engine has read every pending token)
+            budget, max_seqs = min(budget, self.cap.tokens), min(max_seqs, self.cap.seqs)
+            while len(self.running) > max_seqs:
+                self._preempt(self.running.pop())
+                num_preempted += 1
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -93,7 +102,7 @@ class Scheduler:
             scheduled.append(ScheduledRequest(req, n))
             budget -= n
             i += 1
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < max_seqs:
             req = self.waiting[0]
             hit = self._cached_prefix(req)
             start = max(req.num_computed_tokens, len(hit) * self.pool.block_size)

@@ -171,6 +171,7 @@ class StepTrace:
             "running": work.running,
             "waiting": work.waiting,
             "overlapped": work.overlapped,
+            "oom": work.oom,
             "wall_ms": round(1000 * wall_s, 3),
             "to_launch_ms": round(1000 * (self._t_launch - self._t0), 3),
             "launch_ms": round(1000 * (self._t_return - self._t_launch), 3),

@@ -88,6 +88,13 @@ class RequestTable:
             req.finish_reason = reason
         del self._reqs[req.request_id]
 
+    def trim_blocks(self, req: Request, keep: int) -> None:
+        """Give back the request's blocks after its first `keep` (allocated for a step that
+        did not run: none of them is computed, shared or cached)."""
+        if keep < len(req.block_ids):
+            self.pool.free(req.block_ids[keep:])
+            del req.block_ids[keep:]
+
     def drop_blocks(self, req: Request) -> None:
         self.pool.free(req.block_ids)
         req.block_ids = []

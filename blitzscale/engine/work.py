@@ -22,6 +22,7 @@ class StepWork:
     prefixed_chunks: int = 0  # of those, the ones continuing a computed prefix
     running: int = 0  # requests in the running batch after scheduling (step trace)
     waiting: int = 0  # requests left waiting after scheduling (step trace)
+    oom: bool = False  # the forward ran out of device memory: nothing computed (engine/oom.py)
 
     @property
     def decode_batch(self) -> int:

@@ -71,10 +71,16 @@ class _RouterCollector(Collector):
             "Prompt tokens found in each serving instance's prefix cache (not computed again)",
             labels=["instance"],
         )
+        oom = CounterMetricFamily(
+            "blitzscale_engine_oom_retries",
+            "Engine steps that ran out of device memory and were retried smaller (engine/oom.py)",
+            labels=["instance"],
+        )
         for i in self.router.instances.values():
             s = i.stats
             if s is None or i.state is InstanceState.INACTIVE:
                 continue
+            oom.add_metric([str(i.id)], s.oom_retries)
             queries.add_metric([str(i.id)], s.prefix_queries)
             hits.add_metric([str(i.id)], s.prefix_hits)
             steps.add_metric([str(i.id)], s.num_steps)
@@ -89,6 +95,7 @@ class _RouterCollector(Collector):
         yield from by_kind.values()
         yield queries
         yield hits
+        yield oom
         routed = CounterMetricFamily(
             "blitzscale_router_prefix_routed_requests",
             "Requests the router sent where, by its index, a prefix of their prompt was cached",

@@ -306,7 +306,10 @@ class ServingLoop:
     def _step(self, e: LLMEngine) -> list[RequestOutput]:
         """One engine step. If it raises, the requests it may have touched fail with the
         error (the router does not retry them) and the worker goes on serving the rest.
-        Paced, it lasts its reference time: the rest of it is slept, before the outputs go."""
+        (Out of device memory in its forward the engine retries smaller steps itself,
+        engine/oom.py; elsewhere in a step, that error fails it too, and the allocator's
+        cache is freed.) Paced, it lasts its reference time: the rest of it is slept, before
+        the outputs go."""
         started = time.perf_counter()
         try:
             outs = e.step()
@@ -317,11 +320,16 @@ class ServingLoop:
                 raise WorkerBrokenError(  # cluster reruns what it can elsewhere
                     f"rank {self.rank}: {self._failed_steps} engine steps in a row failed"
                 ) from err
-            return e.fail_unfinished(f"the engine step failed on rank {self.rank}: {short_error(err)}")
-        self._failed_steps = 0
-        if self.pace is not None:
-            time.sleep(self.pacer.remainder_s(self.pace, e.last_work, time.perf_counter() - started))
-        return outs
+            error = f"the engine step failed on rank {self.rank}: {short_error(err)}"
+            oom = isinstance(err, torch.OutOfMemoryError)
+        else:
+            self._failed_steps = 0
+            if self.pace is not None:
+                time.sleep(self.pacer.remainder_s(self.pace, e.last_work, time.perf_counter() - started))
+            return outs
+        if oom:  # (after the except: the step's tensors went with its traceback)
+            e.free_cached_memory()
+        return e.fail_unfinished(error)
 
     @staticmethod
     def _output(e: LLMEngine, o: RequestOutput) -> OutputMsg:
@@ -359,6 +367,7 @@ class ServingLoop:
             ],
             prefix_queries=c["prefix_queries"],
             prefix_hits=c["prefix_hits"],
+            oom_retries=c["oom_retries"],
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:

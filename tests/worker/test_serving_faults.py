@@ -114,6 +114,37 @@ def test_a_step_that_raises_fails_its_requests_and_the_loop_serves_on(loop: Loop
     assert after.finish_reason == "length" and after.num_output_tokens == 6
 
 
+def test_out_of_memory_in_a_step_serves_its_requests(loop: Loop, monkeypatch) -> None:
+    """The step issue 29 saw fail every request with 'CUDA out of memory': retried smaller
+    by the engine (engine/oom.py), both requests get what they get without it, the stats
+    the router reads count it, and nothing fails."""
+    loop.submit("a", "The capital of France is", GREEDY)
+    loop.submit("b", "def fibonacci(n):", GREEDY)
+    loop.run()
+    want = {rid: loop.tokens(rid) for rid in ("a", "b")}
+    loop.sent.clear()
+    e = loop.serving.engine
+    assert e is not None
+    real = e.runner.execute
+    calls = {"n": 0}
+
+    def execute(sched: Any, *rest: Any) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] <= 2:  # the prefill of both, then the smaller retry (of one of them)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(sched, *rest)
+
+    monkeypatch.setattr(e.runner, "execute", execute)
+    loop.submit("a", "The capital of France is", GREEDY)
+    loop.submit("b", "def fibonacci(n):", GREEDY)
+    last = loop.run()
+    for rid in ("a", "b"):
+        assert last[rid].finish_reason == "length" and not last[rid].error, last[rid]
+        assert loop.tokens(rid) == want[rid]
+    assert loop.serving.stats().oom_retries == 2 and calls["n"] > 2
+    assert e.pool.num_used_blocks == 0
+
+
 @pytest.mark.parametrize("temperature", [1e-40, 1e-30, 5e-6])
 def test_temperatures_too_small_to_divide_by_sample_greedily(loop: Loop, temperature: float) -> None:
     loop.submit("tiny", "The capital of France is", SamplingParams(max_tokens=6, temperature=temperature))
