@@ -202,20 +202,37 @@ class _Soak:
         await killer
         return len(tasks)
 
-    async def leaked_blocks(self) -> tuple[int, int]:
-        """(requests still in the router, KV blocks still used) once idle, or at the limit."""
+    async def leaked_blocks(self) -> tuple[int, int, dict[str, dict[str, Any]]]:
+        """(requests still in the router, KV blocks still used, and per instance holding
+        some: its state and what its engine holds by status) once idle, or at the limit."""
         router = self.svc.service.router
         assert router is not None
         deadline = time.monotonic() + 120
         while True:
             await asyncio.sleep(1.0)  # stats arrive every 50 ms; give stragglers time
-            used = sum(
-                i.stats.used_blocks
+            holding = {
+                str(i.id): i
                 for i in router.instances.values()
-                if i.stats is not None and i.rank in router.connected and i.rank not in router.dead_ranks
-            )
+                if i.stats is not None
+                and i.stats.used_blocks
+                and i.rank in router.connected
+                and i.rank not in router.dead_ranks
+            }
+            used = sum(i.stats.used_blocks for i in holding.values())
             if (not router.reqs and used == 0) or time.monotonic() > deadline:
-                return len(router.reqs), used
+                where = {
+                    k: {
+                        "rank": i.rank,
+                        "state": i.state.value,
+                        "used_blocks": i.stats.used_blocks,
+                        "running": i.stats.num_running,
+                        "waiting": i.stats.num_waiting,
+                        "held": i.stats.num_held,
+                        "live": i.stats.num_live,
+                    }
+                    for k, i in holding.items()
+                }
+                return len(router.reqs), used, where
 
 
 async def _soak(cfg: SoakConfig, svc: BackgroundService) -> dict[str, Any]:
@@ -228,7 +245,7 @@ async def _soak(cfg: SoakConfig, svc: BackgroundService) -> dict[str, Any]:
         t0 = time.monotonic()
         sent = await soak.load(client, rate, cfg.minutes * 60)
         load_s = time.monotonic() - t0
-    left_in_router, leaked = await asyncio.wrap_future(
+    left_in_router, leaked, leaked_where = await asyncio.wrap_future(
         asyncio.run_coroutine_threadsafe(soak.leaked_blocks(), svc.lt.loop)
     )
     scaler = svc.service.scaler
@@ -250,6 +267,7 @@ async def _soak(cfg: SoakConfig, svc: BackgroundService) -> dict[str, Any]:
         "wrong_examples": soak.wrong[:5],
         "requests_left_in_router": left_in_router,
         "leaked_kv_blocks": leaked,
+        "leaked_where": leaked_where,
         "kills": soak.kills,
         "worker_restarts": router.respawner.restarts if router is not None else 0,
         "workers_alive_at_end": len(svc.service.cluster.alive_ranks()) if svc.service.cluster else 0,

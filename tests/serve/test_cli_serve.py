@@ -226,7 +226,7 @@ def test_a_short_soak_gives_no_wrong_answer_no_hang_and_no_leak(tmp_path: Path) 
     result = json.loads(out.read_text())
     assert result["sent"] > 20 and result["ok"] > 0
     assert result["wrong_answers"] == 0, result["wrong_examples"]
-    assert result["hung"] == 0 and result["leaked_kv_blocks"] == 0
+    assert result["hung"] == 0 and result["leaked_kv_blocks"] == 0, result["leaked_where"]
     assert result["requests_left_in_router"] == 0
     assert len(result["kills"]) == 1
     assert result["sent"] == result["ok"] + result["shed"] + result["failed"] + result["left_by_client"]
