@@ -70,19 +70,26 @@ def prepare_model(name: str, cache_dir: str = "", tp: int = 1, report: Report | 
     return str(folder)
 
 
-def with_tokenizer(folder: str, tokenizer: str) -> str:
-    """`folder` (our format) with the tokenizer of `tokenizer` (a model, or a folder holding
-    only a tokenizer, as `blitzscale tokenizer` writes): a folder beside it that links its
-    weights (nothing copied) and holds the tokenizer's files, made once and kept; refused,
-    naming both, when `tokenizer` has none or has more tokens than the model has logits."""
+def borrowed_tokenizer(model: str, tokenizer: str) -> Any:
+    """The tokenizer of `tokenizer` (a model, or a folder holding only a tokenizer, as
+    `blitzscale tokenizer` writes) for `model`; refused, naming both, when there is none or
+    it has more tokens than the model has logits (checked before anything is converted)."""
     tok = load_tokenizer_of(tokenizer)
     if tok is None:
         raise CheckpointError(f"tokenizer {tokenizer!r}: no tokenizer found there")
-    vocab = load_config(resolve_model(folder)).vocab_size
+    vocab = load_config(resolve_model(model)).vocab_size
     if len(tok) > vocab:
         raise CheckpointError(
             f"tokenizer {tokenizer!r} has {len(tok)} tokens, more than the model's vocabulary of {vocab}"
         )
+    return tok
+
+
+def with_tokenizer(folder: str, tokenizer: str, tok: Any = None) -> str:
+    """`folder` (our format) with `tokenizer`'s tokenizer (`tok`, if already loaded by
+    `borrowed_tokenizer`): a folder beside it that links its weights (nothing copied) and
+    holds the tokenizer's files, made once and kept."""
+    tok = tok if tok is not None else borrowed_tokenizer(folder, tokenizer)
     src = Path(folder)
     # (by content: the same path holding another tokenizer later is another folder)
     backend = getattr(tok, "backend_tokenizer", None)
@@ -152,8 +159,11 @@ class ServingCluster:
         tp = cfg.model.tp
         models = cfg.served_models()
         pace = resolve_pace(cfg.engine.pace, cfg.cluster.num_workers)  # (a bad value: before any worker)
+        borrowed = {}
         for m in models:
             await asyncio.to_thread(check_model_tp, m.spec, tp)
+            if m.tokenizer:  # (a bad one is refused before a model is converted)
+                borrowed[m.name] = await asyncio.to_thread(borrowed_tokenizer, m.spec, m.tokenizer)
         folders = {}
         for m in models:  # (converted once and kept: a first start writes the whole model)
             with Phase(f"preparing {m.spec} in our format") as phase:
@@ -161,7 +171,9 @@ class ServingCluster:
                     prepare_model, m.spec, cfg.model.cache_dir, tp, phase.report
                 )
             if m.tokenizer:
-                folders[m.name] = await asyncio.to_thread(with_tokenizer, folders[m.name], m.tokenizer)
+                folders[m.name] = await asyncio.to_thread(
+                    with_tokenizer, folders[m.name], m.tokenizer, borrowed[m.name]
+                )
         default = models[0]
         folder = folders[default.name]
         given = profile_file(cfg)  # (a bad file is refused before any worker starts)

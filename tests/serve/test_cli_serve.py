@@ -75,6 +75,10 @@ def test_bad_bench_live_flag_is_named(flags: list[str], needle: str) -> None:
         (["--port", "99999"], "[server] port (--port) must be in [1, 65535], got 99999"),
         (["--port", "-1"], "must be in [1, 65535], got -1"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (
+            ["--model", "random:tiny-llama3", "--tokenizer", "random:tiny-llama3", "--mode", "colocated"],
+            "tokenizer 'random:tiny-llama3': no tokenizer found there",
+        ),
     ],
 )
 def test_bad_serve_flag_is_refused_before_any_worker_starts(flags: list[str], needle: str) -> None:
