@@ -236,6 +236,9 @@ class LiveScaling:
                 rt.data.send_nowait(relay.target, SendRelayMsg(request_id=rid, dst_rank=-1))
                 if r is not None:
                     self._take_back(r, relay)
+                else:  # the client left meanwhile: the task the target gets back goes too
+                    # (else it runs on for nobody, and in pd mode its KV is held for ever)
+                    rt.data.send_nowait(relay.target, AbortMsg(request_id=rid))
 
     def drop_dead_pairs(self, dead: set[int]) -> None:
         """Dead targets end their pairing (after they went INACTIVE), and a dead source
