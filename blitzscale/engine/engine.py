@@ -21,6 +21,7 @@ from blitzscale.core.config import EngineConfig
 from blitzscale.core.outputs import RequestOutput, TokenLogprob
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.core.validate import validate_request
+from blitzscale.engine.grammar_masks import GrammarMasks
 from blitzscale.engine.handoff import KVHandoffs
 from blitzscale.engine.live import LiveQueue, finish_relayed
 from blitzscale.engine.logits import History, logprobs_of
@@ -106,6 +107,7 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
+        self.grammar_masks = GrammarMasks(self.tokenizer, self.model_config.vocab_size, sorted(eos))
         self.live: LiveQueue | None = None  # set while this is a live target (weights arriving)
         # KV leaving or entering the cache: migration, relays (the serving loop's way in)
         self.handoffs = KVHandoffs(
@@ -115,7 +117,6 @@ class LLMEngine:
         self._step_outputs: list[RequestOutput] = []  # of the step under way
         self.last_work = StepWork()  # what the last step computed (for pacing it)
         self._ids = itertools.count()
-        self._grammars: Any = None  # structured.Grammars, made for the first request with a grammar
         cfg = self.config
         on = cfg.overlap == "on" or (cfg.overlap == "auto" and weights.device.type == "cuda")
         on = on and self.tp_group is None  # (a TP leader sends each step's ids to its shards)
@@ -173,24 +174,13 @@ class LLMEngine:
         """Raise InvalidRequestError, naming the bad value, for a request that can never run."""
         validate_request(prompt_token_ids, params, self.model_config.vocab_size, self.max_model_len)
         if params.grammar is not None:
-            self.grammars.compile(params.grammar)  # (cached: the sampling side compiles it again)
+            self.grammar_masks.check(params.grammar)
         n = len(prompt_token_ids)
         need = self.pool.blocks_for_tokens(min(n + params.max_tokens, self.max_model_len))
         if need > self.pool.num_blocks:
             raise InvalidRequestError(
                 f"prompt plus max_tokens needs {need} KV blocks, the cache holds {self.pool.num_blocks}"
             )
-
-    @property
-    def grammars(self) -> Any:
-        """Structured output's compiler and matchers for this engine's tokenizer and logits
-        width (xgrammar is imported by the first request that asks for a grammar)."""
-        if self._grammars is None:
-            from blitzscale.structured import Grammars
-
-            eos = self.outputs.eos_token_ids
-            self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size, eos)
-        return self._grammars
 
     def abort(self, request_id: str) -> bool:
         """Stop a request the step works on (waiting, running, live, relayed in and
@@ -433,30 +423,16 @@ class LLMEngine:
     def _grammar_mask(
         self, sampling: list[Request], logits: torch.Tensor
     ) -> tuple[list[Request], torch.Tensor, TokenMask | None]:
-        """Structured output's mask of this step's rows, filled on the host (on CUDA while the
-        device still computes the logits). A request sampled here for the first time gets its
-        matcher from the tokens it already has (it may have been prefilled, or begun, on
-        another instance); one whose grammar cannot be rebuilt fails alone."""
-        keep: list[int] = []
-        for i, r in enumerate(sampling):
-            if r.params.grammar is not None and r.matcher is None:
-                try:
-                    r.matcher = self.grammars.matcher(r.params.grammar, r.output_token_ids)
-                except InvalidRequestError as e:
-                    self._step_outputs.append(self._fail(r, str(e)))
-                    continue
-            keep.append(i)
-        if len(keep) < len(sampling):
+        """Structured output's mask of this step's rows (engine/grammar_masks.py); a row
+        whose grammar cannot be rebuilt fails alone and leaves the step."""
+        failed = self.grammar_masks.attach(sampling)
+        if failed:
+            for i, error in failed.items():
+                self._step_outputs.append(self._fail(sampling[i], error))
+            keep = [i for i in range(len(sampling)) if i not in failed]
             sampling = [sampling[i] for i in keep]
             logits = logits[torch.tensor(keep, device=logits.device)] if keep else logits[:0]
-        rows = [i for i, r in enumerate(sampling) if r.matcher is not None]
-        if not rows:
-            return sampling, logits, None
-        from blitzscale.structured import allocate_bitmask, fill_bitmask
-
-        bitmask = allocate_bitmask(len(sampling), logits.shape[-1])
-        fill_bitmask([sampling[i].matcher for i in rows], bitmask, rows)
-        return sampling, logits, TokenMask(bitmask, rows)
+        return sampling, logits, self.grammar_masks.mask(sampling, logits.shape[-1])
 
     def _settle(self) -> None:
         if self.overlap is not None:

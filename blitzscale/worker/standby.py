@@ -27,6 +27,7 @@ import torch
 from blitzscale.checkpoint import load_config, resolve_model
 from blitzscale.core.heap import free_frozen
 from blitzscale.engine import EngineConfig, LLMEngine
+from blitzscale.engine.oom import free_cached_memory
 from blitzscale.model.weights import ModelWeights
 
 log = logging.getLogger("blitzscale.worker")
@@ -36,8 +37,7 @@ def free_device_memory(device: torch.device) -> None:
     """Give what dropped engines and weights held back to the device, cycles included
     (frozen ones too: core/heap.py)."""
     free_frozen()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    free_cached_memory(device)
 
 
 @dataclass(frozen=True)

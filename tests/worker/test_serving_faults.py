@@ -3,6 +3,7 @@ an error (finish_reason "error"), the others go on, and the loop keeps serving."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -91,16 +92,8 @@ def test_non_finite_logits_fail_only_that_request(loop: Loop, monkeypatch) -> No
 def test_a_step_that_raises_fails_its_requests_and_the_loop_serves_on(loop: Loop, monkeypatch) -> None:
     e = loop.serving.engine
     assert e is not None
-    real = e.runner.execute
-    calls = {"n": 0}
-
-    def execute(sched: Any, *rest: Any) -> torch.Tensor:
-        calls["n"] += 1
-        if calls["n"] == 2:  # the second step: both requests are running
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return real(sched, *rest)
-
-    monkeypatch.setattr(e.runner, "execute", execute)
+    error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    _fail_steps(monkeypatch, e, lambda n: n == 2, error)  # the second: both requests running
     loop.submit("a", "The capital of France is", GREEDY)
     loop.submit("b", "def fibonacci(n):", GREEDY)
     last = loop.run()
@@ -125,16 +118,8 @@ def test_out_of_memory_in_a_step_serves_its_requests(loop: Loop, monkeypatch) ->
     loop.sent.clear()
     e = loop.serving.engine
     assert e is not None
-    real = e.runner.execute
-    calls = {"n": 0}
-
-    def execute(sched: Any, *rest: Any) -> torch.Tensor:
-        calls["n"] += 1
-        if calls["n"] <= 2:  # the prefill of both, then the smaller retry (of one of them)
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(sched, *rest)
-
-    monkeypatch.setattr(e.runner, "execute", execute)
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    calls = _fail_steps(monkeypatch, e, lambda n: n <= 2, oom)  # both prefills, then the smaller retry
     loop.submit("a", "The capital of France is", GREEDY)
     loop.submit("b", "def fibonacci(n):", GREEDY)
     last = loop.run()
@@ -187,3 +172,19 @@ def test_a_worker_whose_every_step_fails_gives_up(loop: Loop, monkeypatch) -> No
         for k in range(MAX_FAILED_STEPS):
             loop.submit(f"r{k}", "The capital of France is", GREEDY)
             loop.run()
+
+
+def _fail_steps(monkeypatch: Any, e: Any, failing: Callable[[int], bool], error: Exception) -> dict[str, int]:
+    """The engine's forward raises `error` at the steps (counted from 1) `failing` names;
+    the count of its calls so far."""
+    real = e.runner.execute
+    calls = {"n": 0}
+
+    def execute(sched: Any, *rest: Any) -> torch.Tensor:
+        calls["n"] += 1
+        if failing(calls["n"]):
+            raise error
+        return real(sched, *rest)
+
+    monkeypatch.setattr(e.runner, "execute", execute)
+    return calls
