@@ -1,5 +1,6 @@
 """What structured output's token mask costs an engine step, at batch 1 and 64: the host fill
-of the bitmask (one xgrammar matcher per row, as LLMEngine._grammar_mask does) and its
+of the bitmask (one xgrammar matcher per row, one after the other, and as the engine fills
+it: structured.fill_bitmask, on several threads at 64 rows) and its
 application to the logits on their device (upload + xgrammar's kernel, as
 structured.apply_bitmask does), on [batch, vocab] float32 logits. Prints JSON.
 
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from blitzscale.core.sampling import Grammar
-from blitzscale.structured import Grammars, allocate_bitmask, apply_bitmask
+from blitzscale.structured import FILL_THREADS, Grammars, allocate_bitmask, apply_bitmask, fill_bitmask
 
 SCHEMA = {
     "type": "object",
@@ -84,8 +85,11 @@ def main() -> None:
         matchers = [grammars.matcher(grammar, ids[: r % len(ids)]) for r in range(batch)]
         logits = torch.randn(batch, vocab, device=dev)
         rows = list(range(batch))
-        fills, applies = [], []
+        fills, engine_fills, applies = [], [], []
         for _ in range(50):
+            e = time.perf_counter()
+            fill_bitmask(matchers, allocate_bitmask(batch, vocab), rows)
+            engine_fills.append(time.perf_counter() - e)
             a = time.perf_counter()
             bitmask = allocate_bitmask(batch, vocab)
             for r, m in enumerate(matchers):
@@ -101,10 +105,13 @@ def main() -> None:
             d = time.perf_counter()
             fills.append(b - a)
             applies.append(d - c)
-        fills, applies = fills[5:], applies[5:]  # (the first calls compile the kernel)
+        # (the first calls compile the kernel)
+        fills, engine_fills, applies = fills[5:], engine_fills[5:], applies[5:]
         out[f"batch_{batch}"] = {
             "fill_us_median": round(1e6 * statistics.median(fills), 1),
             "fill_us_per_row": round(1e6 * statistics.median(fills) / batch, 2),
+            "engine_fill_us_median": round(1e6 * statistics.median(engine_fills), 1),
+            "engine_fill_threads": max(1, min(FILL_THREADS, batch // 8)),
             "apply_us_median": round(1e6 * statistics.median(applies), 1),
             "total_us_median": round(1e6 * (statistics.median(fills) + statistics.median(applies)), 1),
             "apply_us_max": round(1e6 * max(applies), 1),
