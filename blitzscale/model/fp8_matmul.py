@@ -8,7 +8,8 @@ activations quantized first (one more launch per linear). Here each program stre
 strip of FP8 weight rows, widens them to bf16 in registers (exact: every e4m3 value is a
 bf16 value), multiplies on the tensor cores with fp32 accumulation and applies the
 per-channel scales at the end. The activations stay bf16: the arithmetic of the CPU path
-(model/linear.py `DequantLinear`), with the scale applied once after the sum.
+(model/linear.py `DequantLinear`), with the scale applied once after the sum. A single
+row (batch-1 decode) skips the tensor cores: a GEMV on the CUDA cores reads faster there.
 """
 
 from __future__ import annotations
