@@ -43,7 +43,7 @@ def _one(cfg: StandbyBenchConfig, standby: str) -> dict[str, Any]:
         start_s = time.perf_counter() - t
         c.load(M, 0, cfg.model)
         c.cache_on_host(M, 0)
-        c.release(M, 0)  # (with a standby: the disk load dropped it, the release re-arms it)
+        c.release(M, 0)  # (with a standby: a random model's load dropped it, the release re-arms it)
         t = time.perf_counter()
         c.transfer(M, cfg.model, [0], [0], from_host=True)
         load_s = time.perf_counter() - t

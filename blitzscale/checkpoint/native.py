@@ -90,6 +90,15 @@ def save_rank(path: Path, weights: ModelWeights, report: Report | None = None, s
     os.replace(tmp, path)
 
 
+def stored_shape(folder: Path, rank: int) -> tuple[ModelConfig, torch.dtype]:
+    """The model configuration and the stored dtype of a rank file (its header only)."""
+    header = read_header(rank_file(folder, rank))
+    try:
+        return ModelConfig.from_dict(header["config"]), parse_dtype(header["dtype"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{rank_file(folder, rank)}: corrupt header: missing or bad field {e}") from e
+
+
 def read_header(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
@@ -109,15 +118,20 @@ def read_header(path: Path) -> dict[str, Any]:
     return header
 
 
-def open_rank(path: Path, device: torch.device | str = "cpu") -> tuple[dict[str, Any], ModelWeights]:
+def open_rank(
+    path: Path, device: torch.device | str = "cpu", into: ModelWeights | None = None
+) -> tuple[dict[str, Any], ModelWeights]:
     """A rank file's checked header, and an empty buffer for its data (stored dtype) on
-    `device`: every loader starts here, so every loader refuses the same broken files."""
+    `device` (or `into`, a buffer of the same shape and dtype, whose contents it replaces):
+    every loader starts here, so every loader refuses the same broken files."""
     header = read_header(path)
     try:
         cfg = ModelConfig.from_dict(header["config"])
         stored = parse_dtype(header["dtype"])
         lay = header["layout"]
-        weights = ModelWeights.empty(cfg, stored, device, lay["tp_size"], lay["tp_rank"])
+        if into is not None and (into.config != cfg or into.dtype != stored):
+            raise CheckpointError(f"{path}: not of the shape and dtype of the buffer given to load it into")
+        weights = into or ModelWeights.empty(cfg, stored, device, lay["tp_size"], lay["tp_rank"])
         crcs = list(header["segment_crc32"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: corrupt header: missing or bad field {e}") from e

@@ -103,11 +103,8 @@ class LLMEngine:
         self.backoff = MemoryBackoff(
             self.scheduler, self.config.max_num_batched_tokens, self.config.max_num_seqs
         )
-        eos = set(weights.config.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
-        self.grammar_masks = GrammarMasks(self.tokenizer, self.model_config.vocab_size, sorted(eos))
+        self.outputs = OutputProcessor(self.tokenizer, self._eos(), self.max_model_len)
+        self.grammar_masks = GrammarMasks(self.tokenizer, self.model_config.vocab_size, sorted(self._eos()))
         self.live: LiveQueue | None = None  # set while this is a live target (weights arriving)
         # KV leaving or entering the cache: migration, relays (the serving loop's way in)
         self.handoffs = KVHandoffs(
@@ -282,6 +279,25 @@ class LLMEngine:
     def free_cached_memory(self) -> None:
         """Give the caching allocator's unused device memory back (CUDA; engine/oom.py)."""
         free_cached_memory(self.kv_cache.data.device)
+
+    def _eos(self) -> set[int]:
+        eos = set(self.model_config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        return eos
+
+    def serve_other_model(self, tokenizer: Any | None) -> None:
+        """This idle engine goes on with other weights of the same shape, loaded into its
+        buffer in place (a worker's standby engine, worker/standby.py): its cached prefixes
+        were computed by the old weights and are forgotten; text, stops and grammars follow
+        `tokenizer`. The KV cache, the kernels and the CUDA graphs stay as they are."""
+        if not self.is_idle:
+            raise RuntimeError("only an idle engine can serve another model")
+        self.reset_prefix_cache()
+        self.tokenizer = tokenizer
+        eos = self._eos()
+        self.outputs.tokenizer, self.outputs.eos_token_ids = tokenizer, eos
+        self.grammar_masks = GrammarMasks(tokenizer, self.model_config.vocab_size, sorted(eos))
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (requests keep what they hold); how many blocks' were

@@ -91,11 +91,14 @@ def load_native(
     chunk_bytes: int = CHUNK_BYTES,
     direct: bool = False,
     max_bytes_per_s: float = 0.0,
+    into: ModelWeights | None = None,
 ) -> tuple[ModelWeights, LoadResult]:
-    """`max_bytes_per_s` caps the read rate (0: none), to reproduce a slower disk."""
+    """`max_bytes_per_s` caps the read rate (0: none), to reproduce a slower disk. `into`:
+    a buffer of the file's shape and stored dtype on `device` to read into (a worker's
+    standby), instead of a new one."""
     path = native.rank_file(folder, rank)
     device = torch.device(device)
-    header, weights = native.open_rank(path, device)
+    header, weights = native.open_rank(path, device, into)
     t0 = time.perf_counter()
     chunks = _chunks(weights, chunk_bytes)
     last_of_segment = {si: i for i, (si, _, _) in enumerate(chunks)}

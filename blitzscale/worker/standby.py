@@ -9,9 +9,13 @@ A transfer to this worker lands in that buffer and its activation takes the engi
 is: the first decode after the last segment lands replays a graph captured long before.
 
 When the instance is released, its weights buffer and its drained engine become the standby
-again (the GPU is the model's; nothing is captured twice). A disk load allocates weights of
-its own, so it drops the standby first (its memory would not leave room). Only the model
-the cluster was started with, and only TP=1, has a standby; anything else loads as before.
+again (the GPU is the model's; nothing is captured twice). The standby is a shape, not a
+model: any model of the same configuration (several fine-tunes of one base, the same
+architecture under several names) lands in its buffer, by network, from a host copy or from
+disk, and its activation takes the engine as it is, with the new model's tokenizer and its
+cached prefixes forgotten (`LLMEngine.serve_other_model`). A load of another shape drops
+the standby first (its memory would not leave room); the release after it builds it again.
+Only TP=1 has a standby.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from blitzscale.checkpoint import load_config, resolve_model
 from blitzscale.core.heap import free_frozen
 from blitzscale.engine import EngineConfig, LLMEngine
 from blitzscale.engine.oom import free_cached_memory
+from blitzscale.model.config import ModelConfig
 from blitzscale.model.weights import ModelWeights
 
 log = logging.getLogger("blitzscale.worker")
@@ -63,7 +68,8 @@ class Standby:
         self.tokenizer = tokenizer
         self.weights: ModelWeights | None = None
         self.engine: LLMEngine | None = None
-        self.handed_out: ModelWeights | None = None  # the buffer a transfer is filling
+        self.handed_out: ModelWeights | None = None  # the buffer a load is filling
+        self.engine_model = ""  # the model the engine last served (its prefixes, its tokenizer)
         self.build_s = 0.0
 
     def arm(self) -> None:
@@ -76,26 +82,40 @@ class Standby:
         weights.readiness.reset()
         self.engine = LLMEngine(weights, self.tokenizer(), self.spec.engine)
         self.weights = weights
+        self.engine_model = self.spec.model
         self.build_s = time.perf_counter() - t
         log.info("standby engine for %s built in %.2f s", self.spec.model, self.build_s)
 
-    def take_weights(self, model: str, tp_size: int) -> ModelWeights | None:
-        """The empty buffer for a transfer of the standby's model (None: allocate anew)."""
-        if self.spec is None or model != self.spec.model or tp_size != 1 or self.weights is None:
+    def fits(self, config: ModelConfig, dtype: torch.dtype, tp_size: int) -> bool:
+        """Whether a model of `config` in `dtype` (unsharded) lands in the standby's buffer."""
+        w = self.weights
+        return w is not None and tp_size == 1 and w.config == config and w.dtype == dtype
+
+    def take_weights(self, config: ModelConfig, dtype: torch.dtype, tp_size: int) -> ModelWeights | None:
+        """The empty buffer for a load of a model of `config` in `dtype` (None: allocate
+        anew)."""
+        if not self.fits(config, dtype, tp_size):
             return None
         weights, self.weights = self.weights, None
+        assert weights is not None
         weights.readiness.reset()
         self.handed_out = weights
         return weights
 
-    def take_engine(self, weights: ModelWeights, engine: EngineConfig) -> LLMEngine | None:
+    def take_engine(
+        self, weights: ModelWeights, engine: EngineConfig, model: str, tokenizer: Callable[[], Any]
+    ) -> LLMEngine | None:
         """The standby engine, if `weights` is its buffer and the activation asks for the
-        engine it was built as; it is the activated instance's from now on."""
+        engine it was built as; it is `model`'s instance's from now on (told its
+        `tokenizer` if it last served another model)."""
         if self.handed_out is not weights or self.engine is None:
             return None
         if engine.for_device(self.device.type) != self.engine.config:
             return None
         built, self.engine, self.handed_out = self.engine, None, None
+        if model != self.engine_model:
+            built.serve_other_model(tokenizer())
+        self.engine_model = ""
         return built
 
     def lost(self, weights: ModelWeights) -> None:
@@ -106,17 +126,19 @@ class Standby:
             self.arm()
 
     def drop(self) -> None:
-        """Free it (a disk load needs the room)."""
+        """Free it (a load of another shape needs the room)."""
         if self.engine is None and self.weights is None:
             return
         self.engine = self.weights = None
+        self.engine_model = ""
         free_device_memory(self.device)
 
     def recycle(self, model: str, weights: ModelWeights, engine: LLMEngine | None) -> bool:
         """A released instance's buffer and drained engine become the standby (True), if
-        they are of its model and the standby slot is free."""
+        the standby slot is free and the engine was built as the standby's (any model:
+        the next load of its shape lands here)."""
         spec = self.spec
-        if spec is None or model != spec.model:
+        if spec is None:
             return False
         if self.handed_out is weights and self.engine is not None:  # loaded, never activated
             self.handed_out = None
@@ -130,5 +152,5 @@ class Standby:
         if engine.config != spec.engine.for_device(self.device.type) or weights.layout.tp_size != 1:
             return False
         weights.readiness.reset()
-        self.weights, self.engine = weights, engine
+        self.weights, self.engine, self.engine_model = weights, engine, model
         return True

@@ -66,7 +66,7 @@ from blitzscale.model.weights import ModelWeights
 from blitzscale.transfer.checksum import buffer_checksum
 from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker import costprobe
-from blitzscale.worker.disk_source import load_local
+from blitzscale.worker.disk_source import disk_shape, load_local
 from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.standby import Standby, StandbySpec, free_device_memory
 from blitzscale.worker.tp_follower import TPFollower, TPInbox
@@ -400,10 +400,11 @@ class Worker:
             return
         if msg.model in self.models or msg.model in self.loading:
             raise ValueError(f"rank {self.rank} already holds {msg.model}")
-        fresh = self.standby.take_weights(msg.model, msg.tp_size)
+        cfg, dtype = load_config(resolve_model(msg.source)), parse_dtype(msg.dtype)
+        fresh = self.standby.take_weights(cfg, dtype, msg.tp_size)
         if fresh is None:
-            cfg = load_config(resolve_model(msg.source))
-            fresh = ModelWeights.empty(cfg, parse_dtype(msg.dtype), self.device, msg.tp_size, msg.tp_rank)
+            self.standby.drop()  # (another shape: its room is needed)
+            fresh = ModelWeights.empty(cfg, dtype, self.device, msg.tp_size, msg.tp_rank)
             fresh.readiness.reset()
         self.loading[msg.model] = fresh
 
@@ -442,17 +443,27 @@ class Worker:
         if msg.model in self.models:
             raise ValueError(f"rank {self.rank} already holds {msg.model}")
         t = time.perf_counter()
-        self.standby.drop()  # (the load allocates its own weights; the standby's room is needed)
-        weights, stats = load_local(
-            msg.source,
-            parse_dtype(self.cfg.dtype),
-            self.device,
-            msg.tp_size,
-            msg.tp_rank,
-            msg.parallel_readers,
-            msg.direct_io,
-            msg.max_bytes_per_s,
-        )
+        dtype = parse_dtype(self.cfg.dtype)
+        shape = disk_shape(msg.source, msg.tp_rank, dtype)
+        into = self.standby.take_weights(shape, dtype, msg.tp_size) if shape is not None else None
+        if into is None:
+            self.standby.drop()  # (the load allocates its own weights; the standby's room is needed)
+        try:
+            weights, stats = load_local(
+                msg.source,
+                dtype,
+                self.device,
+                msg.tp_size,
+                msg.tp_rank,
+                msg.parallel_readers,
+                msg.direct_io,
+                msg.max_bytes_per_s,
+                into,
+            )
+        except BaseException:
+            if into is not None:
+                self.standby.lost(into)  # (half-read: the standby is built again)
+            raise
         _sync(self.device)
         self.models[msg.model] = weights
         return msgspec.structs.replace(stats, seconds=time.perf_counter() - t, bytes=weights.layout.nbytes)
@@ -507,8 +518,9 @@ class Worker:
         elif weights is None or not weights.readiness.all_ready:
             raise ValueError(f"rank {self.rank} does not hold all of {msg.model}")
         t = time.perf_counter()
-        standby = self.standby.take_engine(weights, msg.engine)
-        result = self.serving.activate(weights, self._tokenizer(msg.source).result(), msg, standby)
+        tokenizer = self._tokenizer(msg.source)
+        standby = self.standby.take_engine(weights, msg.engine, msg.model, tokenizer.result)
+        result = self.serving.activate(weights, tokenizer.result(), msg, standby)
         self.serving_model = msg.model
         # the engine's objects live as long as it serves; no full collection here (it
         # would delay the first request), so this activation's garbage, if any, stays

@@ -3,7 +3,10 @@ at once over HTTP (the issue "Many models on one GPU"): the one rank is swapped 
 to model, each model's requests are served in turn (none is refused with 429 or fails),
 and each gives the tokens of one model alone (greedy). The warm instance given up for
 another model's waiting request is released at once, not after `shutting_null_keep_s`
-nor after the model's keep-alive (both set far beyond the test's length here)."""
+nor after the model's keep-alive (both set far beyond the test's length here). The worker
+has a standby engine (as GPU workers do by default): the three models have one shape, so
+every load, from disk or from the host copy, lands in its buffer and every activation
+takes the engine already built (worker/standby.py), never building one."""
 
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ KEEP_S = 3600.0  # keep-alive and keep timer: never reached while the test runs
 @pytest.fixture(scope="module")
 def three_on_one() -> Iterator[tuple[ServingCluster, LoopThread]]:
     cfg = ServeConfig().with_overrides(
-        cluster={"num_workers": 1},
+        cluster={"num_workers": 1, "standby": "on"},
         model={"keep_alive_s": KEEP_S},
         router={"mode": "colocated", "max_queue_wait_s": QUEUE_WAIT_S},
         planner={"shutting_null_keep_s": KEEP_S},
@@ -93,6 +96,17 @@ def test_concurrent_requests_for_three_models_on_one_worker_are_all_served(
         assert body["choices"][0]["text"] == want, (m, body["choices"][0]["text"], want)
     # the one rank went from model to model: every model was loaded onto it, and given
     # back for the next long before its keep timer or keep-alive (else those waited 429s)
-    up = {e.model for e in service.scaler.events if e.direction == "up"}
+    ups = [e for e in service.scaler.events if e.direction == "up"]
     down = [e.model for e in service.scaler.events if e.direction == "down"]
-    assert up == set(MODELS) and len(down) >= len(MODELS) - 1, events
+    assert {e.model for e in ups} == set(MODELS) and len(down) >= len(MODELS) - 1, events
+    # one shape: every load went into the standby's buffer, every release gave it back
+    assert _activations(service, "standby") == len(ups) and _activations(service, "built") == 0, events
+    assert all(e.standby for e in service.scaler.events if e.direction == "down"), events
+
+
+def _activations(service: ServingCluster, engine: str) -> float:
+    from prometheus_client import generate_latest
+
+    key = f'blitzscale_activations_total{{engine="{engine}"}}'
+    lines = [x for x in generate_latest(service.registry).decode().splitlines() if x.startswith(key)]
+    return float(lines[0].split()[-1]) if lines else 0.0

@@ -1,7 +1,8 @@
-"""Standby engines (worker/standby.py), switched on for CPU workers: a scale-up over the
-network serves with the engine its worker built at start, a release hands the buffer and
-the drained engine back as the standby, and the next scale-up uses it again; tokens never
-change. (On GPUs the same path skips the decode-graph capture; `tests/gpu` runs it there.)"""
+"""Standby engines (worker/standby.py), switched on for CPU workers: the first load from
+disk and a scale-up over the network serve with the engine its worker built at start, a
+release hands the buffer and the drained engine back as the standby, and the next scale-up
+uses it again; tokens never change. (On GPUs the same path skips the decode-graph capture;
+`tests/gpu` runs it there.)"""
 
 from __future__ import annotations
 
@@ -73,15 +74,15 @@ def test_scale_up_uses_the_standby_and_a_release_rearms_it(
     assert service.router is not None
     ids = service.router.encode("Write a long poem about the sea and the stars. " * 6)
     ref = lt.run(_one(service, "ref", ids))
-    # the first instance came from disk, which drops that worker's standby
-    assert _activations(service, "built") == 1
+    # the first instance came from disk, into that worker's standby buffer
+    assert _activations(service, "built") == 0 and _activations(service, "standby") == 1
 
     _burst_until_scaled(service, lt, ids, ref, "a")
-    assert _activations(service, "standby") == 1
+    assert _activations(service, "standby") == 2
     down = _wait_released(service, lt, ids)
     assert down.standby is True, down  # buffer and engine kept as the standby
     assert any(i.state is InstanceState.INACTIVE for i in service.router.instances.values())
 
     _burst_until_scaled(service, lt, ids, ref, "b")
-    assert _activations(service, "standby") == 2  # the recycled engine served again
-    assert _activations(service, "built") == 1
+    assert _activations(service, "standby") == 3  # the recycled engine served again
+    assert _activations(service, "built") == 0
