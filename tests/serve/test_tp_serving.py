@@ -195,6 +195,7 @@ def test_live_tp2_target_serves_as_its_shards_land_and_relays_to_its_partner(
         outs = lt.run(waves(), timeout=300)
         assert outs == [reference[TEXTS[i % 3]] for _ in range(len(outs) // 6) for i in range(6)]
         deadline = time.monotonic() + 120
+
         def network_ups() -> list[dict[str, Any]]:
             return [e for e in service.scaler.events if e.direction == "up" and e.path == "network"]
 

@@ -16,6 +16,7 @@ from blitzscale.bench.fidelity import FidelityConfig, run_fidelity
 # one at load 15: that load is not sampled by the calibration, which assumes it stays put.
 pytestmark = pytest.mark.alone
 
+
 def test_live_and_simulated_agree() -> None:
     """Calibrated: the simulated cores carry the other work sampled on the machine during
     the live run, so a loaded machine slows both sides. Under heavy load (load average 9
