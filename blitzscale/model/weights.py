@@ -63,9 +63,14 @@ class ModelWeights:
         tp_rank: int = 0,
         pin_memory: bool = False,
     ) -> ModelWeights:
+        """`pin_memory`: page-locked host memory of exactly the buffer's size (a host copy;
+        transfer/pinned.py)."""
         layout = build_layout(config, torch.empty((), dtype=dtype).element_size(), tp_size, tp_rank)
-        buf = torch.empty(layout.numel, dtype=dtype, device=device, pin_memory=pin_memory)
-        return cls(config, layout, buf)
+        if pin_memory:
+            from blitzscale.transfer.pinned import pinned_empty
+
+            return cls(config, layout, pinned_empty(layout.numel, dtype))
+        return cls(config, layout, torch.empty(layout.numel, dtype=dtype, device=device))
 
     @property
     def dtype(self) -> torch.dtype:

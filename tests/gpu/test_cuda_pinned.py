@@ -1,0 +1,48 @@
+"""Host copies in page-locked memory of exactly their size (transfer/pinned.py): CUDA sees
+the memory as pinned, bytes go to the device and back unchanged, and the registration goes
+with the last tensor over it. Run on a GPU machine with `make test-gpu`."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from blitzscale.model.weights import ModelWeights
+from blitzscale.transfer.pinned import pinned_empty
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def test_exactly_sized_pinned_memory_round_trips_and_unregisters() -> None:
+    n = (3 << 20) + 5  # (not a power of two)
+    host = pinned_empty(n, torch.bfloat16)
+    assert host.is_pinned() and host.numel() == n and host.dtype == torch.bfloat16
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    host.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    back = torch.empty_like(src)
+    back.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(back, src)
+    view = host[10:20]
+    del host
+    gc.collect()
+    assert view.is_pinned()  # (a view keeps the registration)
+    del view
+    gc.collect()  # (unregistered now; a later registration of the same pages would fail if not)
+    again = pinned_empty(n, torch.bfloat16)
+    assert again.is_pinned()
+
+
+def test_a_host_copy_of_weights_is_pinned_at_its_size() -> None:
+    from blitzscale.checkpoint import load_config, resolve_model
+
+    cfg = load_config(resolve_model("random:tiny-llama3"))
+    w = ModelWeights.empty(cfg, torch.bfloat16, "cpu", pin_memory=True)
+    assert w.buffer.is_pinned() and w.buffer.device.type == "cpu"
+    assert w.buffer.numel() == w.layout.numel
