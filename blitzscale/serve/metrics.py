@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -212,6 +212,17 @@ class ClusterMetrics:
         self.transfer_bytes.labels(path=path, model=model).inc(nbytes)
         self.scale_up_seconds.labels(path=path, model=model).observe(seconds)
 
+    def swapped(self, model: str, direction: str, seconds: float) -> None:
+        """A model's first GPU copy came in ("in": from its host copy or disk) or its last
+        went ("out": drained, host copy kept, released), and how long that took."""
+        self.swaps.labels(model=model, direction=direction).inc()
+        self.swap_seconds.labels(model=model, direction=direction).observe(seconds)
+
+    def held(self, model: str, gpu_bytes: int, host_bytes: int) -> None:
+        """The weight bytes of `model` now on GPUs (every rank's share) and on hosts."""
+        self.weight_bytes.labels(model=model, where="gpu").set(gpu_bytes)
+        self.weight_bytes.labels(model=model, where="host").set(host_bytes)
+
     def prefixes_shipped(self, model: str, blocks: int, nbytes: int) -> None:
         """Hot prefix blocks a new instance received with its weights."""
         self.hot_prefix_blocks.labels(model=model).inc(blocks)
@@ -264,6 +275,25 @@ class ClusterMetrics:
         )
         for engine in ("standby", "built"):
             self.activations.labels(engine=engine)
+        self.swaps = PromCounter(
+            "blitzscale_model_swaps",
+            "A model's first GPU copy loaded (in: from its host copy or disk) or its last released (out)",
+            ["model", "direction"],
+            registry=registry,
+        )
+        self.swap_seconds = Histogram(
+            "blitzscale_model_swap_seconds",
+            "Each swap, whole: load from zero and activation (in); drain, host copy, release (out)",
+            ["model", "direction"],
+            buckets=SCALE_UP_BUCKETS,
+            registry=registry,
+        )
+        self.weight_bytes = Gauge(
+            "blitzscale_model_weight_bytes",
+            "Weight bytes of each model held on GPUs (every rank's share) and on hosts",
+            ["model", "where"],
+            registry=registry,
+        )
         for model in router.model_names():
             self.add_model(model)
 
@@ -274,3 +304,7 @@ class ClusterMetrics:
             self.scale_events.labels(model=model, direction="up", path=path)
             self.scale_up_seconds.labels(model=model, path=path)
         self.scale_events.labels(model=model, direction="down", path="release")
+        for direction in ("in", "out"):
+            self.swaps.labels(model=model, direction=direction)
+            self.swap_seconds.labels(model=model, direction=direction)
+        self.held(model, 0, 0)

@@ -170,8 +170,16 @@ class Scaler:
         for m in drop:
             await self.cluster.release_host_copy(m)
             log.info("dropped the host copy of %s to make room for %s", m, model)
+            self.count_held(m)
         await self.cluster.cache_on_host(model, rank)
+        self.count_held(model)
         return True
+
+    def count_held(self, model: str) -> None:
+        """`model`'s weight bytes on GPUs and hosts, for /metrics."""
+        pool, one = self.cluster.pool, self.model_bytes.get(model, 0)
+        gpu = one * len(set(pool.gpu_holders(model))) // self.tp
+        self.metrics.held(model, gpu, one if pool.host_holder(model) is not None else 0)
 
     def activation(self, role: Role, model: str | None = None) -> Activation:
         """What an instance of `model` (None: the default) is started with in `role`."""
@@ -340,6 +348,7 @@ class Scaler:
         if inst.state is not InstanceState.SHUTTING_NULL or not inst.is_idle:
             return
         model = inst.model
+        t0 = clock.now()
         await self.cluster.deactivate(inst.rank)
         last = set(self.cluster.pool.gpu_holders(model)) <= set(inst.ranks)
         if last and self.policy.name != "fixed":
@@ -352,7 +361,10 @@ class Scaler:
         self.state.move(inst.id, InstanceState.INACTIVE, "(released)")
         freed = sum(x.freed_bytes for x in res)
         kept = all(x.standby for x in res)
-        self.record("down", "release", list(inst.ranks), 0.0, freed, [], standby=kept, model=model)
+        seconds = clock.now() - t0
+        if last:
+            self.metrics.swapped(model, "out", seconds)
+        self.record("down", "release", list(inst.ranks), seconds, freed, [], standby=kept, model=model)
 
     def record(
         self,
@@ -379,6 +391,9 @@ class Scaler:
                 self.state.loaded(rank, seconds)
             if nbytes and ids:
                 self.model_bytes[name] = nbytes // len(ids)
+            if path != "network" and set(self.cluster.pool.gpu_holders(name)) <= set(ranks):
+                self.metrics.swapped(name, "in", seconds)  # (from zero: its host copy or disk)
+        self.count_held(name)
         per = list((report or {}).values())
         event = ScaleEvent(
             model=name,

@@ -102,6 +102,30 @@ def test_concurrent_requests_for_three_models_on_one_worker_are_all_served(
     # one shape: every load went into the standby's buffer, every release gave it back
     assert _activations(service, "standby") == len(ups) and _activations(service, "built") == 0, events
     assert all(e.standby for e in service.scaler.events if e.direction == "down"), events
+    # per-model metrics: swaps in (the first GPU copy, from disk or the host copy) and out
+    # (the last released), with their seconds; weight bytes where they are now
+    swaps = _samples(service, "blitzscale_model_swaps_total")
+    seconds = _samples(service, "blitzscale_model_swap_seconds_count")
+    for m in MODELS:
+        assert swaps[(m, "in")] >= 1 and seconds[(m, "in")] == swaps[(m, "in")], (m, swaps)
+    assert sum(swaps[(m, "out")] for m in MODELS) == len(down), (swaps, events)
+    held = _samples(service, "blitzscale_model_weight_bytes")
+    on_gpu = [m for m in MODELS if held[(m, "gpu")] > 0]
+    assert len(on_gpu) == 1 and held[(on_gpu[0], "gpu")] > 500e6, held  # (one rank: one model)
+
+
+def _samples(service: ServingCluster, name: str) -> dict[tuple[str, str], float]:
+    """(model, the other label's value) -> value, of metric sample `name`."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(service.registry).decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                other = sample.labels.get("direction", sample.labels.get("where", ""))
+                out[(sample.labels["model"], other)] = sample.value
+    return out
 
 
 def _activations(service: ServingCluster, engine: str) -> float:
