@@ -100,10 +100,17 @@ class ProcessSpawner:
 # Workers are forked from a server process that has imported torch once (multiprocessing's
 # forkserver), not started as fresh interpreters: each fresh one imported torch again, 2.5 s
 # of a core on an idle machine, more on a busy one, per worker and per respawn. The server
-# is this process's child, started with its first worker, and imports torch only: CUDA is
-# never initialised there, and our modules (some read settings from the environment when
-# imported) are imported in each worker once its environment is set (`forked_main`).
-FORKSERVER_PRELOAD = ["torch"]
+# is this process's child, started with its first worker, and imports torch and
+# transformers' tokenizer classes (every worker loads a tokenizer: another 1.2-1.8 s
+# each): CUDA is never initialised there, and our modules (some read settings from the
+# environment when imported) are imported in each worker once its environment is set
+# (`forked_main`, which also applies `TRANSFORMERS_VERBOSITY` again: transformers read it
+# when the server imported it).
+FORKSERVER_PRELOAD = [
+    "torch",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.tokenization_utils_fast",
+]
 _ctx: mp.context.ForkServerContext | None = None
 
 

@@ -643,6 +643,12 @@ def _leave() -> None:
 def worker_main(cfg: WorkerConfig) -> None:
     """The worker's life, in a process of its own or a Ray actor's."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:  # (preloaded by the forkserver, before this was set)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity(
+            hf_logging.log_levels.get(os.environ["TRANSFORMERS_VERBOSITY"], logging.ERROR)
+        )
     # Ctrl-C reaches the whole process group; the controller decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cfg.device.startswith("cuda"):
