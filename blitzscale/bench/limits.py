@@ -7,6 +7,7 @@ import mmap
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,6 +31,28 @@ def pinned_h2d_GBps(nbytes: int = 4 << 30, device: str = "cuda:0", reps: int = 3
         torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t)
     return nbytes / best / 1e9
+
+
+def graph_replay_ms(fn: Callable[[], object], reps: int = 20, tries: int = 5) -> float:
+    """Milliseconds of one call of `fn` (CUDA work), replayed `reps` times from one CUDA
+    graph (no launch overhead, as inside a decode step's graph); the best of `tries`."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(tries):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        best = min(best, a.elapsed_time(b) / reps)
+    return best
 
 
 def _sendrecv_worker(rank: int, port: int, nbytes: int, reps: int, out: str) -> None:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from blitzscale.bench.limits import graph_replay_ms
 from blitzscale.model import fp8_matmul
 from blitzscale.model.linear import quantize_rows
 
@@ -43,23 +44,7 @@ REPS = 20
 
 
 def graphed_ms(fn) -> float:  # type: ignore[no-untyped-def]
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPS):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        best = min(best, a.elapsed_time(b) / REPS)
-    return best
+    return graph_replay_ms(fn, REPS)
 
 
 def setting(**kw: object) -> None:
