@@ -47,11 +47,7 @@ def main():
         return out
 
     lt.run(one())
-    cpus = (
-        [cpu_of(p.pid) for p in svc.cluster.procs.values()]
-        if isinstance(svc.cluster.procs, dict)
-        else [cpu_of(p.pid) for p in svc.cluster.procs]
-    )
+    cpus = [cpu_of(p.pid) for p in svc.cluster.procs]
     lt.run(svc.stop())
     lt.close()
     print(
