@@ -165,13 +165,15 @@ ReplyResult = (
 
 
 class ReplyMsg(Msg):
-    """Answer to one command; `ok=False` carries a one-line error (and `NoResult`)."""
+    """Answer to one command; `ok=False` carries a one-line error (and `NoResult`), and
+    `no_room` when it failed for want of device memory (the rank itself is fine)."""
 
     op_id: int
     rank: int
     ok: bool
     error: str = ""
     result: ReplyResult = NoResult()
+    no_room: bool = False
 
 
 # --- controller -> worker ------------------------------------------------------------

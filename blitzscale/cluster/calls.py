@@ -37,6 +37,12 @@ class ClusterOpError(BlitzScaleError):
         errors = "; ".join(f"rank {r}: {m.error}" for r, m in sorted(replies.items()) if not m.ok)
         super().__init__(f"{what} failed: {errors}")
 
+    @property
+    def no_room(self) -> bool:
+        """Every rank that failed did for want of device memory (nothing is wrong with it)."""
+        failed = [m for m in self.replies.values() if not m.ok]
+        return bool(failed) and all(m.no_room for m in failed)
+
 
 class Calls:
     def __init__(

@@ -1,6 +1,8 @@
 """Which ranks a load may target now: a rank whose load failed waits before the next try
 (doubling each time), and one that failed `max_failures` loads in a row is taken out of
-service, rather than retried every planner round for ever. Pure bookkeeping."""
+service, rather than retried every planner round for ever. A load refused for want of
+device memory (`no_room`) is not the rank's fault: it waits `base_s` and tries again,
+without counting toward out-of-service. Pure bookkeeping."""
 
 from __future__ import annotations
 
@@ -30,6 +32,10 @@ class LoadBackoff:
             self.out_of_service.add(rank)
             return True
         return False
+
+    def no_room(self, rank: int, now: float) -> None:
+        """A load onto `rank` found too little device memory: it waits `base_s`, uncounted."""
+        self._until[rank] = max(self._until.get(rank, 0.0), now + self.base_s)
 
     def succeeded(self, rank: int) -> None:
         self._failures.pop(rank, None)

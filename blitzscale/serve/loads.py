@@ -14,6 +14,7 @@ from typing import Protocol
 
 from blitzscale import clock
 from blitzscale.cluster.base import Cluster
+from blitzscale.cluster.calls import ClusterOpError
 from blitzscale.cluster.commands import Activation, LiveStart
 from blitzscale.cluster.results import TransferResult, transfer_bytes
 from blitzscale.control.backoff import LoadBackoff
@@ -139,18 +140,25 @@ class Loads:
         """Targets that did not get the model go back to INACTIVE and wait (backing off)
         before a load may pick them again; repeated failures take a rank out of service.
         An instance with any shard missing did not get it."""
-        log.error("load onto %s failed: %s", list(targets), e)
+        no_room = isinstance(e, ClusterOpError) and e.no_room
+        if no_room:
+            log.warning("load onto %s waits for device memory: %s", list(targets), e)
+        else:
+            log.error("load onto %s failed: %s", list(targets), e)
         now = clock.now()
         holders = set(self.cluster.pool.gpu_holders(model))
         for i in self.scaler.instance_ids(targets):
             if holders.issuperset(self._ranks(i)):
                 continue
-            self.scaler.state.move(i, InstanceState.INACTIVE, "(load failed)")
-            self.scaler.metrics.load_failures.inc()
+            self.scaler.state.move(i, InstanceState.INACTIVE, "(no room)" if no_room else "(load failed)")
+            if not no_room:
+                self.scaler.metrics.load_failures.inc()
         for t in targets:
             if t in holders:
                 continue
-            if self.backoff.failed(t, now):
+            if no_room:
+                self.backoff.no_room(t, now)  # (tried again soon; the rank is fine)
+            elif self.backoff.failed(t, now):
                 log.error(
                     "rank %d is out of service after %d failed loads in a row (last: %s); "
                     "its worker is restarted",

@@ -292,11 +292,17 @@ class Worker:
                 self.serving.prefixes.send(msg)
                 return
             self._reply(op_id, True, self.handle(msg))
+        except torch.OutOfMemoryError as e:  # (a load's buffer: what it allocated is gone)
+            free_device_memory(self.device)
+            self._reply(op_id, False, NoResult(), f"no room on the device: {e}", no_room=True)
         except (BlitzScaleError, RuntimeError, ValueError, OSError) as e:
             self._reply(op_id, False, NoResult(), f"{type(e).__name__}: {e}")
 
-    def _reply(self, op_id: int, ok: bool, result: ReplyResult, error: str = "") -> None:
-        self._send_control(ReplyMsg(op_id=op_id, rank=self.rank, ok=ok, error=error, result=result))
+    def _reply(
+        self, op_id: int, ok: bool, result: ReplyResult, error: str = "", no_room: bool = False
+    ) -> None:
+        reply = ReplyMsg(op_id=op_id, rank=self.rank, ok=ok, error=error, result=result, no_room=no_room)
+        self._send_control(reply)
 
     def _start_transfer(self, msg: TransferMsg) -> None:
         """Weights move on their own thread so a source keeps serving while it sends, and a
