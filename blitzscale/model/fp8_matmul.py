@@ -78,22 +78,19 @@ def _w8a16(
     tl.store(op, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["M", "stride_x"])
+@triton.jit(do_not_specialize=["stride_x"])
 def _w8a16_gemv(
-    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_x,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    row = tl.program_id(2)
-    k_len = K // SPLIT_K
+    row = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = pid_k * k_len + tl.arange(0, BLOCK_K)
+    rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     xp = x_ptr + row * stride_x + rk
     wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for _ in range(0, k_len, BLOCK_K):
+    for _ in range(0, K, BLOCK_K):
         x = tl.load(xp).to(tl.float32)
         w = tl.load(wp, mask=n_ok[:, None], other=0.0).to(tl.float32)
         acc += w * x[None, :]
@@ -101,8 +98,7 @@ def _w8a16_gemv(
         wp += BLOCK_K
     s = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
     out = tl.sum(acc, axis=1) * s
-    op = out_ptr + pid_k * M * N + row * N + rn
-    tl.store(op, out.to(out_ptr.dtype.element_ty), mask=n_ok)
+    tl.store(out_ptr + row * N + rn, out.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit(do_not_specialize=["total"])
@@ -153,22 +149,20 @@ def w8a16_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> 
     m, k = x.shape
     n = weight.shape[0]
     x = x if x.stride(1) == 1 else x.contiguous()
-    sms = _sms(x.device.index or 0)
-    gemv = m <= GEMV_ROWS and k % GEMV_BLOCK_K == 0
-    split = 1 if gemv else split_for(n, k, sms)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m <= GEMV_ROWS and k % GEMV_BLOCK_K == 0:
+        _w8a16_gemv[(triton.cdiv(n, GEMV_BLOCK_N), m)](
+            x, weight, scale, out, n, k, x.stride(0),
+            BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K, num_warps=GEMV_WARPS,
+        )  # fmt: skip
+        return out
+    split = split_for(n, k, _sms(x.device.index or 0))
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    if gemv:
-        _w8a16_gemv[(triton.cdiv(n, GEMV_BLOCK_N), split, m)](
-            x, weight, scale, part, m, n, k, x.stride(0),
-            BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K, SPLIT_K=split, num_warps=GEMV_WARPS,
-        )  # fmt: skip
-    else:
-        _w8a16[(triton.cdiv(n, BLOCK_N), split, triton.cdiv(m, 16))](
-            x, weight, scale, part, m, n, k, x.stride(0), n,
-            BLOCK_M=16, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT_K=split,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-        )  # fmt: skip
+    _w8a16[(triton.cdiv(n, BLOCK_N), split, triton.cdiv(m, 16))](
+        x, weight, scale, part, m, n, k, x.stride(0), n,
+        BLOCK_M=16, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT_K=split,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
     if split > 1:
         _add_slices[(triton.cdiv(m * n, 1024),)](part, out, m * n, SPLIT_K=split, BLOCK=1024)
     return out
