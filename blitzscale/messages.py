@@ -75,6 +75,7 @@ class HostCopyResult(Result):
 
     bytes: int
     pinned: bool
+    seconds: float = 0.0  # to allocate it and copy into it (on the worker's own thread)
 
 
 class ActivateResult(Result):

@@ -627,7 +627,11 @@ class LocalCluster:
                         await self.calls.ops(drop, f"drop host copy of {model}")
                 raise
         shards = [result_of(m, HostCopyResult) for m in replies.values()]
-        return HostCopyResult(bytes=sum(s.bytes for s in shards), pinned=all(s.pinned for s in shards))
+        return HostCopyResult(
+            bytes=sum(s.bytes for s in shards),
+            pinned=all(s.pinned for s in shards),
+            seconds=max(s.seconds for s in shards),
+        )
 
     async def release_host_copy(self, model: str) -> None:
         rank = self.pool.host_holder(model)

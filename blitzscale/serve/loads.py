@@ -337,3 +337,4 @@ class Loads:
         self.scaler.record("up", "disk", list(target), seconds, nbytes, [], model=model)
         self._load_succeeded(target)
         await self.scaler.activate_many([target[0]], role, model=model)
+        self.scaler.copy_to_host_soon(model, target[0])

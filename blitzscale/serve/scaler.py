@@ -89,6 +89,7 @@ class Scaler:
         self.busy: set[int] = set()  # instances with an action in flight
         self.events: list[ScaleEvent] = []  # for the demo, the simulator and tests
         self._tasks: set[asyncio.Task[None]] = set()
+        self._host_copy_lock = asyncio.Lock()  # one host copy decided at a time
         self.loads = Loads(self)  # how weights get onto new instances
 
     @property
@@ -126,8 +127,6 @@ class Scaler:
         self.state.move(first, InstanceState.LOADING, "(disk)", model=name)
         seconds, nbytes = await self.loads.from_disk(head, model=name)
         self.record("up", "disk", list(head), seconds, nbytes, [], model=name)
-        if keep_host_copy:  # the cluster's one host copy, for scaling from zero
-            await self.keep_host_copy(name, first)
         roles = (
             ["prefill"] * num_prefill + ["decode"] * num_decode
             if self.pd_mode
@@ -137,16 +136,41 @@ class Scaler:
         others = [first + k * self.tp for k in range(1, len(roles))]
         for rank in others:
             self.state.move(rank, InstanceState.LOADING, "(network)", model=name)
-        if others:
-            targets = tuple(r for i in others for r in range(i, i + self.tp))
-            await self.loads.network(head, targets, multicast=True, model=name)
-            for rank, role in zip(others, roles[1:], strict=True):
-                await self.activate_many([rank], role, model=name)
+
+        async def the_others() -> None:
+            if others:
+                targets = tuple(r for i in others for r in range(i, i + self.tp))
+                await self.loads.network(head, targets, multicast=True, model=name)
+                for rank, role in zip(others, roles[1:], strict=True):
+                    await self.activate_many([rank], role, model=name)
+
+        # the cluster's one host copy, for scaling from zero: made while the first instance
+        # serves and the others load (the head's worker copies on a thread of its own)
+        copy = self.keep_host_copy(name, first) if keep_host_copy else asyncio.sleep(0)
+        await asyncio.gather(the_others(), copy)
+
+    def copy_to_host_soon(self, model: str, rank: int) -> None:
+        """After a model came from disk: its one host copy, made in the background now
+        (seconds for an 8B model on a GPU host) rather than when its last instance is
+        released, where a request for another model would wait for it."""
+        if self.policy.name != "fixed" and self.cluster.pool.host_holder(model) is None:
+            self._spawn((), self._copy_to_host(model, rank))
+
+    async def _copy_to_host(self, model: str, rank: int) -> None:
+        try:
+            await self.keep_host_copy(model, rank)
+        except Exception as e:  # its release makes one then, or it comes back from disk
+            log.error("keeping a host copy of %s failed: %s", model, e)
 
     async def keep_host_copy(self, model: str, rank: int) -> bool:
         """Make `rank`'s device copy the model's one host copy, if it has none and it fits
         its host's `[cluster] host_memory_bytes` (host copies of models that GPUs hold
-        make room, least recently requested first). False: none was made."""
+        make room, least recently requested first). False: none was made (or one is
+        being made)."""
+        async with self._host_copy_lock:
+            return await self._keep_host_copy(model, rank)
+
+    async def _keep_host_copy(self, model: str, rank: int) -> bool:
         pool = self.cluster.pool
         if pool.host_holder(model) is not None:
             return False

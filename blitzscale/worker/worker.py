@@ -67,6 +67,7 @@ from blitzscale.transfer.checksum import buffer_checksum
 from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker import costprobe
 from blitzscale.worker.disk_source import disk_shape, load_local
+from blitzscale.worker.host_copies import HostCopies
 from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.standby import Standby, StandbySpec, free_device_memory
 from blitzscale.worker.tp_follower import TPFollower, TPInbox
@@ -106,7 +107,6 @@ class Worker:
         self.cfg = cfg
         self.rank = cfg.rank
         self.models: dict[str, ModelWeights] = {}
-        self.host_copies: dict[str, ModelWeights] = {}
         self.loading: dict[str, ModelWeights] = {}  # weights a transfer is filling now
         self.serving_model = ""
         self._tokenizers: dict[str, Future[Any]] = {}
@@ -119,6 +119,7 @@ class Worker:
         # replies; only the main thread changes `models` / `loading` (in `_settle`).
         self._ended: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._init_device()
+        self.host_copies = HostCopies(self.device)
         self._init_world()
         self._init_standby()
         self._init_control()
@@ -249,6 +250,7 @@ class Worker:
             wait = BUSY_TRANSFER_POLL_MS if self._in_transfer or self.follower is not None else IDLE_POLL_MS
             events = dict(poller.poll(0 if busy else wait))
             self._settle()
+            self.host_copies.settle()
             if self.follower is not None:  # a live setup waiting for its receive buffer
                 self.follower.poll(self._weights_of)
             if inbox is not None and inbox in events:  # a leader's command: before control ones
@@ -291,6 +293,9 @@ class Worker:
             if isinstance(msg, PrefixSendMsg):  # answered when sent, by the serving loop
                 self.serving.prefixes.send(msg)
                 return
+            if isinstance(msg, HostCacheMsg) and msg.keep:
+                self._start_host_copy(msg)  # replies from its thread once the copy is made
+                return
             self._reply(op_id, True, self.handle(msg))
         except torch.OutOfMemoryError as e:  # (a load's buffer: what it allocated is gone)
             free_device_memory(self.device)
@@ -310,6 +315,8 @@ class Worker:
         before this returns, so an ActivateMsg right behind this one finds it)."""
         if self._in_transfer:
             raise BlitzScaleError(f"rank {self.rank} is already in a transfer")
+        if msg.host_source:  # (a host copy still being made is waited for)
+            self.host_copies.finish(msg.model)
         self._prepare_receive(msg)
         self._in_transfer = True
 
@@ -386,6 +393,21 @@ class Worker:
 
         threading.Thread(target=run, name="instance-link", daemon=True).start()
 
+    def _start_host_copy(self, msg: HostCacheMsg) -> None:
+        weights = self.models.get(msg.model)
+        if weights is None:
+            raise ValueError(f"rank {self.rank} holds no device copy of {msg.model} to cache")
+
+        def done(result: HostCopyResult | None, err: str) -> None:
+            ok = result is not None
+            reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result or NoResult())
+            self._reply_from_thread(reply)
+
+        try:
+            self.host_copies.start(msg.model, weights, done)
+        except ValueError as e:
+            raise ValueError(f"rank {self.rank}: {e}") from None
+
     def _reply_from_thread(self, reply: ReplyMsg) -> None:
         """Answer on a socket of this thread's own (sockets are not thread-safe): through the
         main loop's outbox the reply would wait for the engine's current step, which on a
@@ -419,8 +441,9 @@ class Worker:
     def handle(self, msg: Message) -> ReplyResult:
         if isinstance(msg, LoadMsg):
             return self._load(msg)
-        if isinstance(msg, HostCacheMsg):
-            return self._host_cache(msg)
+        if isinstance(msg, HostCacheMsg):  # (keep=True is started in _handle_control)
+            self.host_copies.drop(msg.model)
+            return NoResult()
         if isinstance(msg, ReleaseMsg):
             return self._release(msg)
         if isinstance(msg, ChecksumMsg):
@@ -478,7 +501,7 @@ class Worker:
         received_at = time.time()
         fresh = self.loading.get(msg.model)
         weights = fresh or self.models.get(msg.model)
-        host = self.host_copies.get(msg.model)
+        host = self.host_copies.held(msg.model)  # (one being made was waited for on starting)
         layout_src = weights or host
         if layout_src is None:
             raise ValueError(f"rank {self.rank} holds no copy of {msg.model}")
@@ -496,24 +519,6 @@ class Worker:
         # event, and a synchronize would also wait for the engine's work, which on a busy
         # source never pauses (a 44 ms transfer was reported done after 4.4 s).
         return stats.as_result(received_at)
-
-    def _host_cache(self, msg: HostCacheMsg) -> HostCopyResult | NoResult:
-        if not msg.keep:
-            self.host_copies.pop(msg.model, None)
-            return NoResult()
-        if msg.model in self.host_copies:
-            raise ValueError(f"rank {self.rank} already has a host copy of {msg.model}")
-        weights = self.models.get(msg.model)
-        if weights is None:
-            raise ValueError(f"rank {self.rank} holds no device copy of {msg.model} to cache")
-        pin = self.device.type == "cuda"
-        host = ModelWeights.empty(
-            weights.config, weights.dtype, "cpu", weights.layout.tp_size, weights.layout.tp_rank, pin
-        )
-        host.buffer.copy_(weights.buffer)
-        host.readiness.mark_all_ready()
-        self.host_copies[msg.model] = host
-        return HostCopyResult(bytes=host.layout.nbytes, pinned=pin)
 
     def _activate(self, msg: ActivateMsg) -> ActivateResult:
         weights = self.models.get(msg.model)
@@ -545,6 +550,7 @@ class Worker:
         if self.follower is not None and self.follower.model_name == msg.model:
             self.follower.stop()  # its leader was deactivated (its stop may still be on the way)
         freed, kept = 0, False
+        self.host_copies.finish(msg.model)  # (a copy being made reads the weights)
         weights = self.models.pop(msg.model, None)
         if weights is not None:
             freed = weights.layout.nbytes
@@ -553,15 +559,14 @@ class Worker:
             self._retired = None
             del weights, retired
         if msg.host_copy:
-            self.host_copies.pop(msg.model, None)
+            self.host_copies.drop(msg.model)
         free_device_memory(self.device)
         if not kept:  # (after a disk load dropped it, or a failed live load lost it)
             self.standby.arm()
         return ReleaseResult(freed_bytes=freed, device_bytes_in_use=self.device_bytes_in_use(), standby=kept)
 
     def _checksum(self, msg: ChecksumMsg) -> ChecksumResult:
-        store = self.host_copies if msg.host_copy else self.models
-        weights = store.get(msg.model)
+        weights = self.host_copies.finish(msg.model) if msg.host_copy else self.models.get(msg.model)
         if weights is None:
             raise ValueError(
                 f"rank {self.rank} holds no {'host' if msg.host_copy else 'device'} copy of {msg.model}"

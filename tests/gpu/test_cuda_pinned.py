@@ -46,3 +46,36 @@ def test_a_host_copy_of_weights_is_pinned_at_its_size() -> None:
     w = ModelWeights.empty(cfg, torch.bfloat16, "cpu", pin_memory=True)
     assert w.buffer.is_pinned() and w.buffer.device.type == "cpu"
     assert w.buffer.numel() == w.layout.numel
+
+
+def test_a_host_copy_made_on_its_thread_while_the_device_computes_is_exact() -> None:
+    """worker/host_copies.py on CUDA: the copy runs on a stream of its own, on a thread,
+    while the main thread keeps queueing work on the device; it waits for what wrote the
+    weights, lands pinned, and equals them."""
+    import threading
+
+    from blitzscale.checkpoint import load_config, resolve_model
+    from blitzscale.worker.host_copies import HostCopies
+
+    cfg = load_config(resolve_model("random:tiny-llama3"))
+    w = ModelWeights.empty(cfg, torch.bfloat16, "cuda")
+    w.buffer.normal_()  # (queued on the current stream: the copy must come after it)
+    w.readiness.mark_all_ready()
+    copies = HostCopies(torch.device("cuda"))
+    answered = threading.Event()
+    got = []
+
+    def done(result, err):  # type: ignore[no-untyped-def]
+        got.append((result, err))
+        answered.set()
+
+    copies.start("m", w, done)
+    a = torch.randn(2048, 2048, device="cuda")
+    for _ in range(20):  # the device stays busy meanwhile
+        a = a @ a / 2048
+    assert answered.wait(120)
+    ((result, err),) = got
+    assert err == "" and result.pinned and result.bytes == w.layout.nbytes and result.seconds > 0
+    host = copies.finish("m")
+    assert host is not None and host.buffer.is_pinned()
+    assert torch.equal(host.buffer, w.buffer.cpu())
