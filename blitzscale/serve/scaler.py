@@ -12,6 +12,7 @@ Several models share the ranks: each round every model's view goes to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -90,6 +91,9 @@ class Scaler:
         self.events: list[ScaleEvent] = []  # for the demo, the simulator and tests
         self._tasks: set[asyncio.Task[None]] = set()
         self._host_copy_lock = asyncio.Lock()  # one host copy decided at a time
+        # set when a round should not wait for the interval: a rank just became free, or an
+        # idle instance was told to drain (it is drained at once), while a model may wait
+        self._kicked = asyncio.Event()
         self.loads = Loads(self)  # how weights get onto new instances
 
     @property
@@ -288,7 +292,9 @@ class Scaler:
     async def run(self) -> None:
         self.started_at = clock.now()  # keep-alives count from here (bootstrap is done)
         while True:
-            await asyncio.sleep(self.planner.interval_s)
+            with contextlib.suppress(TimeoutError):  # (a round every interval, or on a kick)
+                await asyncio.wait_for(self._kicked.wait(), self.planner.interval_s)
+            self._kicked.clear()
             try:
                 await self.step()
             except Exception:  # a failed round must not stop scaling for good
@@ -338,6 +344,8 @@ class Scaler:
             prefill = inst.accepts == "prefill"
             state = InstanceState.SHUTTING_PREFILL if prefill else InstanceState.SHUTTING_DECODE
             self.state.move(inst.id, state, "(draining)")
+            if inst.is_idle:  # (the next round finds it drained and may release it)
+                self._kicked.set()
         elif isinstance(a, MutateAction):
             self.state.move(inst.id, InstanceState.MUTATING_TO_DECODE, "(mutating)")
         elif isinstance(a, ReleaseAction):
@@ -383,6 +391,7 @@ class Scaler:
                 log.error("keeping a host copy of %s failed: %s", model, e)
         res = await asyncio.gather(*(self.cluster.release(model, r) for r in inst.ranks))
         self.state.move(inst.id, InstanceState.INACTIVE, "(released)")
+        self._kicked.set()  # (a model waiting for a rank need not wait for the next round)
         freed = sum(x.freed_bytes for x in res)
         kept = all(x.standby for x in res)
         seconds = clock.now() - t0
