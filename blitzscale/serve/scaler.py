@@ -91,8 +91,8 @@ class Scaler:
         self.events: list[ScaleEvent] = []  # for the demo, the simulator and tests
         self._tasks: set[asyncio.Task[None]] = set()
         self._host_copy_lock = asyncio.Lock()  # one host copy decided at a time
-        # set when a round should not wait for the interval: a rank just became free, or an
-        # idle instance was told to drain (it is drained at once), while a model may wait
+        # set when a round should not wait for the interval: an action ended (a rank may be
+        # free), or an idle instance was told to drain (it is drained at once)
         self._kicked = asyncio.Event()
         self.loads = Loads(self)  # how weights get onto new instances
 
@@ -364,6 +364,7 @@ class Scaler:
         def done(t: asyncio.Task[None]) -> None:
             self.busy.difference_update(keys)
             self._tasks.discard(t)
+            self._kicked.set()  # (a rank freed or an instance up: a waiting model need not wait)
             if not t.cancelled() and t.exception() is not None:
                 log.error("scale action failed: %s", t.exception())
 
@@ -391,7 +392,6 @@ class Scaler:
                 log.error("keeping a host copy of %s failed: %s", model, e)
         res = await asyncio.gather(*(self.cluster.release(model, r) for r in inst.ranks))
         self.state.move(inst.id, InstanceState.INACTIVE, "(released)")
-        self._kicked.set()  # (a model waiting for a rank need not wait for the next round)
         freed = sum(x.freed_bytes for x in res)
         kept = all(x.standby for x in res)
         seconds = clock.now() - t0
