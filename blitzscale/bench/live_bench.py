@@ -19,13 +19,14 @@ import asyncio
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from blitzscale.control.policies import LoadAction
 from blitzscale.core.sampling import SamplingParams
-from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
-from blitzscale.serve.server import ServingCluster
+
+if TYPE_CHECKING:  # (the server brings torch: the CLI checks its flags without it)
+    from blitzscale.serve.server import ServingCluster
 
 PATHS = ("live", "network", "host", "disk", "none")
 
@@ -131,6 +132,9 @@ async def _burst(
 
 
 def run_variant(cfg: LiveBenchConfig, path: str) -> dict[str, Any]:
+    from blitzscale.serve.background import LoopThread
+    from blitzscale.serve.server import ServingCluster
+
     lt = LoopThread()
     service = ServingCluster(_serve_config(cfg))
     try:

@@ -101,9 +101,8 @@ def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def run(args: argparse.Namespace) -> int:
     from blitzscale.api.access_log import ACCESS_LOGGER, JsonFormatter
     from blitzscale.errors import CheckpointError, InvalidRequestError
-    from blitzscale.serve.checks import check_serve_config
+    from blitzscale.serve.checks import bind_http, check_serve_config
     from blitzscale.serve.config import load_serve_config
-    from blitzscale.serve.server import run_server
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if args.log_format == "json":
@@ -115,14 +114,16 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(cfg.to_toml())
         return 0
-    from blitzscale.serve.server import check_model_tp
-
     check_serve_config(cfg)  # before anything starts (run_server checks again, for other callers)
+    sock = bind_http(cfg.server.host, cfg.server.port)  # a port in use: refused now
+    # (torch and the engine load only now: a bad flag or file is named in well under a second)
+    from blitzscale.serve.server import check_model_tp, run_server
+
     for m in cfg.served_models():
         try:  # before any worker starts
             check_model_tp(m.spec, m.tp)
         except CheckpointError as e:
             raise InvalidRequestError(f"--tp {m.tp} with {m.spec}: {e}") from e
     access = None if args.no_access_log else logging.getLogger(ACCESS_LOGGER)
-    asyncio.run(run_server(cfg, access))
+    asyncio.run(run_server(cfg, access, sock))
     return 0

@@ -17,7 +17,6 @@ from blitzscale.client import replay
 from blitzscale.client.options import API_KEY_ENV, ReplayOptions, UsageError, options_from_args
 from blitzscale.client.protocols import PROTOCOLS
 from blitzscale.client.record import write_records
-from blitzscale.client.report import write_report
 from blitzscale.client.server_watch import ServerWatch
 from blitzscale.client.summary import Summary, summarize
 from blitzscale.client.traces import (
@@ -156,6 +155,8 @@ def run_replay(args: argparse.Namespace) -> int:
     write_records(options.out / "requests.jsonl", records)
     summary_json = {**summary.to_json(), "options": options.to_json()}
     (options.out / "summary.json").write_text(json.dumps(summary_json, indent=2) + "\n", encoding="utf-8")
+    from blitzscale.client.report import write_report  # (matplotlib: ~1 s to import)
+
     page = write_report(options.out, records, summary, samples, watch.events)
     print(_one_line(summary))
     print(f"results in {options.out}; report {page}")

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -295,13 +296,15 @@ async def _announce(server: Any, cfg: ServeConfig) -> None:
     log.info("serving %s on http://%s:%d", names, cfg.server.host, cfg.server.port)
 
 
-async def run_server(cfg: ServeConfig, access_log: Any = None) -> None:
-    """Check the configuration and bind the port before any worker starts, then serve
-    until SIGINT / SIGTERM. `access_log`: a logging.Logger for one line per request."""
+async def run_server(cfg: ServeConfig, access_log: Any = None, sock: socket.socket | None = None) -> None:
+    """Check the configuration and bind the port before any worker starts (`sock`: bound
+    already), then serve until SIGINT / SIGTERM. `access_log`: a logging.Logger for one
+    line per request."""
     import uvicorn
 
     check_serve_config(cfg)
-    sock = bind_http(cfg.server.host, cfg.server.port)
+    if sock is None:
+        sock = bind_http(cfg.server.host, cfg.server.port)
     service = ServingCluster(cfg)
     try:
         await service.start()
