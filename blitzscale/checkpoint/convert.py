@@ -17,6 +17,7 @@ from blitzscale.checkpoint.loader import load_config, load_tokenizer, load_weigh
 from blitzscale.checkpoint.resolve import ModelSource, resolve_model
 from blitzscale.core.progress import Report
 from blitzscale.errors import CheckpointError
+from blitzscale.model.layout import check_tp
 from blitzscale.model.quant import check_quant
 
 
@@ -57,6 +58,7 @@ def convert(
     if src.kind == "native" and src.path.resolve() == dst.resolve():
         raise CheckpointError(f"source and destination are the same folder: {dst}")
     cfg = load_config(src)
+    check_tp(cfg, tp_size)  # (before the weights are read: seconds for a real model)
     if quant is not None:
         cfg = replace(cfg, quant=check_quant(quant))
     dtype = dtype or default_dtype_of(src)
