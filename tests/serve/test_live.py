@@ -210,7 +210,7 @@ def test_penalized_seeded_requests_through_live_targets_and_relays_equal_one_eng
         max_tokens=6, temperature=0.8, seed=11, frequency_penalty=0.9, presence_penalty=0.4,
         repetition_penalty=1.3, logit_bias=((28, -100.0),), min_tokens=4, logprobs=2,
     )  # fmt: skip
-    local = LLMEngine(smollm2_weights, smollm2_tokenizer, EngineConfig(block_size=16, num_kv_blocks=128))
+    local = LLMEngine(smollm2_weights, smollm2_tokenizer, EngineConfig(block_size=16, num_kv_blocks=512))
     lt = LoopThread()
     service = ServingCluster(live_config("colocated", 2))
     try:
@@ -240,8 +240,15 @@ def test_penalized_seeded_requests_through_live_targets_and_relays_equal_one_eng
         lt.run(service.stop())
         lt.close()
     ran_live = 0
-    for p, (toks, lps, live) in zip(ps, got, strict=True):
-        outs = list(local.stream(p, params))
+    # the same requests on the local engine, in one batch (a seeded request's tokens do not
+    # depend on its batch: tests/engine/test_logits_processors.py), each one's outputs kept
+    ids = [local.add_request(p, params) for p in ps]
+    streams: dict[str, list[Any]] = {i: [] for i in ids}
+    while not all(streams[i] and streams[i][-1].finished for i in ids):
+        for o in local.step():
+            streams[o.request_id].append(o)
+    for rid, (toks, lps, live) in zip(ids, got, strict=True):
+        outs = streams[rid]
         assert toks == outs[-1].token_ids
         assert lps == pytest.approx([x.logprob for o in outs for x in o.logprobs], abs=1e-4)
         ran_live += live
