@@ -148,6 +148,8 @@ class Router:
         self.dead_ranks: set[int] = set()  # workers found dead and not yet back
         self.respawner = Respawner(cluster, cluster.cfg.max_restarts, self._rank_back)
         self.on_rank_back: list[Callable[[int], None]] = []  # e.g. the scaler's backoff
+        # a request came for a model no instance serves (e.g. at zero): the scaler's kick
+        self.on_unserved: list[Callable[[str], None]] = []
         self.live = LiveScaling(self, pd_mode=cfg.mode == "pd")  # ZigZag: live pairs, relays, live counters
         self.prefixes = PrefixIndex()  # which prompt prefixes each instance was sent
         self.num_prefix_routed = 0  # requests sent where a prefix of theirs was likely cached
@@ -248,6 +250,9 @@ class Router:
         self.reqs[request_id] = r
         self.queue.push(r)
         self._wake.set()
+        if not any(i.model == name and i.accepts is not None for i in self.instances.values()):
+            for fn in self.on_unserved:
+                fn(name)
         try:
             while True:
                 item = await r.out.get()

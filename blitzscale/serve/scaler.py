@@ -94,6 +94,7 @@ class Scaler:
         # set when a round should not wait for the interval: an action ended (a rank may be
         # free), or an idle instance was told to drain (it is drained at once)
         self._kicked = asyncio.Event()
+        router.on_unserved.append(lambda _model: self._kicked.set())  # (its load starts now)
         self.loads = Loads(self)  # how weights get onto new instances
 
     @property
