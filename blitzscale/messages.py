@@ -114,6 +114,8 @@ class ProfileResult(Result):
     profile: Profile | None = None
     cached: bool = False
     probe_s: float = 0.0
+    device_memory_bytes: int = 0  # the device's whole memory (CPU: the host's; 0: unknown)
+    context_len: int = 0  # the model's context (its max_position_embeddings)
 
 
 class LinkResult(Result):

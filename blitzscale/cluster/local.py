@@ -718,7 +718,15 @@ class LocalCluster:
     async def cost_report(self, rank: int, query: CostQuery) -> CostReport:
         r = await self.command(rank, query.message(self.next_op()), ProfileResult)
         return CostReport(
-            r.device_name, r.weight_bytes, r.kv_bytes_per_token, r.num_layers, r.profile, r.cached, r.probe_s
+            r.device_name,
+            r.weight_bytes,
+            r.kv_bytes_per_token,
+            r.num_layers,
+            r.profile,
+            r.cached,
+            r.probe_s,
+            r.device_memory_bytes,
+            r.context_len,
         )
 
 

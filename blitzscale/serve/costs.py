@@ -19,6 +19,7 @@ from blitzscale.cluster.base import Cluster
 from blitzscale.cluster.commands import CostQuery
 from blitzscale.control.costmodel import CostReport, Profile, ProfileError, load_profile
 from blitzscale.core.config import EngineConfig
+from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.config import ModelEntry, ServeConfig
 
 log = logging.getLogger("blitzscale.serve")
@@ -65,6 +66,9 @@ async def cost_models(
     `[model] profile` file, read before the workers started (`profile_file`)."""
     cache = profiles_dir(cfg)
     default = models[0]
+    for m in models:  # (before anything is measured or loaded: a probe would not fit either)
+        shape = await _report(cluster, m, folders[m.name], engine, cache, measure=False)
+        check_fits_device(m.name, shape, cfg.model.tp)
     measure = given is None and cfg.model.tp == 1
     first = await _report(cluster, default, folders[default.name], engine, cache, measure)
     if given is not None:
@@ -94,6 +98,25 @@ async def cost_models(
             out[m.name] = base.scaled(m.name, *shape)
             log.info("cost model of %s: %s", m.name, out[m.name].note)  # type: ignore[union-attr]
     return out
+
+
+def check_fits_device(model: str, report: CostReport, tp: int) -> None:
+    """Refuse a model whose share of the weights and the KV cache of one request of its
+    whole context do not fit one rank's device memory, naming the sizes (unknown: pass)."""
+    if not report.device_memory_bytes:
+        return
+    weights = report.weight_bytes // tp
+    kv = report.kv_bytes_per_token * report.context_len // tp
+    if weights + kv <= report.device_memory_bytes:
+        return
+    gb = 1e9
+    raise InvalidRequestError(
+        f"model {model!r} does not fit a rank: its weights take {weights / gb:.2f} GB per rank "
+        f"(tp={tp}) and one request of its {report.context_len}-token context "
+        f"{kv / gb:.2f} GB of KV cache, {(weights + kv) / gb:.2f} GB in all, more than the "
+        f"{report.device_memory_bytes / gb:.2f} GB of the workers' device ({report.device_name}); "
+        "serve it with a larger tp, or converted to FP8 (`blitzscale convert --dtype fp8`)"
+    )
 
 
 def describe(p: Profile) -> str:

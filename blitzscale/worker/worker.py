@@ -588,6 +588,8 @@ class Worker:
             weight_bytes=layout.nbytes,
             kv_bytes_per_token=KVCache.bytes_per_block(config, 1, dtype),
             num_layers=config.num_layers,
+            device_memory_bytes=device_memory_bytes(self.device),
+            context_len=config.max_position_embeddings,
         )
         if not msg.measure:
             return out
@@ -626,6 +628,13 @@ class Worker:
         if self.device.type == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
         return sum(w.buffer.untyped_storage().nbytes() for w in self.models.values())
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """The device's whole memory (a CPU worker's: its host's physical memory)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _sync(device: torch.device) -> None:

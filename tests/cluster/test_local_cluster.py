@@ -190,3 +190,20 @@ def test_configured_bandwidth_cap_slows_a_transfer_to_its_rate(smollm2_dir: Path
         nbytes = report[1].bytes
         assert report[1].seconds >= 0.9 * nbytes / rate and report[1].GBps <= 1.1 * rate / 1e9
         assert c.checksum(M, 1) == c.checksum(M, 0)
+
+
+def test_a_worker_names_its_device_its_memory_and_the_models_shape(
+    cluster: Blocking, smollm2_dir: Path
+) -> None:
+    """What the start-up fit check reads (serve/costs.py check_fits_device): a CPU worker's
+    memory is its host's; the model's bytes, KV per token and context are its config's."""
+    from blitzscale.cluster.commands import CostQuery
+    from blitzscale.core.config import EngineConfig
+
+    r = cluster.cost_report(1, CostQuery(M, str(smollm2_dir), EngineConfig(), measure=False))
+    with open("/proc/meminfo") as f:
+        total_kb = int(f.readline().split()[1])  # MemTotal
+    assert abs(r.device_memory_bytes - total_kb * 1024) < 0.01 * total_kb * 1024
+    assert r.device_name.startswith("cpu") and r.profile is None
+    assert (r.weight_bytes, r.context_len, r.num_layers) == (538169344, 8192, 30)
+    assert r.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4  # k and v, 30 layers, 3 kv heads of 64, fp32
