@@ -60,6 +60,7 @@ from blitzscale.worker.tp import InstanceReadiness, TPLeader, make_leader
 from blitzscale.worker.world import Links
 
 STATS_INTERVAL_S = 0.05
+STATS_UNCHANGED_S = 1.0  # stats equal to the last sent go out this often (a heartbeat)
 READY_POLL_S = 0.005  # an idle live TP target asks its shards how far they are this often
 log = logging.getLogger("blitzscale.worker")
 MAX_FAILED_STEPS = 3  # engine steps failing in a row mean the worker itself is broken
@@ -86,6 +87,8 @@ class ServingLoop:
         self.orphans: list[Move] = []  # timed-out receives: their buffers must stay alive
         self.live = LiveSide(self)  # its live-scaling side: relays, live-target events
         self._last_stats = 0.0
+        self._sent_stats: StatsMsg | None = None  # the last stats sent, and when
+        self._sent_at = 0.0
         self._was_idle = True
         self._failed_steps = 0  # in a row
         self.num_steps = 0  # where the loop's time goes (StatsMsg)
@@ -110,6 +113,7 @@ class ServingLoop:
         """Serve `weights` with a new engine, or with `engine`, built on them beforehand."""
         if self.engine is not None:
             raise BlitzScaleError(f"rank {self.rank} is already serving")
+        self._sent_stats = None  # (the router dropped this rank's stats when it was released)
         tp = make_leader(self.links, weights)
         if engine is None or tp is not None:  # (a standby engine is TP=1)
             engine = LLMEngine(weights, tokenizer, msg.engine, tp_group=tp)
@@ -275,7 +279,10 @@ class ServingLoop:
         now = time.monotonic()
         if now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
-            self.send(self.stats())
+            stats = self.stats()
+            if stats != self._sent_stats or now - self._sent_at >= STATS_UNCHANGED_S:
+                self.send(stats)  # (an idle engine's unchanged stats: once a second, not 20 times)
+                self._sent_stats, self._sent_at = stats, now
         self._had_work = busy or bool(self._recvs or self._sends or self.live.busy or self.prefixes.busy)
         return self._had_work
 
