@@ -293,8 +293,11 @@ class Scaler:
     async def run(self) -> None:
         self.started_at = clock.now()  # keep-alives count from here (bootstrap is done)
         while True:
-            with contextlib.suppress(TimeoutError):  # (a round every interval, or on a kick)
-                await asyncio.wait_for(self._kicked.wait(), self.planner.interval_s)
+            # a round every interval, or on a kick (asyncio.timeout, not wait_for: Python
+            # 3.11's wait_for can swallow a cancel landing as it times out, and stop() hangs)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.planner.interval_s):
+                    await self._kicked.wait()
             self._kicked.clear()
             try:
                 await self.step()
