@@ -15,7 +15,6 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,11 +23,9 @@ import zmq
 
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.native import dtype_name, parse_dtype
-from blitzscale.control.costmodel import Profile
 from blitzscale.core.heap import freeze_heap
 from blitzscale.engine import LLMEngine
 from blitzscale.errors import BlitzScaleError
-from blitzscale.kvcache.cache import KVCache
 from blitzscale.messages import (
     ActivateMsg,
     ActivateResult,
@@ -49,7 +46,6 @@ from blitzscale.messages import (
     PrefixRecvMsg,
     PrefixSendMsg,
     ProfileMsg,
-    ProfileResult,
     ReleaseMsg,
     ReleaseResult,
     ReplyMsg,
@@ -61,11 +57,11 @@ from blitzscale.messages import (
     decode,
     worker_frames,
 )
-from blitzscale.model.layout import build_layout
 from blitzscale.model.weights import ModelWeights
 from blitzscale.transfer.checksum import buffer_checksum
 from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker import costprobe
+from blitzscale.worker.cost_report import cost_report
 from blitzscale.worker.disk_source import disk_shape, load_local
 from blitzscale.worker.host_copies import HostCopies
 from blitzscale.worker.serving import ServingLoop
@@ -451,7 +447,7 @@ class Worker:
         if isinstance(msg, ChecksumMsg):
             return self._checksum(msg)
         if isinstance(msg, ProfileMsg):
-            return self._profile(msg)
+            return cost_report(msg, self.device, parse_dtype(self.cfg.dtype), self.standby, self.rank)
         if isinstance(msg, ActivateMsg):
             return self._activate(msg)
         if isinstance(msg, DeactivateMsg):
@@ -579,64 +575,11 @@ class Worker:
             bytes=weights.layout.nbytes,
         )
 
-    def _profile(self, msg: ProfileMsg) -> ProfileResult:
-        """This device's name, the model's shape and, if asked, its cost model here (from
-        the cache folder when it was measured before): a CostReport's fields."""
-        config = load_config(resolve_model(msg.source))
-        dtype = parse_dtype(self.cfg.dtype)
-        layout = build_layout(config, torch.empty((), dtype=dtype).element_size())
-        out = ProfileResult(
-            device_name=costprobe.device_name(self.device),
-            weight_bytes=layout.nbytes,
-            kv_bytes_per_token=KVCache.bytes_per_block(config, 1, dtype),
-            num_layers=config.num_layers,
-            device_memory_bytes=device_memory_bytes(self.device),
-            context_len=config.max_position_embeddings,
-        )
-        if not msg.measure:
-            return out
-        key = costprobe.cache_key(config, dtype, self.device, msg.engine.for_device(self.device.type))
-        folder = Path(msg.cache_dir) if msg.cache_dir else None
-        t = time.perf_counter()
-        profile = costprobe.cached_profile(folder, key) if folder is not None else None
-        cached = profile is not None
-        if profile is None:
-            profile = self._measure(msg, config, dtype)
-            if folder is not None:
-                costprobe.save_profile(folder, key, profile)
-        took = time.perf_counter() - t
-        how = "read back" if cached else "measured"
-        log.info("rank %d: cost model of %s %s in %.2f s", self.rank, msg.model, how, took)
-        return msgspec.structs.replace(out, profile=profile, cached=cached, probe_s=took)
-
-    def _measure(self, msg: ProfileMsg, config: Any, dtype: torch.dtype) -> Profile:
-        engine_cfg = msg.engine.for_device(self.device.type)
-        points = costprobe.probe_points(self.device, engine_cfg)
-        sb = self.standby
-        ours = sb.spec is not None and sb.spec.model == msg.model and sb.weights is not None
-        if ours and sb.engine is not None and sb.engine.config == engine_cfg:
-            assert sb.weights is not None  # (no weights have arrived in it: fill it)
-            with costprobe.stand_in(sb.weights):
-                return costprobe.measure(sb.engine, points, msg.model)
-        engine = costprobe.scratch_engine(config, dtype, self.device, engine_cfg, points)
-        try:
-            return costprobe.measure(engine, points, msg.model)
-        finally:
-            del engine
-            free_device_memory(self.device)
-
     def device_bytes_in_use(self) -> int:
         """What the device allocator holds (CUDA), or the bytes of the models held (CPU)."""
         if self.device.type == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
         return sum(w.buffer.untyped_storage().nbytes() for w in self.models.values())
-
-
-def device_memory_bytes(device: torch.device) -> int:
-    """The device's whole memory (a CPU worker's: its host's physical memory)."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _sync(device: torch.device) -> None:

@@ -1,0 +1,80 @@
+"""A worker's answer to "what does this model cost on your device" (`ProfileMsg`): the
+device's name and memory, the model's shape and context and, if asked, its cost model here
+(measured by worker/costprobe.py on the standby engine or a scratch one, or read back from
+the cache folder when it was measured before): a CostReport's fields."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from blitzscale.checkpoint import load_config, resolve_model
+from blitzscale.control.costmodel import Profile
+from blitzscale.kvcache.cache import KVCache
+from blitzscale.messages import ProfileMsg, ProfileResult
+from blitzscale.model.layout import build_layout
+from blitzscale.worker import costprobe
+from blitzscale.worker.standby import Standby, free_device_memory
+
+log = logging.getLogger("blitzscale.worker")
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """The device's whole memory (a CPU worker's: its host's physical memory)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cost_report(
+    msg: ProfileMsg, device: torch.device, dtype: torch.dtype, standby: Standby, rank: int
+) -> ProfileResult:
+    config = load_config(resolve_model(msg.source))
+    layout = build_layout(config, torch.empty((), dtype=dtype).element_size())
+    out = ProfileResult(
+        device_name=costprobe.device_name(device),
+        weight_bytes=layout.nbytes,
+        kv_bytes_per_token=KVCache.bytes_per_block(config, 1, dtype),
+        num_layers=config.num_layers,
+        device_memory_bytes=device_memory_bytes(device),
+        context_len=config.max_position_embeddings,
+    )
+    if not msg.measure:
+        return out
+    key = costprobe.cache_key(config, dtype, device, msg.engine.for_device(device.type))
+    folder = Path(msg.cache_dir) if msg.cache_dir else None
+    t = time.perf_counter()
+    profile = costprobe.cached_profile(folder, key) if folder is not None else None
+    cached = profile is not None
+    if profile is None:
+        profile = _measure(msg, config, dtype, device, standby)
+        if folder is not None:
+            costprobe.save_profile(folder, key, profile)
+    took = time.perf_counter() - t
+    how = "read back" if cached else "measured"
+    log.info("rank %d: cost model of %s %s in %.2f s", rank, msg.model, how, took)
+    return msgspec.structs.replace(out, profile=profile, cached=cached, probe_s=took)
+
+
+def _measure(msg: ProfileMsg, config: Any, dtype: torch.dtype, device: torch.device, sb: Standby) -> Profile:
+    """On the standby engine when it is this model's and of this engine configuration (its
+    buffer filled with stand-in weights: none have arrived in it), else a scratch engine."""
+    engine_cfg = msg.engine.for_device(device.type)
+    points = costprobe.probe_points(device, engine_cfg)
+    ours = sb.spec is not None and sb.spec.model == msg.model and sb.weights is not None
+    if ours and sb.engine is not None and sb.engine.config == engine_cfg:
+        assert sb.weights is not None
+        with costprobe.stand_in(sb.weights):
+            return costprobe.measure(sb.engine, points, msg.model)
+    engine = costprobe.scratch_engine(config, dtype, device, engine_cfg, points)
+    try:
+        return costprobe.measure(engine, points, msg.model)
+    finally:
+        del engine
+        free_device_memory(device)
