@@ -47,6 +47,8 @@ class HostCopies:
         def run() -> None:
             t = time.perf_counter()
             try:
+                if stream is not None:  # (a thread starts on device 0: registering the host
+                    torch.cuda.set_device(self.device)  # memory there would open a context on it)
                 host = _copy(weights, stream)
             except Exception as e:  # answered, never a dead thread
                 self._made[model] = None
