@@ -102,7 +102,9 @@ async def cost_models(
 
 def check_fits_device(model: str, report: CostReport, tp: int) -> None:
     """Refuse a model whose share of the weights and the KV cache of one request of its
-    whole context do not fit one rank's device memory, naming the sizes (unknown: pass)."""
+    whole context do not fit one rank's device memory, naming the sizes (unknown: pass).
+    A rank's share is the whole model's bytes / tp: tensors every shard holds in full (the
+    embeddings) are counted once, so a tp > 1 model near the limit may still not fit."""
     if not report.device_memory_bytes:
         return
     weights = report.weight_bytes // tp
