@@ -42,30 +42,20 @@ def weight_bytes(model: str, device: str) -> int:
     return build_layout(load_config(resolve_model(model)), size).nbytes
 
 
-def pinned_copy_s(nbytes: int, device: str, repeats: int = 3) -> float:
-    """The fastest host-to-device copy of `nbytes` from registered host memory (the host
-    copy's own kind of memory), in this process, before the server starts (on CPU, a
-    plain copy: a dry run of this script)."""
+def copy_limit_s(nbytes: int, device: str) -> float:
+    """The host-to-device copy of `nbytes` at its best: from registered host memory on a
+    GPU (bench/limits.py, in this process before the server starts); on CPU a plain copy
+    (a dry run of this script)."""
+    if device == "cuda":
+        from blitzscale.bench.limits import pinned_h2d_GBps
+
+        return nbytes / (pinned_h2d_GBps(nbytes) * 1e9)
     import torch
 
-    from blitzscale.transfer.pinned import pinned_empty
-
-    n = nbytes // 2
-    host = pinned_empty(n, torch.bfloat16) if device == "cuda" else torch.empty(n, dtype=torch.bfloat16)
-    dev = torch.empty(n, dtype=torch.bfloat16, device=device)
-    best = float("inf")
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        dev.copy_(host, non_blocking=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t)
-    del host, dev
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return best
+    src, dst = torch.empty(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+    t = time.perf_counter()
+    dst.copy_(src)
+    return time.perf_counter() - t
 
 
 def config_toml(model: str, device: str, models: int, keep_alive_s: float) -> str:
@@ -198,7 +188,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     nbytes = weight_bytes(args.model, args.device)
-    limit = pinned_copy_s(nbytes, args.device)
+    limit = copy_limit_s(nbytes, args.device)
     work = Path(tempfile.mkdtemp(prefix="swap-"))
     conf = work / "cluster.toml"
     conf.write_text(config_toml(args.model, args.device, args.models, args.keep_alive))
