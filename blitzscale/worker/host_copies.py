@@ -25,6 +25,8 @@ Done = Callable[[HostCopyResult | None, str], None]  # (result, "") or (None, er
 
 class HostCopies:
     def __init__(self, device: torch.device) -> None:
+        if device.type == "cuda" and device.index is None:  # (the thread needs the index)
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self._held: dict[str, ModelWeights] = {}
         self._making: dict[str, threading.Thread] = {}
