@@ -262,7 +262,7 @@ class CostReport:
     cached: bool = False  # read back from the cache folder, not measured now
     probe_s: float = 0.0
     device_memory_bytes: int = 0  # the worker's whole device memory (0: unknown)
-    context_len: int = 0  # the model's context, in tokens (0: unknown)
+    context_len: int = 0  # one request's longest context there, in tokens (0: unknown)
 
     def check(self, profile: Profile, where: str) -> None:
         """`profile` must be of this model and this kind of device (names both if not)."""

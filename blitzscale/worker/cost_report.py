@@ -43,7 +43,10 @@ def cost_report(
         kv_bytes_per_token=KVCache.bytes_per_block(config, 1, dtype),
         num_layers=config.num_layers,
         device_memory_bytes=device_memory_bytes(device),
-        context_len=config.max_position_embeddings,
+        # (the engine's: capped by `[engine] max_model_len` as LLMEngine caps it)
+        context_len=min(
+            msg.engine.max_model_len or config.max_position_embeddings, config.max_position_embeddings
+        ),
     )
     if not msg.measure:
         return out
