@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import math
@@ -28,8 +29,10 @@ from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.convert import convert
 from blitzscale.checkpoint.folders import INDEX_FILE, is_native_folder
 from blitzscale.checkpoint.loader import load_tokenizer_of
+from blitzscale.checkpoint.native import parse_dtype
 from blitzscale.checkpoint.resolve import hf_id
 from blitzscale.cluster.local import LocalCluster
+from blitzscale.cluster.slotted import slotted
 from blitzscale.cluster.spawners import make_spawner
 from blitzscale.control.costmodel import Profile
 from blitzscale.core.heap import freeze_heap
@@ -51,17 +54,28 @@ from blitzscale.worker.standby import StandbySpec
 log = logging.getLogger("blitzscale.serve")
 
 
-def prepare_model(name: str, cache_dir: str = "", tp: int = 1, report: Report | None = None) -> str:
+def prepare_model(
+    name: str, cache_dir: str = "", tp: int = 1, report: Report | None = None, dtype: str = ""
+) -> str:
     """Our-format folder of the model (converted once and kept, one file per shard), so
-    every load is one read. `report` hears how far a conversion's writes are."""
+    every load is one read. `report` hears how far a conversion's writes are. Random
+    weights are written in `dtype` (the workers'; "": the generator's): they have no dtype
+    of their own, and one stored as the workers load it is read straight into its buffer,
+    with no cast (a cast of 8B fp32 weights needs 30 GB of device memory beside them)."""
     src = resolve_model(name)
     if src.kind == "native":
         return str(src.path)
     root = Path(cache_dir or os.environ.get("BLITZSCALE_CACHE", "~/.cache/blitzscale")).expanduser()
-    folder = root / "models" / (name.replace(":", "_").replace("/", "_") + (f"_tp{tp}" if tp > 1 else ""))
+    stored = dtype if src.kind == "random" else ""
+    stem = (
+        name.replace(":", "_").replace("/", "_")
+        + (f"_tp{tp}" if tp > 1 else "")
+        + (f"_{stored}" if stored else "")
+    )
+    folder = root / "models" / stem
     if not is_native_folder(folder):
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        convert(name, tmp, tp_size=tp, report=report)
+        convert(name, tmp, dtype=parse_dtype(stored) if stored else None, tp_size=tp, report=report)
         try:
             tmp.rename(folder)
         except OSError:  # another server converted it first (two starting on a fresh cache)
@@ -151,7 +165,7 @@ class ServingCluster:
     def __init__(self, cfg: ServeConfig) -> None:
         self.cfg = cfg
         self.registry = CollectorRegistry()
-        self.cluster: LocalCluster | None = None
+        self.cluster: Any = None  # a LocalCluster, or its slots (cluster/slotted.py)
         self.control: ControlPlane | None = None  # router, scaler, metrics: once started
         self._ctx = zmq.asyncio.Context()
 
@@ -169,7 +183,7 @@ class ServingCluster:
         for m in models:  # (converted once and kept: a first start writes the whole model)
             with Phase(f"preparing {m.spec} in our format") as phase:
                 folders[m.name] = await asyncio.to_thread(
-                    prepare_model, m.spec, cfg.model.cache_dir, tp, phase.report
+                    prepare_model, m.spec, cfg.model.cache_dir, tp, phase.report, cfg.cluster.resolved_dtype
                 )
             if m.tokenizer:
                 folders[m.name] = await asyncio.to_thread(
@@ -179,6 +193,8 @@ class ServingCluster:
         folder = folders[default.name]
         given = profile_file(cfg)  # (a bad file is refused before any worker starts)
         engine = cfg.engine.for_device(cfg.cluster.device)  # what every worker is told
+        per_rank = cfg.cluster.models_per_rank
+        engine = dataclasses.replace(engine, models_per_device=per_rank)
         # The workers' backend (local processes, or Ray actors) says which address they reach
         # this process at: the router's data socket is bound there.
         spawner = make_spawner(cfg.cluster)
@@ -189,9 +205,10 @@ class ServingCluster:
         use_standby = cfg.cluster.uses_standby and tp == 1  # (TP instances: not yet)
         standby = StandbySpec(default.name, folder, engine) if use_standby else None
         addr = f"tcp://{host}:{port}"
-        self.cluster = LocalCluster(
+        local = LocalCluster(
             cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby, tp=tp, spawner=spawner
         )
+        self.cluster = slotted(local, per_rank)  # (several models a worker: its slots)
         try:
             what = "standby engines, kernels, CUDA graphs" if standby is not None else "links"
             with Phase(f"starting {cfg.cluster.num_workers} workers ({what})"):
@@ -228,7 +245,7 @@ class ServingCluster:
             log.info("pacing every engine step by %s (%s): the cost model of all", pace.name, pace.device)
         with Phase("loading the first instances"):
             self.control = await build_control_plane(
-                spec, self.cluster, ZmqDataPlane(data, self.cluster.token)
+                spec, self.cluster, ZmqDataPlane(data, local.token, local.world_size)
             )
         self.control.start_scaling()
 
