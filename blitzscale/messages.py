@@ -288,12 +288,14 @@ class ActivateMsg(Msg):
     engine: EngineConfig  # the `[engine]` section the server was configured with
     live: bool = False  # a live target: serve while the weights are still arriving (ZigZag)
     pace: Profile | None = None  # `[engine] pace` resolved: each step lasts what it gives
+    slot: int = 0  # which of the worker's resident models' loops serves it
 
 
 class DeactivateMsg(Msg):
     """Stop serving (the engine must have no requests left); the weights stay."""
 
     op_id: int
+    slot: int = 0
 
 
 class SetRoleMsg(Msg):
@@ -301,6 +303,7 @@ class SetRoleMsg(Msg):
 
     op_id: int
     role: Role
+    slot: int = 0
 
 
 class LinkMsg(Msg):

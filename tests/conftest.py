@@ -57,6 +57,7 @@ SLOW_FIRST = (
     "tests/worker/test_tp_engine.py",
     "tests/serve/test_models_swap.py",
     "tests/serve/test_models.py",
+    "tests/serve/test_models_resident.py",
     "tests/cluster/test_concurrency.py",
     "tests/checkpoint/test_convert_roundtrip.py",
     "tests/serve/test_shedding.py",

@@ -43,6 +43,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument(
+        "--models-per-rank",
+        type=int,
+        default=None,
+        help="models resident on each worker at once, each with its own engine and an equal share "
+        "of the device (default 1: another model is swapped in from its host copy)",
+    )
+    p.add_argument(
         "--cluster",
         choices=["local", "ray"],
         default=None,
@@ -91,7 +98,11 @@ def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "models": [] if single else entries,
         "server": pick(host=args.host, port=args.port, api_key=args.api_key),
         "cluster": pick(
-            num_workers=args.workers, device=args.device, backend=args.cluster, ray_address=args.ray_address
+            num_workers=args.workers,
+            device=args.device,
+            backend=args.cluster,
+            ray_address=args.ray_address,
+            models_per_rank=args.models_per_rank,
         ),
         "router": pick(mode=args.mode),
         "policy": pick(name=args.policy),
@@ -110,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
             handler.setFormatter(JsonFormatter())
     if args.workers is not None and args.workers < 1:
         raise InvalidRequestError(f"--workers must be at least 1, got {args.workers}")
+    if args.models_per_rank is not None and args.models_per_rank < 1:
+        raise InvalidRequestError(f"--models-per-rank must be at least 1, got {args.models_per_rank}")
     cfg = load_serve_config(args.config).with_overrides(**overrides(args))
     if args.print_config:
         print(cfg.to_toml())

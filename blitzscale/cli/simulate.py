@@ -51,6 +51,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--keep-alive", type=float, default=5.0, help="--models > 1: idle seconds before zero")
     p.add_argument(
+        "--models-per-rank",
+        type=int,
+        default=1,
+        help="--models > 1: models resident on each GPU at once, each with an equal share of it (default 1)",
+    )
+    p.add_argument(
         "--host-memory-gb",
         type=float,
         default=0.0,
@@ -207,8 +213,12 @@ def _check(args: argparse.Namespace) -> list[str]:
     ):
         if v is not None and not v > 0:
             raise InvalidRequestError(f"{flag} must be > 0, got {v}")
-    if not 1 <= args.models <= 8:
-        raise InvalidRequestError(f"--models must be in [1, 8], got {args.models}")
+    from blitzscale.demo.workload import MAX_MODELS
+
+    if not 1 <= args.models <= MAX_MODELS:
+        raise InvalidRequestError(f"--models must be in [1, {MAX_MODELS}], got {args.models}")
+    if args.models_per_rank < 1:
+        raise InvalidRequestError(f"--models-per-rank must be at least 1, got {args.models_per_rank}")
     if not args.keep_alive >= 0 or not args.host_memory_gb >= 0:
         raise InvalidRequestError(
             f"--keep-alive and --host-memory-gb must be >= 0, got {args.keep_alive} / {args.host_memory_gb}"
@@ -265,6 +275,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             models=tuple(names),
             keep_alive_s=args.keep_alive,
             host_memory_bytes=int(args.host_memory_gb * 1e9),
+            models_per_rank=args.models_per_rank,
         )
     slo = (args.ttft_slo or model.ttft_slo_s, args.tbt_slo or model.tbt_slo_s)
     out = Path(args.out)

@@ -23,6 +23,7 @@ class Activation:
     role: Role
     engine: EngineConfig
     pace: Profile | None = None
+    slot: int = 0  # the worker's serving slot (several models resident: cluster/slotted.py)
 
     def message(self, op_id: int, live: bool = False) -> ActivateMsg:
         """`live`: a target that serves while its weights arrive (ZigZag)."""
@@ -34,6 +35,7 @@ class Activation:
             engine=self.engine,
             live=live,
             pace=self.pace,
+            slot=self.slot,
         )
 
 

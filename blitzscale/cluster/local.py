@@ -674,8 +674,8 @@ class LocalCluster:
         msgs: dict[int, Message] = {r: a.message(self.next_op()) for r, a in ranks.items()}
         return await self.command_many(msgs, ActivateResult)
 
-    async def set_role(self, rank: int, role: Role) -> None:
-        await self.command(rank, SetRoleMsg(op_id=self.next_op(), role=role), NoResult)
+    async def set_role(self, rank: int, role: Role, slot: int = 0) -> None:
+        await self.command(rank, SetRoleMsg(op_id=self.next_op(), role=role, slot=slot), NoResult)
 
     async def ship_prefixes(self, model: str, src: int, dst: int, max_blocks: int) -> PrefixShipResult:
         """The source packs its hot blocks; the target reserves room and posts the receive
@@ -696,8 +696,8 @@ class LocalCluster:
             blocks=sent.blocks, bytes=sent.bytes, seconds=time.monotonic() - t, hashes=hashes
         )
 
-    async def deactivate(self, rank: int) -> None:
-        await self.command(rank, DeactivateMsg(op_id=self.next_op()), NoResult)
+    async def deactivate(self, rank: int, slot: int = 0) -> None:
+        await self.command(rank, DeactivateMsg(op_id=self.next_op(), slot=slot), NoResult)
 
     def status(self) -> ClusterStatus:
         return ClusterStatus(

@@ -35,6 +35,10 @@ class EngineConfig:
     # Reuse the KV blocks of prompt prefixes computed before (kvcache/pool.py); greedy
     # tokens are the same either way.
     prefix_caching: bool = True
+    # Models resident on one device at once (serve's `[cluster] models_per_rank`): with more
+    # than one, each engine's KV cache on a GPU is its equal share of the device's memory
+    # (times gpu_memory_utilization) less its own weights, whatever the others hold.
+    models_per_device: int = 1
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -52,6 +56,8 @@ class EngineConfig:
             raise ValueError(f"overlap must be 'auto', 'on' or 'off', got {self.overlap!r}")
         if not isinstance(self.pace, str) or not self.pace.strip():
             raise ValueError(f"pace must be 'off', 'reference', 'reference:F' or a profile: {self.pace!r}")
+        if self.models_per_device < 1:
+            raise ValueError(f"models_per_device must be >= 1, got {self.models_per_device}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 

@@ -10,7 +10,8 @@ from importlib.resources import as_file, files
 from blitzscale.client.traces import TraceRequest, load_trace, transform
 
 SLICE = "azure_code_2023_slice.csv"  # CC-BY-4.0, see blitzscale/data/README.md
-MODEL_NAMES = "abcdefgh"  # several models: model-a, model-b, ...
+MODEL_NAMES = "abcdefghijklmnopqrstuvwxyz"  # several models: model-a, model-b, ...
+MAX_MODELS = len(MODEL_NAMES)
 
 
 def model_names(n: int) -> list[str]:

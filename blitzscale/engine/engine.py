@@ -74,6 +74,11 @@ class LLMEngine:
         per_block = KVCache.bytes_per_block(weights.config, bs, weights.dtype, weights.layout.tp_size)
         if cfg.num_kv_blocks:
             num_blocks = cfg.num_kv_blocks
+        elif weights.device.type == "cuda" and cfg.models_per_device > 1:
+            # one share of the device per resident model, whatever the others hold now
+            _, total = torch.cuda.mem_get_info(weights.device)
+            share = int(total * cfg.gpu_memory_utilization) // cfg.models_per_device
+            num_blocks = (share - weights.layout.nbytes) // per_block
         elif weights.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(weights.device)
             num_blocks = int(free * cfg.gpu_memory_utilization) // per_block

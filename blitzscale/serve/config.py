@@ -130,6 +130,17 @@ class ServeConfig:
         any worker starts)."""
         self._check_models()
         tp = self.model.tp
+        if self.engine.models_per_device != 1:
+            raise InvalidRequestError(
+                "[engine] models_per_device is set from [cluster] models_per_rank (--models-per-rank); "
+                f"leave it out (got {self.engine.models_per_device})"
+            )
+        per_rank = self.cluster.models_per_rank
+        if per_rank > 1 and tp > 1:
+            raise InvalidRequestError(
+                f"[cluster] models_per_rank={per_rank} needs tp=1: a tensor-parallel rank serves one "
+                f"model at a time (got tp={tp})"
+            )
         if tp == 1:
             return
         if self.cluster.num_workers % tp:
@@ -189,7 +200,10 @@ class ServeConfig:
             if name == "models":
                 continue
             lines.append(f"[{name}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None]
+            derived = _DERIVED.get(name, ())
+            lines += [
+                f"{k} = {_toml_value(v)}" for k, v in values.items() if v is not None and k not in derived
+            ]
             lines.append("")
         for entry in self.models:  # [[models]] tables last (none: one model, [model])
             lines.append("[[models]]")
@@ -209,6 +223,9 @@ def _toml_value(v: Any) -> str:
 
 
 _SECTIONS = {f.name for f in dataclasses.fields(ServeConfig)}
+# Knobs set from another section, never written: [engine] models_per_device is [cluster]
+# models_per_rank (the workers' engines are told it)
+_DERIVED = {"engine": ("models_per_device",)}
 _TABLE_LISTS = {"models"}  # [[models]]: a list of tables, not a section
 
 

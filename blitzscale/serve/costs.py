@@ -68,7 +68,9 @@ async def cost_models(
     default = models[0]
     for m in models:  # (before anything is measured or loaded: a probe would not fit either)
         shape = await _report(cluster, m, folders[m.name], engine, cache, measure=False)
-        check_fits_device(m.name, shape, cfg.model.tp)
+        check_fits_device(
+            m.name, shape, cfg.model.tp, cfg.cluster.models_per_rank, engine.gpu_memory_utilization
+        )
     measure = given is None and cfg.model.tp == 1
     first = await _report(cluster, default, folders[default.name], engine, cache, measure)
     if given is not None:
@@ -100,18 +102,34 @@ async def cost_models(
     return out
 
 
-def check_fits_device(model: str, report: CostReport, tp: int) -> None:
+def check_fits_device(
+    model: str, report: CostReport, tp: int, per_rank: int = 1, utilization: float = 1.0
+) -> None:
     """Refuse a model whose share of the weights and the KV cache of one request of its
     whole context do not fit one rank's device memory, naming the sizes (unknown: pass).
     A rank's share is the whole model's bytes / tp: tensors every shard holds in full (the
-    embeddings) are counted once, so a tp > 1 model near the limit may still not fit."""
+    embeddings) are counted once, so a tp > 1 model near the limit may still not fit.
+    With `per_rank` models resident per rank each must fit its equal share of the device
+    (`utilization` of it: what the engines size their KV caches from)."""
     if not report.device_memory_bytes:
         return
     weights = report.weight_bytes // tp
     kv = report.kv_bytes_per_token * report.context_len // tp
+    gb = 1e9
+    if per_rank > 1:
+        share = int(report.device_memory_bytes * utilization) // per_rank
+        if weights + kv <= share:
+            return
+        fit = int(report.device_memory_bytes * utilization) // (weights + kv)
+        raise InvalidRequestError(
+            f"[cluster] models_per_rank={per_rank}: each model gets {share / gb:.2f} GB of the "
+            f"{report.device_memory_bytes / gb:.2f} GB device ({report.device_name}, x{utilization} "
+            f"gpu_memory_utilization, / {per_rank}), but model {model!r} needs {weights / gb:.2f} GB of "
+            f"weights and {kv / gb:.2f} GB of KV cache for one request of its {report.context_len}-token "
+            f"context; at most {fit} such models fit a rank"
+        )
     if weights + kv <= report.device_memory_bytes:
         return
-    gb = 1e9
     raise InvalidRequestError(
         f"model {model!r} does not fit a rank: its weights take {weights / gb:.2f} GB per rank "
         f"(tp={tp}) and one request of its {report.context_len}-token context "

@@ -29,15 +29,23 @@ class DataPlane(Protocol):
 
 
 class ZmqDataPlane:
-    def __init__(self, sock: zmq.asyncio.Socket, token: bytes) -> None:
+    """Instance `rank` is the worker `rank % world_size`'s serving slot `rank // world_size`
+    (several models resident per worker: cluster/slotted.py); each frame names the slot."""
+
+    def __init__(self, sock: zmq.asyncio.Socket, token: bytes, world_size: int) -> None:
         self.sock = sock
         self.token = token
+        self.world_size = world_size
+
+    def _frames(self, rank: int, msg: Message) -> list[bytes]:
+        slot, worker = divmod(rank, self.world_size)
+        return [f"w{worker}".encode(), slot.to_bytes(2, "little"), encode(msg)]
 
     async def send(self, rank: int, msg: Message) -> None:
-        await self.sock.send_multipart([f"w{rank}".encode(), encode(msg)])
+        await self.sock.send_multipart(self._frames(rank, msg))
 
     def send_nowait(self, rank: int, msg: Message) -> None:
-        self.sock.send_multipart([f"w{rank}".encode(), encode(msg)])  # queued by zmq, sent by the loop
+        self.sock.send_multipart(self._frames(rank, msg))  # queued by zmq, sent by the loop
 
     async def recv(self) -> Message:
         while True:

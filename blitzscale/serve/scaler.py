@@ -20,6 +20,7 @@ from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.cluster.commands import Activation
 from blitzscale.cluster.results import TransferResult
+from blitzscale.cluster.slotted import free_slots
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.costmodel import Profile
@@ -249,8 +250,10 @@ class Scaler:
             + sum(i.outstanding_tokens for i in mine if i.rank not in r.live.pairs),
             live_target_tokens=sum(i.outstanding_tokens for i in mine if i.rank in r.live.pairs),
             migrating_tokens=sum(len(q.prompt) for q in r.migrations.pending if q.model == name),
-            free_ranks=tuple(
-                x for x in r.cluster.alive_ranks() if x not in used and self.backoff.may_load(x, now)
+            free_ranks=free_slots(
+                r.cluster,
+                name,
+                [x for x in r.cluster.alive_ranks() if x not in used and self.backoff.may_load(x, now)],
             ),
             gpu_holders=tuple(self.cluster.pool.gpu_holders(name)),
             host_holder=self.cluster.pool.host_holder(name),

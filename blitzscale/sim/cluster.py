@@ -4,6 +4,12 @@ simulated GPUs, links and disks, and the data plane to their simulated engines.
 Every operation takes the time the links say on the virtual clock, holds its ranks like
 the real cluster's do (operations on one rank in order, on different ranks side by side)
 and writes the same parameter pool. Workers never die here.
+
+With `[cluster] models_per_rank` > 1 the control plane sees the workers' slots
+(cluster/slotted.py) and this cluster the workers: an engine is keyed by its slot's rank
+(worker + slot * world_size), its links are its worker's, and the engines resident on one
+worker share its device: a step takes as many times its profile's time as engines on the
+device are computing (`HostCores` with one core: the worker's steps take turns).
 """
 
 from __future__ import annotations
@@ -77,16 +83,19 @@ class SimCluster:
         self.links = Links(topo)
         self.data = SimDataPlane(self)
         self.recorder = Recorder()
-        self.engines: dict[int, SimEngine] = {}
+        self.engines: dict[int, SimEngine] = {}  # by slot rank (= the worker's with one slot)
+        self._engine_models: dict[int, str] = {}
+        self.devices = [HostCores(1) for _ in range(topo.world_size)]  # resident engines share it
         self.cores = [HostCores(topo.cores_per_node, topo.background_threads) for _ in range(topo.nodes)]
         self._locks = [asyncio.Lock() for _ in range(topo.world_size)]
         self._ops = itertools.count(1)
         self.gpu_busy_s = 0.0  # GPU-seconds holding a model (the summary's gpu_seconds)
         self._held_since: dict[int, float] = {}
+        self._held: Counter[int] = Counter()  # models each rank holds or loads
         self.messages = 0  # data-plane messages, for the simulator's own report
         self.prefix_blocks_shipped = 0  # hot prefix blocks new instances received
-        for rank in range(topo.world_size):  # every simulated worker is up from the start
-            self._emit(HelloMsg(rank=rank, pid=0, device=f"sim:{rank}"))
+        for rank in range(topo.world_size * cfg.models_per_rank):  # every worker (slot) is up
+            self._emit(HelloMsg(rank=rank, pid=0, device=f"sim:{rank % topo.world_size}"))
 
     # --- the interface: status ---------------------------------------------------------
 
@@ -117,9 +126,14 @@ class SimCluster:
     def _gained(self, ranks: list[int]) -> None:
         now = clock.now()
         for r in ranks:
+            self._held[r] += 1
             self._held_since.setdefault(r, now)
 
     def _lost(self, rank: int) -> None:
+        """`rank` holds one model fewer; its GPU-seconds stop when it holds none."""
+        self._held[rank] = max(0, self._held[rank] - 1)
+        if self._held[rank]:
+            return
         since = self._held_since.pop(rank, None)
         if since is not None:
             self.gpu_busy_s += clock.now() - since
@@ -221,12 +235,16 @@ class SimCluster:
     def _shape(self, act: Activation) -> EngineShape:
         # (what is 0 is sized as a worker's engine sizes it: for a GPU, unless told already)
         e, p = act.engine.for_device("cuda"), self.profile
+        kv_tokens = p.kv_tokens
+        if e.models_per_device > 1:  # one equal share of the device each, less its weights
+            device = p.kv_tokens * p.kv_bytes_per_token + p.weight_bytes
+            kv_tokens = max(0, device // e.models_per_device - p.weight_bytes) // p.kv_bytes_per_token
         return EngineShape(
             block_size=e.block_size,
             max_num_batched_tokens=e.max_num_batched_tokens,
             max_num_seqs=e.max_num_seqs,
             max_model_len=e.max_model_len or 1 << 30,
-            kv_blocks=e.num_kv_blocks or max(1, p.kv_tokens // e.block_size),
+            kv_blocks=e.num_kv_blocks or max(1, kv_tokens // e.block_size),
             prefix_caching=e.prefix_caching,
         )
 
@@ -236,8 +254,10 @@ class SimCluster:
         return ActivateResult(num_kv_blocks=shape.kv_blocks, max_model_len=shape.max_model_len)
 
     def _start_engine(
-        self, rank: int, act: Activation, loaded_at: float | None = None, first_layers_at: float = 0.0
-    ) -> None:
+        self, worker: int, act: Activation, loaded_at: float | None = None, first_layers_at: float = 0.0
+    ) -> int:
+        """Start `act`'s engine on `worker`'s slot; its rank (worker + slot * world_size)."""
+        rank = worker + act.slot * self.world_size
         if rank in self.engines:
             raise BlitzScaleError(f"rank {rank} is already serving")
         e = SimEngine(
@@ -250,12 +270,15 @@ class SimCluster:
             kv_move=self._kv_move,
             relay_move=self._relay_move,
             loaded_at=loaded_at,
-            cores=self.cores[self.topo.node_of(rank)],
+            cores=self.cores[self.topo.node_of(worker)],
+            device=self.devices[worker],
         )
         self.engines[rank] = e
+        self._engine_models[rank] = act.model
         e.start()
         if loaded_at is not None:
             e.live_events(first_layers_at)
+        return rank
 
     async def activate(self, ranks: dict[int, Activation]) -> dict[int, ActivateResult]:
         async with AsyncExitStack() as stack:
@@ -264,8 +287,8 @@ class SimCluster:
                 self._start_engine(rank, act)
         return {rank: self._engine_info(act) for rank, act in ranks.items()}
 
-    async def set_role(self, rank: int, role: Role) -> None:
-        self.engines[rank].role = role
+    async def set_role(self, rank: int, role: Role, slot: int = 0) -> None:
+        self.engines[rank + slot * self.world_size].role = role
 
     async def ship_prefixes(self, model: str, src: int, dst: int, max_blocks: int) -> PrefixShipResult:
         """As a worker pair ships them (worker/prefix_ship.py), the engines' own books:
@@ -274,7 +297,7 @@ class SimCluster:
         t = clock.now()
         async with AsyncExitStack() as stack:
             await self._hold(stack, [src, dst])
-            source, target = self.engines.get(src), self.engines.get(dst)
+            source, target = self._engine_of(model, src), self._engine_of(model, dst)
             if source is None or target is None:
                 raise BlitzScaleError(f"ranks {src} and {dst} must both serve {model}")
             hot = source.handoffs.hot_prefixes(max_blocks)
@@ -291,13 +314,22 @@ class SimCluster:
         hashes = tuple(h.hash for h in hot)
         return PrefixShipResult(blocks=len(hot), bytes=nbytes, seconds=clock.now() - t, hashes=hashes)
 
-    async def deactivate(self, rank: int) -> None:
+    def _engine_of(self, model: str, worker: int) -> SimEngine | None:
+        """The engine serving `model` on `worker` (in any of its slots)."""
+        for rank, m in self._engine_models.items():
+            if m == model and rank % self.world_size == worker:
+                return self.engines[rank]
+        return None
+
+    async def deactivate(self, rank: int, slot: int = 0) -> None:
+        rank += slot * self.world_size
         e = self.engines.get(rank)
         if e is not None and not e.is_idle:
             raise BlitzScaleError(f"rank {rank} still has requests; drain it first")
         if e is not None:
             e.stop()
             del self.engines[rank]
+            self._engine_models.pop(rank, None)
 
     async def release(self, model: str, rank: int, host_copy: bool = False) -> ReleaseResult:
         async with AsyncExitStack() as stack:
@@ -367,8 +399,9 @@ class SimCluster:
         self._over_link(src, dst, nbytes if layers else 0.0, done)
 
     def _over_link(self, src: int, dst: int, nbytes: float, done: Callable[[], None]) -> None:
-        """`nbytes` from `src` to `dst` over their link, shared fairly; then `done()`."""
-        links = self.topo.path(src, dst)
+        """`nbytes` from `src` to `dst` (slot ranks) over their workers' link, shared fairly;
+        then `done()`."""
+        links = self.topo.path(src % self.world_size, dst % self.world_size)
         seconds = nbytes / self.links.rate(links) + self.topo.latency_s if nbytes else 0.0
 
         async def move() -> None:

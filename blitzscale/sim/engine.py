@@ -103,12 +103,14 @@ class SimEngine:
         relay_move: Callable[[int, int, str, int, int], None] = lambda *a: None,  # (+ layers done)
         loaded_at: float | None = None,  # a live target: when its last weight segment lands
         cores: HostCores | None = None,  # its node's, shared
+        device: HostCores | None = None,  # its GPU, shared by the engines resident on it (1 core)
     ) -> None:
         self.rank, self.role, self.profile, self.shape = rank, role, profile, shape
         self.send = emit
         self.recorder = recorder
         self.kv_move, self.relay_move = kv_move, relay_move
         self.cores = cores if cores is not None else HostCores(0)
+        self.device = device if device is not None else HostCores(0)
         self.pool = BlockPool(shape.kv_blocks, shape.block_size)
         self.table = RequestTable(self.pool)
         self.scheduler = Scheduler(
@@ -350,7 +352,7 @@ class SimEngine:
                 self._flush()
                 await self._idle()
                 continue
-            with self.cores.computing(self.rank):
+            with self.cores.computing(self.rank), self.device.computing(self.rank):
                 await self._execute(step)
 
     async def _idle(self) -> None:
@@ -368,7 +370,8 @@ class SimEngine:
 
     async def _execute(self, step: Step) -> None:
         start = clock.now()
-        dur = step_s(self.profile, step.work) * self.cores.stretch(self.rank)
+        # (engines resident on one device take turns: each step as long as theirs together)
+        dur = step_s(self.profile, step.work) * self.cores.stretch(self.rank) * self.device.stretch(self.rank)
         done = 1
         if step.decode_only(self.scheduler):
             k = decode_run(step.rows, self.pool, self.shape.max_model_len)

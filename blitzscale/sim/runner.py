@@ -21,6 +21,7 @@ from blitzscale.client.record import STATUS_ERROR, STATUS_OK, RequestRecord
 from blitzscale.client.report import ReportInfo
 from blitzscale.client.traces import TraceRequest
 from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.slotted import slotted
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.costmodel import Profile
 from blitzscale.core.config import EngineConfig
@@ -67,6 +68,7 @@ class SimSetup:
     host_memory_bytes: int = 0
     prefix_routing: bool = True  # the router weighs cached prefixes (off: load alone)
     hot_prefix_share: float = 0.1  # [policy] hot_prefix_share (0: new instances start empty)
+    models_per_rank: int = 1  # models resident on a GPU at once (cluster/slotted.py)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -138,13 +140,17 @@ async def _run(
         num_workers=topo.world_size,
         ranks_per_host=topo.gpus_per_node,
         host_memory_bytes=setup.host_memory_bytes,
+        models_per_rank=setup.models_per_rank,
     )
     cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp)
+    slots = slotted(cluster, setup.models_per_rank)  # (the control plane's ranks: the slots)
     pcfg = _policy(policy, setup.fixed, setup.hot_prefix_share)
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
     rcfg = replace(rcfg, prefix_aware=rcfg.prefix_aware and setup.prefix_routing)
     device = "cpu" if preset.device.startswith("cpu") else "cuda"
-    engine = replace(setup.engine, max_model_len=model.max_model_len).for_device(device)
+    engine = replace(
+        setup.engine, max_model_len=model.max_model_len, models_per_device=setup.models_per_rank
+    ).for_device(device)
     planner = planner_for(setup, cluster)
     if pcfg.name == "fixed":
         n_pre, n_dec = setup.fixed
@@ -161,7 +167,7 @@ async def _run(
         first_instances=(n_pre, n_dec if setup.mode == "pd" else 0),
         tp=model.tp,
     )
-    control = await build_control_plane(spec, cluster, cluster.data)
+    control = await build_control_plane(spec, slots, cluster.data)
     router, scaler = control.router, control.scaler
     t0 = clock.now()
     control.start_scaling()

@@ -97,6 +97,9 @@ class PrefixShipping:
         blocks = [PrefixBlock(h.hash, h.parent, h.hits) for h in hot]
         return PrefixExportResult(export_id=msg.op_id, blocks=blocks, bytes=_nbytes(buf))
 
+    def holds(self, export_id: int) -> bool:
+        return self._export is not None and self._export[0] == export_id
+
     def send(self, msg: PrefixSendMsg) -> None:
         """Answered when sent (`poll`)."""
         if self._export is None or self._export[0] != msg.export_id:

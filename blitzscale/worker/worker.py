@@ -68,7 +68,7 @@ from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.standby import Standby, StandbySpec, free_device_memory
 from blitzscale.worker.tp_follower import TPFollower, TPInbox
 from blitzscale.worker.warmup import warm_up_compute
-from blitzscale.worker.world import PLANES, InstanceGroup, Links
+from blitzscale.worker.world import PLANES, InstanceGroup, Links, SlotLinks
 
 log = logging.getLogger("blitzscale.worker")
 # How long an idle worker's loop waits for a message (ms). Every message wakes it at once;
@@ -106,7 +106,9 @@ class Worker:
         self.rank = cfg.rank
         self.models: dict[str, ModelWeights] = {}
         self.loading: dict[str, ModelWeights] = {}  # weights a transfer is filling now
-        self.serving_model = ""
+        # What each serving slot serves (slot k's instance is rank + k * world_size to the
+        # router: several models resident here, each with its own engine and loop)
+        self.serving_models: dict[int, str] = {}
         self._tokenizers: dict[str, Future[Any]] = {}
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         if cfg.tokenizer_source:  # a live activation must not spend seconds on it
@@ -177,7 +179,35 @@ class Worker:
                     self.cfg.token, HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device))
                 )
             )
-        self.serving = ServingLoop(self.rank, self.links, self._send_data, self._reply)
+        self.loops: dict[int, ServingLoop] = {}  # by slot; slot 0 always exists
+        self.serving = self._loop(0)
+
+    def _loop(self, slot: int) -> ServingLoop:
+        """Slot `slot`'s serving loop, made on first use (the router learns of it from its
+        hello, sent before the activation that made it is answered)."""
+        loop = self.loops.get(slot)
+        if loop is None:
+            if slot and self.links.instance is not None:
+                raise BlitzScaleError(f"rank {self.rank}: a tensor-parallel rank serves one model at a time")
+            vrank = self.rank + slot * self.cfg.world_size
+            links = SlotLinks(self.links, self.cfg.world_size)  # (a peer may be another slot)
+            loop = self.loops[slot] = ServingLoop(vrank, links, self._send_data, self._reply)  # type: ignore[arg-type]
+            if slot and self.data is not None:
+                self._send_data(HelloMsg(rank=vrank, pid=os.getpid(), device=str(self.device)))
+        return loop
+
+    def _serving_slot(self, model: str) -> int | None:
+        """The slot whose engine serves `model` here, if any."""
+        return next((k for k, m in self.serving_models.items() if m == model), None)
+
+    def _model_loop(self, model: str) -> ServingLoop:
+        """The loop serving `model` (slot 0's when none does: it answers that it has none)."""
+        slot = self._serving_slot(model)
+        return self.loops[slot if slot is not None else 0]
+
+    def _exporter(self, export_id: int) -> ServingLoop:
+        """The loop holding prefix export `export_id` (slot 0's when none: it refuses)."""
+        return next((lp for lp in self.loops.values() if lp.prefixes.holds(export_id)), self.serving)
 
     def _init_follower(self) -> None:
         """Shard k > 0 of an instance group follows its leader's commands (worker/tp.py)."""
@@ -210,8 +240,9 @@ class Worker:
     def _engine_of(self, model: str) -> LLMEngine | None:
         """The engine serving `model` here, if it is one rank's (hot prefixes move between
         such engines only: a tensor-parallel instance's KV is spread over its shards)."""
-        s = self.serving
-        return s.engine if self.serving_model == model and s.tp is None else None
+        slot = self._serving_slot(model)
+        s = self.loops[slot] if slot is not None else None
+        return s.engine if s is not None and s.tp is None else None
 
     def _weights_of(self, model: str) -> ModelWeights | None:
         """This rank's copy of `model`: held, or still arriving (a live target's)."""
@@ -264,10 +295,13 @@ class Worker:
                 self._handle_control(msg)
             if self.data is not None and self.data in events:
                 while self.data.poll(0):
-                    data_msg = self._decode(self.data.recv())
+                    slot, payload = self.data.recv_multipart()
+                    data_msg = self._decode(payload)
                     if data_msg is not None:
-                        self.serving.handle(data_msg)
-            busy = self.serving.tick()
+                        self._loop(int.from_bytes(slot, "little")).handle(data_msg)
+            busy = False
+            for loop in list(self.loops.values()):  # one step each: resident models take turns
+                busy = loop.tick() or busy
 
     def _decode(self, data: bytes) -> Message | None:
         try:
@@ -289,7 +323,7 @@ class Worker:
                 self._start_instance_link(msg)
                 return
             if isinstance(msg, PrefixSendMsg):  # answered when sent, by the serving loop
-                self.serving.prefixes.send(msg)
+                self._exporter(msg.export_id).prefixes.send(msg)
                 return
             if isinstance(msg, HostCacheMsg) and msg.keep:
                 self._start_host_copy(msg)  # replies from its thread once the copy is made
@@ -348,8 +382,9 @@ class Worker:
             if not err:
                 self.models[model] = weights
                 continue
-            if self.serving_model == model:
-                self.serving.live.failed = f"loading the weights failed: {err}"
+            slot = self._serving_slot(model)
+            if slot is not None:
+                self.loops[slot].live.failed = f"loading the weights failed: {err}"
             elif self.follower is not None and self.follower.model_name == model:
                 self.follower.weights_lost(model)  # (its leader fails the live target)
             else:
@@ -451,19 +486,20 @@ class Worker:
         if isinstance(msg, ActivateMsg):
             return self._activate(msg)
         if isinstance(msg, DeactivateMsg):
-            engine = self.serving.engine
-            self.serving.deactivate()
+            loop = self._loop(msg.slot)
+            engine = loop.engine
+            loop.deactivate()
+            model = self.serving_models.pop(msg.slot, "")
             if engine is not None:  # its weights' release may make it the standby again
-                self._retired = (self.serving_model, engine)
-            self.serving_model = ""
+                self._retired = (model, engine)
             return NoResult()
         if isinstance(msg, SetRoleMsg):
-            self.serving.role = msg.role
+            self._loop(msg.slot).role = msg.role
             return NoResult()
         if isinstance(msg, PrefixExportMsg):
-            return self.serving.prefixes.export(self._engine_of(msg.model), msg)
+            return self._model_loop(msg.model).prefixes.export(self._engine_of(msg.model), msg)
         if isinstance(msg, PrefixRecvMsg):
-            return self.serving.prefixes.recv(self._engine_of(msg.model), msg)
+            return self._model_loop(msg.model).prefixes.recv(self._engine_of(msg.model), msg)
         raise ValueError(f"worker cannot handle {type(msg).__name__}")
 
     def _load(self, msg: LoadMsg) -> LoadResult:
@@ -529,8 +565,10 @@ class Worker:
         t = time.perf_counter()
         tokenizer = self._tokenizer(msg.source)
         standby = self.standby.take_engine(weights, msg.engine, msg.model, tokenizer.result)
-        result = self.serving.activate(weights, tokenizer.result(), msg, standby)
-        self.serving_model = msg.model
+        if self._serving_slot(msg.model) is not None:
+            raise ValueError(f"rank {self.rank} already serves {msg.model}")
+        result = self._loop(msg.slot).activate(weights, tokenizer.result(), msg, standby)
+        self.serving_models[msg.slot] = msg.model
         # the engine's objects live as long as it serves; no full collection here (it
         # would delay the first request), so this activation's garbage, if any, stays
         freeze_heap(collect=False)
@@ -543,7 +581,7 @@ class Worker:
         return self._tokenizers[source]
 
     def _release(self, msg: ReleaseMsg) -> ReleaseResult:
-        if msg.model == self.serving_model:
+        if self._serving_slot(msg.model) is not None:
             raise ValueError(f"rank {self.rank} is serving {msg.model}; deactivate it first")
         if self.follower is not None and self.follower.model_name == msg.model:
             self.follower.stop()  # its leader was deactivated (its stop may still be on the way)

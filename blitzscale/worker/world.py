@@ -33,6 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -280,3 +281,22 @@ def _nccl_options(timeout: timedelta) -> object:
     opts.is_high_priority_stream = True
     opts._timeout = timeout
     return opts
+
+
+class SlotLinks:
+    """A serving loop's view of the links when a worker serves several models: the router
+    names a peer instance by its slot's rank (rank + slot * world_size), its tensors move
+    between the workers' ranks. Everything else is the links' own."""
+
+    def __init__(self, links: Links, world_size: int) -> None:
+        self._links = links
+        self._world_size = world_size
+
+    def isend(self, t: torch.Tensor, dst: int, plane: str) -> dist.Work:
+        return self._links.isend(t, dst % self._world_size, plane)
+
+    def irecv(self, t: torch.Tensor, src: int, plane: str) -> dist.Work:
+        return self._links.irecv(t, src % self._world_size, plane)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._links, name)

@@ -9,8 +9,13 @@ the pinned host-to-device copy of the same bytes measured first in this run, and
 prefill of the same prompt on a resident model. Every HTTP status is counted (the issue:
 zero 5xx) and the disk loads per model (one each: afterwards only the host copy).
 
+With `--resident` every model stays on the GPU (`[cluster] models_per_rank` = the number of
+models, each engine with its share of the device, keep-alive beyond the run, host copies
+bounded by `--host-memory-gb`): after each model's first load the replay touches them in
+turn and at once, and no swap may happen at all.
+
 Run (GPU machine, repo root, the wheels of `make test-gpu` on the path):
-`python3 docs/results/models_swap_h200.py [--models 2] [--rounds 3] [--out FILE]`.
+`python3 docs/results/models_swap_h200.py [--models 2] [--rounds 3] [--resident] [--out FILE]`.
 Prints JSON (and writes it to --out).
 """
 
@@ -47,9 +52,13 @@ def copy_limit_s(nbytes: int, device: str) -> float:
     GPU (bench/limits.py, in this process before the server starts); on CPU a plain copy
     (a dry run of this script)."""
     if device == "cuda":
+        import torch
+
         from blitzscale.bench.limits import pinned_h2d_GBps
 
-        return nbytes / (pinned_h2d_GBps(nbytes) * 1e9)
+        rate = pinned_h2d_GBps(nbytes)
+        torch.cuda.empty_cache()  # (the server's worker needs the device's memory, all of it)
+        return nbytes / (rate * 1e9)
     import torch
 
     src, dst = torch.empty(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
@@ -58,17 +67,29 @@ def copy_limit_s(nbytes: int, device: str) -> float:
     return time.perf_counter() - t
 
 
-def config_toml(model: str, device: str, models: int, keep_alive_s: float) -> str:
+def config_toml(
+    model: str,
+    device: str,
+    models: int,
+    keep_alive_s: float,
+    per_rank: int = 1,
+    host_bytes: int = 0,
+    max_model_len: int = 0,
+) -> str:
     lines = [
         "[model]",
         f"keep_alive_s = {keep_alive_s}",
         "[cluster]",
         f'device = "{device}"',
         "num_workers = 1",
+        f"models_per_rank = {per_rank}",
+        f"host_memory_bytes = {host_bytes}",
         "[router]",
         'mode = "colocated"',
         "[policy]",
         'name = "blitz"',
+        "[engine]",
+        f"max_model_len = {max_model_len}",
     ]
     for k in range(models):
         lines += ["[[models]]", f'name = "m{k}"', f'source = "{model}"']
@@ -122,7 +143,7 @@ async def one(c: httpx.AsyncClient, url: str, model: str) -> dict[str, Any]:
     return {"model": model, "status": status, "ttft_s": round(first, 4) if first else None}
 
 
-async def replay(url: str, models: list[str], rounds: int, at_once: int) -> dict[str, Any]:
+async def replay(url: str, models: list[str], rounds: int, at_once: int, resident: bool) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=600) as c:
 
         async def scrape() -> dict[str, float]:
@@ -153,7 +174,7 @@ async def replay(url: str, models: list[str], rounds: int, at_once: int) -> dict
         for rnd in range(1, rounds + 1):
             for m in models:  # the model before it still on the GPU, idle
                 await swap(rnd, "straight", m)
-            for m in models:  # the GPU empty (keep-alive ran out): only the host copy has it
+            for m in models if not resident else ():  # the GPU empty: only the host copy has it
                 await gpu_empty()
                 await swap(rnd, "from_zero", m)
         t = time.perf_counter()
@@ -184,14 +205,27 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--at-once", type=int, default=4, help="requests per model sent together at the end")
     ap.add_argument("--keep-alive", type=float, default=4.0)
+    ap.add_argument("--resident", action="store_true", help="every model resident at once (no swaps)")
+    ap.add_argument("--host-memory-gb", type=float, default=0.0, help="host memory for copies (0: no bound)")
+    ap.add_argument(
+        "--max-model-len", type=int, default=0, help="[engine] max_model_len (0: the model's context)"
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if args.resident:
+        args.keep_alive = 3600.0
     sys.path.insert(0, str(ROOT))
     nbytes = weight_bytes(args.model, args.device)
     limit = copy_limit_s(nbytes, args.device)
     work = Path(tempfile.mkdtemp(prefix="swap-"))
     conf = work / "cluster.toml"
-    conf.write_text(config_toml(args.model, args.device, args.models, args.keep_alive))
+    per_rank = args.models if args.resident else 1
+    host_bytes = int(args.host_memory_gb * 1e9)
+    conf.write_text(
+        config_toml(
+            args.model, args.device, args.models, args.keep_alive, per_rank, host_bytes, args.max_model_len
+        )
+    )
     port = 18_000 + os.getpid() % 1000
     url = f"http://127.0.0.1:{port}"
     log = (work / "serve.log").open("w")
@@ -210,7 +244,7 @@ def main() -> None:
             time.sleep(1)
         started_s = time.perf_counter() - t0
         models = [f"m{k}" for k in range(args.models)]
-        out = asyncio.run(replay(url, models, args.rounds, args.at_once))
+        out = asyncio.run(replay(url, models, args.rounds, args.at_once, args.resident))
     finally:
         proc.terminate()
         try:
@@ -223,6 +257,9 @@ def main() -> None:
             s["ttft_over_copy_plus_prefill"] = round(s["ttft_s"] / (limit + prefill), 3)
     result = {
         "models": args.models,
+        "models_per_rank": per_rank,
+        "max_model_len": args.max_model_len,
+        "host_memory_bytes": host_bytes,
         "model": args.model,
         "device": args.device,
         "weight_bytes": nbytes,

@@ -79,7 +79,7 @@ def real_transcript() -> Transcript:
         cluster = LocalCluster(ClusterConfig(num_workers=3), data_addr=f"tcp://127.0.0.1:{port}")
         await asyncio.to_thread(cluster.start)
         try:
-            plane = ZmqDataPlane(sock, cluster.token)
+            plane = ZmqDataPlane(sock, cluster.token, cluster.world_size)
             hellos: set[int] = set()
             while len(hellos) < 3:  # each worker's data socket says hello first
                 msg = await plane.recv()

@@ -51,6 +51,10 @@ def three_on_one() -> Iterator[tuple[ServingCluster, LoopThread]]:
 
 @pytest.fixture(scope="module")
 def reference() -> tuple[list[int], str]:
+    return one_model_alone()
+
+
+def one_model_alone() -> tuple[list[int], str]:
     """(prompt ids, completion text) of a local engine: what one model alone gives."""
     from blitzscale.engine import LLMEngine
 

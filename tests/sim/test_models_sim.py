@@ -80,7 +80,7 @@ def test_the_cli_simulates_several_models_and_counts_disk_loads(tmp_path: Path) 
     assert rows["blitz"]["ok"] == rows["blitz"]["requests"] == rows["sllm"]["ok"] > 0
     assert rows["blitz"]["disk_loads"] == 3  # each model once, at bring-up; never again
     assert rows["sllm"]["disk_loads"] > 3
-    assert main([*argv, "--models", "9", "--out", str(out)]) == 2
+    assert main([*argv, "--models", "27", "--out", str(out)]) == 2
 
 
 def test_three_models_on_one_worker_take_turns_on_its_rank() -> None:
@@ -118,3 +118,42 @@ def test_three_models_on_one_worker_take_turns_on_its_rank() -> None:
         starts = [e.time - e.seconds for e in res.events if e.direction == "up"]  # (time: its end)
         nxt = min(t for t in starts if t >= down.time - 1e-9)
         assert nxt - down.time < 1.0, res.events
+
+
+def test_three_models_resident_on_one_gpu_share_its_steps_without_a_swap() -> None:
+    """Several models resident per GPU on the simulator (`models_per_rank`): three 8B
+    models on one simulated H800-class GPU, 6 requests each at once. Each is loaded once
+    into a slot of its own and none is released; the engines share the device, so while
+    all three decode each token takes about three times as long as one model's alone."""
+    from statistics import mean
+
+    from blitzscale.client.traces import TraceRequest
+    from blitzscale.serve.router import RouterConfig
+
+    a = load_preset("paper-a")
+    one_gpu = replace(a, topology=replace(a.topology, gpus_per_node=1, nodes=1))
+
+    def run(names: list[str], per_rank: int) -> tuple[object, float]:
+        setup = SimSetup(
+            preset=one_gpu,
+            model=load_model("llama3-8b"),
+            mode="colocated",
+            router=RouterConfig(mode="colocated", max_queue_tokens=0, max_queue_wait_s=60.0),
+            planner_overrides={"shutting_null_keep_s": 3600.0},
+            models=tuple(names) if len(names) > 1 else (),
+            keep_alive_s=3600.0,
+            models_per_rank=per_rank,
+        )
+        n = 6 * len(names)
+        trace = [TraceRequest(20 + 0.01 * k, 200, 200) for k in range(n)]
+        models = [names[k % len(names)] for k in range(n)] if len(names) > 1 else None
+        res = simulate(setup, trace, "blitz", trace_models=models)
+        assert len(res.records) == n and all(r.is_ok for r in res.records), res.events
+        return res, mean(mean(r.tbts_s) for r in res.records)
+
+    resident, tbt3 = run(NAMES, 3)
+    ups = sorted(e.model for e in resident.events if e.direction == "up")  # type: ignore[attr-defined]
+    assert ups == sorted(NAMES), resident.events  # type: ignore[attr-defined]
+    assert not [e for e in resident.events if e.direction == "down"]  # type: ignore[attr-defined]
+    _, tbt1 = run(NAMES[:1], 1)
+    assert 2.5 < tbt3 / tbt1 < 3.5, (tbt3, tbt1)
