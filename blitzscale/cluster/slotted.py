@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from blitzscale.cluster.base import Cluster
@@ -83,6 +83,7 @@ class SlottedCluster:
         self.cfg = inner.cfg
         self.pool = SlotPool(self)
         self._slots: dict[tuple[str, int], int] = {}  # (model, worker) -> the slot it is in
+        self._pending: Counter[tuple[str, int]] = Counter()  # operations placing it, not ended
         self._respawns: dict[int, asyncio.Task[RespawnResult]] = {}
 
     def __getattr__(self, name: str) -> Any:  # lifecycle, tokens, calls: the inner cluster's
@@ -117,26 +118,35 @@ class SlottedCluster:
 
     def free_for(self, model: str, rank: int) -> bool:
         """Whether `model` may be loaded into slot rank `rank`: its worker holds no copy of
-        it (on any slot) and loads none."""
+        it (on any slot), loads none, and no operation is about to (one waiting for the
+        worker's line has not told the pool yet)."""
         w, _ = self.split(rank)
-        return model not in self.inner.pool.models_on(w)
+        return model not in self.inner.pool.models_on(w) and (model, w) not in self._slots
 
     def _place(self, model: str, ranks: list[int]) -> list[int]:
+        """The workers of `ranks`, each now placing `model` in its slot (until `_done`)."""
         workers = []
         for r in ranks:
             w, slot = self.split(r)
             held = self._slots.get((model, w))
             if held is not None and held != slot:
                 raise ValueError(f"worker {w} already holds {model} in slot {held}")
-            self._slots[(model, w)] = slot
             workers.append(w)
+        for r, w in zip(ranks, workers, strict=True):
+            self._slots[(model, w)] = self.split(r)[1]
+            self._pending[(model, w)] += 1
         return workers
 
-    def _unplace_missing(self, model: str) -> None:
-        """Forget the slots of copies the pool no longer has (failed or released)."""
+    def _done(self, model: str, workers: list[int]) -> None:
+        """Operations on `workers` ended: forget the slots of copies of `model` the pool no
+        longer has (failed or released), unless another operation is placing them."""
+        for w in workers:
+            self._pending[(model, w)] -= 1
+            if self._pending[(model, w)] <= 0:
+                del self._pending[(model, w)]
         pool = self.inner.pool
         for m, w in list(self._slots):
-            if m == model and model not in pool.models_on(w):
+            if m == model and not self._pending[(m, w)] and model not in pool.models_on(w):
                 del self._slots[(m, w)]
 
     def _ranks(self, model: str, results: dict[int, Any]) -> dict[int, Any]:
@@ -154,7 +164,7 @@ class SlottedCluster:
     def dead_now(self) -> set[int]:
         dead = self.inner.dead_now()
         for m, w in list(self._slots):
-            if w in dead:
+            if w in dead and not self._pending[(m, w)]:
                 del self._slots[(m, w)]
         return {w + k * self.workers for k in range(self.per_rank) for w in dead}
 
@@ -170,7 +180,7 @@ class SlottedCluster:
         try:
             return await self.inner.load(model, w, source, max_bytes_per_s=max_bytes_per_s, cold=cold)
         finally:
-            self._unplace_missing(model)
+            self._done(model, [w])
 
     async def transfer(
         self,
@@ -204,7 +214,7 @@ class SlottedCluster:
                 model, source, src, tgt, from_host=from_host, live=inner_live, on_live=relay, **kw
             )
         finally:
-            self._unplace_missing(model)
+            self._done(model, tgt)
         return self._ranks(model, out)
 
     async def cache_on_host(self, model: str, rank: int) -> HostCopyResult:
@@ -241,10 +251,11 @@ class SlottedCluster:
     # --- the rest -------------------------------------------------------------------------
 
     async def release(self, model: str, rank: int, host_copy: bool = False) -> ReleaseResult:
+        (w,) = self._place(model, [rank])  # (its own slot: it is there)
         try:
-            return await self.inner.release(model, self.split(rank)[0], host_copy)
+            return await self.inner.release(model, w, host_copy)
         finally:
-            self._unplace_missing(model)
+            self._done(model, [w])
 
     async def checksum(self, model: str, rank: int, host_copy: bool = False) -> str:
         return await self.inner.checksum(model, self.split(rank)[0], host_copy)
@@ -269,15 +280,19 @@ def slotted(cluster: Cluster, per_rank: int) -> Cluster:
     return cluster if per_rank == 1 else SlottedCluster(cluster, per_rank)  # type: ignore[return-value]
 
 
-def free_slots(cluster: Cluster, model: str, ranks: list[int]) -> tuple[int, ...]:
+def free_slots(
+    cluster: Cluster, model: str, ranks: list[int], instances: Iterable[int] = ()
+) -> tuple[int, ...]:
     """The free ranks `model` may be loaded into: all of them on a cluster of one model a
     worker; with slots, the first free slot of each worker that holds no copy of `model`
-    (two slots of one worker never take the same model)."""
+    and has no instance of it (`instances`: their ranks, a load just launched included):
+    two slots of one worker never take the same model."""
     if not isinstance(cluster, SlottedCluster):
         return tuple(ranks)
+    busy = {cluster.split(r)[0] for r in instances}
     out: dict[int, int] = {}
     for r in sorted(ranks):
         w, _ = cluster.split(r)
-        if w not in out and cluster.free_for(model, r):
+        if w not in out and w not in busy and cluster.free_for(model, r):
             out[w] = r
     return tuple(sorted(out.values()))

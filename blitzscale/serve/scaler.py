@@ -254,6 +254,7 @@ class Scaler:
                 r.cluster,
                 name,
                 [x for x in r.cluster.alive_ranks() if x not in used and self.backoff.may_load(x, now)],
+                [rank for i in instances for rank in i.ranks],
             ),
             gpu_holders=tuple(self.cluster.pool.gpu_holders(name)),
             host_holder=self.cluster.pool.host_holder(name),
