@@ -48,6 +48,11 @@ class ParameterPool:
         """Ranks that hold some model's host copy."""
         return {c.host for c in self._models.values() if c.host is not None}
 
+    def ranks_of(self, model: str) -> set[int]:
+        """Ranks holding `model` or loading it."""
+        c = self._models.get(model)
+        return c.gpu | c.loading if c is not None else set()
+
     def models_on(self, rank: int) -> list[str]:
         return sorted(m for m, c in self._models.items() if rank in c.gpu or rank in c.loading)
 

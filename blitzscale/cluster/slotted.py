@@ -120,8 +120,12 @@ class SlottedCluster:
         """Whether `model` may be loaded into slot rank `rank`: its worker holds no copy of
         it (on any slot), loads none, and no operation is about to (one waiting for the
         worker's line has not told the pool yet)."""
-        w, _ = self.split(rank)
-        return model not in self.inner.pool.models_on(w) and (model, w) not in self._slots
+        return self.split(rank)[0] not in self.workers_with(model)
+
+    def workers_with(self, model: str) -> set[int]:
+        """Workers that hold `model`, load it, or are about to."""
+        placed = {w for m, w in self._slots if m == model}
+        return self.inner.pool.ranks_of(model) | placed
 
     def _place(self, model: str, ranks: list[int]) -> list[int]:
         """The workers of `ranks`, each now placing `model` in its slot (until `_done`)."""
@@ -289,10 +293,10 @@ def free_slots(
     two slots of one worker never take the same model."""
     if not isinstance(cluster, SlottedCluster):
         return tuple(ranks)
-    busy = {cluster.split(r)[0] for r in instances}
+    busy = {cluster.split(r)[0] for r in instances} | cluster.workers_with(model)
     out: dict[int, int] = {}
     for r in sorted(ranks):
         w, _ = cluster.split(r)
-        if w not in out and w not in busy and cluster.free_for(model, r):
+        if w not in out and w not in busy:
             out[w] = r
     return tuple(sorted(out.values()))

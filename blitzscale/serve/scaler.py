@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from blitzscale import clock
@@ -53,6 +54,15 @@ ROLE_STATE = {
     "colocated": InstanceState.COLOCATED,
 }
 DRAINING = {InstanceState.SHUTTING_PREFILL, InstanceState.SHUTTING_DECODE}
+
+
+@dataclass(frozen=True)
+class _PoolFacts:
+    """What every model's snapshot of one round shares."""
+
+    now: float
+    free: list[int]  # alive ranks with no instance that may load now
+    hosts: tuple[int, ...]  # rank -> host id
 
 
 class Scaler:
@@ -235,12 +245,19 @@ class Scaler:
 
     # --- the loop -----------------------------------------------------------------------
 
-    def snapshot(self, model: str | None = None) -> ClusterSnapshot:
-        """`model`'s picture (None: the default model's); free ranks are the pool's."""
-        r = self.router
-        name = self._model(model).name
+    def _pool_facts(self) -> _PoolFacts:
         now = clock.now()
         used = {rank for i in self.state.views() for rank in i.ranks}
+        free = [x for x in self.cluster.alive_ranks() if x not in used and self.backoff.may_load(x, now)]
+        return _PoolFacts(now, free, self._hosts())
+
+    def snapshot(self, model: str | None = None, pool: _PoolFacts | None = None) -> ClusterSnapshot:
+        """`model`'s picture (None: the default model's); free ranks are the pool's (`pool`:
+        taken once for every model of a round)."""
+        r = self.router
+        name = self._model(model).name
+        pool = pool or self._pool_facts()
+        now = pool.now
         instances = self.state.views(name)
         mine = [i for i in r.instances.values() if i.model == name]
         return ClusterSnapshot(
@@ -250,25 +267,20 @@ class Scaler:
             + sum(i.outstanding_tokens for i in mine if i.rank not in r.live.pairs),
             live_target_tokens=sum(i.outstanding_tokens for i in mine if i.rank in r.live.pairs),
             migrating_tokens=sum(len(q.prompt) for q in r.migrations.pending if q.model == name),
-            free_ranks=free_slots(
-                r.cluster,
-                name,
-                [x for x in r.cluster.alive_ranks() if x not in used and self.backoff.may_load(x, now)],
-                [rank for i in instances for rank in i.ranks],
-            ),
+            free_ranks=free_slots(r.cluster, name, pool.free, [rank for i in instances for rank in i.ranks]),
             gpu_holders=tuple(self.cluster.pool.gpu_holders(name)),
             host_holder=self.cluster.pool.host_holder(name),
             tp=self.tp,
             pd_mode=self.pd_mode,
-            host_of_rank=self._hosts(),
+            host_of_rank=pool.hosts,
             model=name,
             model_bytes=self.model_bytes.get(name, 0),
         )
 
-    def model_view(self, name: str) -> ModelView:
+    def model_view(self, name: str, pool: _PoolFacts | None = None) -> ModelView:
         spec = self.models[name]
         return ModelView(
-            snapshot=self.snapshot(name),
+            snapshot=self.snapshot(name, pool),
             requests=self.router.requests_of(name),
             waiting_since=self.router.oldest_queued_at(name),
             last_request_at=self.router.last_request_at.get(name),
@@ -310,7 +322,8 @@ class Scaler:
 
     async def step(self) -> list[ScaleAction]:
         self._advance_transitions()
-        views = [self.model_view(m) for m in self.models]
+        pool = self._pool_facts()
+        views = [self.model_view(m, pool) for m in self.models]
         actions = pool_actions(views, self.policy, self.planner, self.host_cache)
         for v in views:
             mine = [a for a in actions if a.model == v.name]
@@ -356,7 +369,9 @@ class Scaler:
                 self._kicked.set()
         elif isinstance(a, MutateAction):
             self.state.move(inst.id, InstanceState.MUTATING_TO_DECODE, "(mutating)")
-        elif isinstance(a, ReleaseAction):
+        elif isinstance(a, ReleaseAction) and inst.state is InstanceState.SHUTTING_NULL and inst.is_idle:
+            # (one that cannot go now is not spawned: its end would kick a round that plans
+            # it again, at once, forever; its idleness comes with a stats report)
             self._spawn(inst.id, self._release(inst))
 
     def instance_ids(self, ranks: tuple[int, ...] | list[int]) -> tuple[int, ...]:
