@@ -60,7 +60,7 @@ from blitzscale.messages import (
 from blitzscale.sim.cores import HostCores
 from blitzscale.sim.readiness import ClockReadiness
 from blitzscale.sim.recorder import Recorder, base_id
-from blitzscale.sim.steps import Step, advance, decode_run, plan
+from blitzscale.sim.steps import Step, advance, decode_run, plan, reserve, unreserve
 from blitzscale.worker.dispatch import dispatch, output_msg, to_params
 from blitzscale.worker.pacing import step_s
 
@@ -375,7 +375,12 @@ class SimEngine:
         done = 1
         if step.decode_only(self.scheduler):
             k = decode_run(step.rows, self.pool, self.shape.max_model_len)
-            done = await self._jump_run(start, dur, k) if k > 1 else 1
+            if k > 1:
+                reserve(step.rows, self.pool, k)
+                done = await self._jump_run(start, dur, k)
+                unreserve(step.rows, self.pool, done)
+            else:
+                done = 1
             if done == 1:
                 await asyncio.sleep(max(0.0, start + dur - clock.now()))
         else:

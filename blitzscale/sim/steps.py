@@ -134,6 +134,29 @@ def _extra_blocks(rows: list[ScheduledRequest], pool: BlockPool, k: int) -> int:
     )
 
 
+def reserve(rows: list[ScheduledRequest], pool: BlockPool, steps: int) -> None:
+    """Take now the blocks `steps` decode steps of `rows` need (`decode_run` said they are
+    free): a message handled during the run (a KV arrival reserving blocks) must not take
+    them, or the steps already run would find none (the engine's task died on it)."""
+    for s in rows:
+        r = s.request
+        need = pool.blocks_for_tokens(r.num_computed_tokens + steps) - len(r.block_ids)
+        if need > 0:
+            r.block_ids += pool.allocate(need)
+
+
+def unreserve(rows: list[ScheduledRequest], pool: BlockPool, steps: int) -> None:
+    """A run cut after `steps`: the blocks reserved for the steps that did not run go back."""
+    for s in rows:
+        r = s.request
+        if r.status is not S.RUNNING:
+            continue  # (aborted: its blocks went with it)
+        keep = max(pool.blocks_for_tokens(r.num_computed_tokens + steps), 1)
+        if len(r.block_ids) > keep:
+            extra, r.block_ids = r.block_ids[keep:], r.block_ids[:keep]
+            pool.free(extra)
+
+
 def advance(rows: list[ScheduledRequest], pool: BlockPool, steps: int) -> list[Request]:
     """Decode rows after `steps` steps (blocks allocated as the scheduler would have, every
     token but the last appended): the requests still here, each about to sample its last.
