@@ -562,11 +562,11 @@ class Worker:
                 raise ValueError(f"rank {self.rank} is not loading {msg.model}")
         elif weights is None or not weights.readiness.all_ready:
             raise ValueError(f"rank {self.rank} does not hold all of {msg.model}")
+        if self._serving_slot(msg.model) is not None:  # (before the standby is handed out)
+            raise ValueError(f"rank {self.rank} already serves {msg.model}")
         t = time.perf_counter()
         tokenizer = self._tokenizer(msg.source)
         standby = self.standby.take_engine(weights, msg.engine, msg.model, tokenizer.result)
-        if self._serving_slot(msg.model) is not None:
-            raise ValueError(f"rank {self.rank} already serves {msg.model}")
         result = self._loop(msg.slot).activate(weights, tokenizer.result(), msg, standby)
         self.serving_models[msg.slot] = msg.model
         # the engine's objects live as long as it serves; no full collection here (it
