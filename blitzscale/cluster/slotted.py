@@ -8,7 +8,7 @@ unchanged: a free rank is a free slot, and a model's instances on one worker sha
 worker's device, links and host memory (`nodes()` says so). Weights, transfers, host
 copies and releases are the worker's (by model); activation, role and deactivation name
 the slot. A worker holds a model at most once, so the slots of one model are on different
-workers (`free_for`); each slot's engine takes an equal share of the device's memory
+workers (`free_slots`); each slot's engine takes an equal share of the device's memory
 (`EngineConfig.models_per_device`), so one slot's load never starves another's KV cache.
 """
 
@@ -115,12 +115,6 @@ class SlottedCluster:
 
     def rank_of(self, model: str, worker: int) -> int:
         return worker + self.slot_of(model, worker) * self.workers
-
-    def free_for(self, model: str, rank: int) -> bool:
-        """Whether `model` may be loaded into slot rank `rank`: its worker holds no copy of
-        it (on any slot), loads none, and no operation is about to (one waiting for the
-        worker's line has not told the pool yet)."""
-        return self.split(rank)[0] not in self.workers_with(model)
 
     def workers_with(self, model: str) -> set[int]:
         """Workers that hold `model`, load it, or are about to."""
