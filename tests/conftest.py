@@ -108,18 +108,29 @@ def smollm2_src() -> Any:
 
 
 @pytest.fixture(scope="session")
-def smollm2_weights(smollm2_src: Any) -> Any:
-    """Our fp32 load of the real SmolLM2-135M-Instruct GGUF (read-only for tests)."""
-    from blitzscale.checkpoint import load_weights
+def smollm2_folder() -> str:
+    """SmolLM2 in our format: the cache folder `serve` converts the GGUF into once and loads
+    from (`prepare_model`). Its load takes 1 s of a core where the GGUF's takes 20 (parsing,
+    dequantizing, building the tokenizer); tests/checkpoint/test_convert_roundtrip.py checks
+    it bit for bit against the GGUF's load, so what is loaded from it is the GGUF's model."""
+    from blitzscale.serve.server import prepare_model
 
-    return load_weights(smollm2_src, dtype=torch.float32, device="cpu")
+    return prepare_model("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer(smollm2_src: Any) -> Any:
-    from blitzscale.checkpoint import load_tokenizer
+def smollm2_weights(smollm2_folder: str) -> Any:
+    """Our fp32 load of the real SmolLM2-135M-Instruct (read-only for tests)."""
+    from blitzscale.checkpoint import load_weights, resolve_model
 
-    return load_tokenizer(smollm2_src)
+    return load_weights(resolve_model(smollm2_folder), dtype=torch.float32, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_folder: str) -> Any:
+    from blitzscale.checkpoint import load_tokenizer, resolve_model
+
+    return load_tokenizer(resolve_model(smollm2_folder))
 
 
 @pytest.fixture(scope="session")
@@ -238,11 +249,11 @@ def tiny_hf_folder() -> Callable[..., Any]:
 
 
 @pytest.fixture(scope="session")
-def smollm2_engine_texts() -> list[str]:
+def smollm2_engine_texts(smollm2_weights: Any, smollm2_tokenizer: Any) -> list[str]:
     """What a local engine produces for tests/serve/test_http's PROMPTS (greedy, 16 tokens)."""
-    from blitzscale.engine import LLMEngine, SamplingParams
+    from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
     from tests.serve.test_http import PROMPTS
 
-    engine = LLMEngine.from_model("smollm2-135m")
+    engine = LLMEngine(smollm2_weights, smollm2_tokenizer, EngineConfig())
     ids = [engine.tokenizer(p).input_ids for p in PROMPTS]
     return [o.text for o in engine.generate(ids, SamplingParams(max_tokens=16, temperature=0))]

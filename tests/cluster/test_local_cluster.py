@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from blitzscale.checkpoint.convert import convert
 from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.local import Blocking, ClusterOpError, LocalCluster
 from blitzscale.cluster.pool import PoolError
@@ -25,9 +24,9 @@ M = "smollm2"
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smollm2_dir(smollm2_folder: str) -> Path:
     """SmolLM2 in our format, so workers load it from disk in a fraction of a second."""
-    return convert("smollm2-135m", tmp_path_factory.mktemp("smollm2") / "bz")
+    return Path(smollm2_folder)
 
 
 @pytest.fixture(scope="module")

@@ -47,11 +47,11 @@ def two_models() -> Iterator[tuple[ServingCluster, LoopThread]]:
 
 
 @pytest.fixture(scope="module")
-def reference() -> tuple[list[int], list[int]]:
+def reference(smollm2_weights: Any, smollm2_tokenizer: Any) -> tuple[list[int], list[int]]:
     """(prompt ids, tokens) of a local engine: what a one-model server gives."""
-    from blitzscale.engine import LLMEngine
+    from blitzscale.engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine.from_model("smollm2-135m")
+    engine = LLMEngine(smollm2_weights, smollm2_tokenizer, EngineConfig())
     ids = list(engine.tokenizer(PROMPT).input_ids)
     return ids, engine.generate([ids], PARAMS)[0].token_ids
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -41,8 +42,8 @@ def resident() -> Iterator[tuple[ServingCluster, LoopThread]]:
 
 
 @pytest.fixture(scope="module")
-def alone() -> tuple[list[int], str]:
-    return one_model_alone()
+def alone(smollm2_weights: Any, smollm2_tokenizer: Any) -> tuple[list[int], str]:
+    return one_model_alone(smollm2_weights, smollm2_tokenizer)
 
 
 def test_three_models_resident_on_one_worker_serve_together_without_a_swap(

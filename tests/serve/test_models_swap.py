@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -50,15 +51,15 @@ def three_on_one() -> Iterator[tuple[ServingCluster, LoopThread]]:
 
 
 @pytest.fixture(scope="module")
-def reference() -> tuple[list[int], str]:
-    return one_model_alone()
+def reference(smollm2_weights: Any, smollm2_tokenizer: Any) -> tuple[list[int], str]:
+    return one_model_alone(smollm2_weights, smollm2_tokenizer)
 
 
-def one_model_alone() -> tuple[list[int], str]:
+def one_model_alone(weights: Any, tokenizer: Any) -> tuple[list[int], str]:
     """(prompt ids, completion text) of a local engine: what one model alone gives."""
-    from blitzscale.engine import LLMEngine
+    from blitzscale.engine import EngineConfig, LLMEngine
 
-    engine = LLMEngine.from_model("smollm2-135m")
+    engine = LLMEngine(weights, tokenizer, EngineConfig())
     ids = list(engine.tokenizer(PROMPT).input_ids)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     return ids, engine.generate([ids], params)[0].text

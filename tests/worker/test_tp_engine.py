@@ -89,10 +89,15 @@ def test_smollm2_tp3_tokens_equal_tp1(smollm2_weights, smollm2_tokenizer) -> Non
         "def fibonacci(n):",
         "Once upon a time, in a land far away, there lived a",
     )
-    prompts = {"smollm2-135m": [smollm2_tokenizer.encode(t) for t in texts]}
-    got = run_instance(3, ["smollm2-135m"], prompts, TOKENS)
-    expected = tp1_tokens(smollm2_weights, prompts["smollm2-135m"], TOKENS)
-    assert got["smollm2-135m"] == expected + expected[:2]
+    from blitzscale.serve.server import prepare_model
+
+    # its three shards converted once (the GGUF parsed once, not by each shard process),
+    # sliced as the GGUF's load slices them (tests/checkpoint/test_convert_roundtrip.py)
+    spec = prepare_model("smollm2-135m", tp=3)
+    prompts = {spec: [smollm2_tokenizer.encode(t) for t in texts]}
+    got = run_instance(3, [spec], prompts, TOKENS)
+    expected = tp1_tokens(smollm2_weights, prompts[spec], TOKENS)
+    assert got[spec] == expected + expected[:2]
 
 
 def test_live_tp2_leader_runs_a_segment_only_once_every_shard_has_it(tiny_weights, hf_twin) -> None:
