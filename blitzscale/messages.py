@@ -278,6 +278,14 @@ class ShutdownMsg(Msg):
     op_id: int = 0
 
 
+class StandbyMsg(Msg):
+    """Build the standby engine again as `engine` (the models resident per rank, derived
+    once the workers said their device's memory, size its KV cache's share)."""
+
+    op_id: int
+    engine: EngineConfig
+
+
 class ActivateMsg(Msg):
     """Start serving a model this rank holds, in a role ("prefill", "decode", "colocated")."""
 
@@ -607,6 +615,7 @@ Message = (
     | PrefixSendMsg
     | PrefixRecvMsg
     | ShutdownMsg
+    | StandbyMsg
     | ActivateMsg
     | DeactivateMsg
     | SetRoleMsg

@@ -47,7 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="models resident on each worker at once, each with its own engine and an equal share "
-        "of the device (default 1: another model is swapped in from its host copy)",
+        "of the device (default 0: as many of the served models as fit a GPU, each with its weights "
+        "and one request of its whole context; 1 on CPU workers; 1: another model is swapped in "
+        "from its host copy)",
     )
     p.add_argument(
         "--cluster",
@@ -121,8 +123,10 @@ def run(args: argparse.Namespace) -> int:
             handler.setFormatter(JsonFormatter())
     if args.workers is not None and args.workers < 1:
         raise InvalidRequestError(f"--workers must be at least 1, got {args.workers}")
-    if args.models_per_rank is not None and args.models_per_rank < 1:
-        raise InvalidRequestError(f"--models-per-rank must be at least 1, got {args.models_per_rank}")
+    if args.models_per_rank is not None and args.models_per_rank < 0:
+        raise InvalidRequestError(
+            f"--models-per-rank must be >= 0 (0: as many as fit), got {args.models_per_rank}"
+        )
     cfg = load_serve_config(args.config).with_overrides(**overrides(args))
     if args.print_config:
         print(cfg.to_toml())

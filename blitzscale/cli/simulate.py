@@ -53,8 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--models-per-rank",
         type=int,
-        default=1,
-        help="--models > 1: models resident on each GPU at once, each with an equal share of it (default 1)",
+        default=0,
+        help="--models > 1: models resident on each GPU at once, each with an equal share of it "
+        "(default 0: as many as fit, each with its weights and one request of its whole context)",
     )
     p.add_argument(
         "--host-memory-gb",
@@ -217,8 +218,10 @@ def _check(args: argparse.Namespace) -> list[str]:
 
     if not 1 <= args.models <= MAX_MODELS:
         raise InvalidRequestError(f"--models must be in [1, {MAX_MODELS}], got {args.models}")
-    if args.models_per_rank < 1:
-        raise InvalidRequestError(f"--models-per-rank must be at least 1, got {args.models_per_rank}")
+    if args.models_per_rank < 0:
+        raise InvalidRequestError(
+            f"--models-per-rank must be >= 0 (0: as many as fit), got {args.models_per_rank}"
+        )
     if not args.keep_alive >= 0 or not args.host_memory_gb >= 0:
         raise InvalidRequestError(
             f"--keep-alive and --host-memory-gb must be >= 0, got {args.keep_alive} / {args.host_memory_gb}"
@@ -291,7 +294,8 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="simulated policies")
+    per_rank = rows[0]["models_per_rank"] if rows else 1
+    t = Table(title="simulated policies" + (f" ({per_rank} models resident per GPU)" if per_rank > 1 else ""))
     cols = (
         "policy",
         "ok/requests",

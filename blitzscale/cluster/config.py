@@ -36,8 +36,9 @@ class ClusterConfig:
     ray_address: str = ""  # backend "ray": the cluster to join ("auto", host:port); "" starts one
     # Models resident on each worker at once, each with its own engine; each engine's KV
     # cache takes an equal share of the device (cluster/slotted.py). 1: one model a worker,
-    # another swapped in from its host copy when it must.
-    models_per_rank: int = 1
+    # another swapped in from its host copy when it must. 0: as many as fit a GPU, each with
+    # its weights and one request of its whole context (control/residency.py; 1 on a CPU).
+    models_per_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.host_memory_bytes < 0:
@@ -60,8 +61,8 @@ class ClusterConfig:
                 f"ranks_per_host {self.ranks_per_host} emulates hosts of the local backend; "
                 "the ray backend takes each rank's node from Ray (leave it 0)"
             )
-        if self.models_per_rank < 1:
-            raise ValueError(f"models_per_rank must be >= 1, got {self.models_per_rank}")
+        if self.models_per_rank < 0:
+            raise ValueError(f"models_per_rank must be >= 0 (0: as many as fit), got {self.models_per_rank}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0 (0: never respawn), got {self.max_restarts}")
         for name in ("disk_bytes_per_s", "transfer_bytes_per_s"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -41,6 +42,7 @@ from blitzscale.cluster.shards import ShardPlan, neighbour_pairs, transfer_repor
 from blitzscale.cluster.spawn import Spawner, WorkerHandle
 from blitzscale.cluster.spawners import make_spawner
 from blitzscale.control.costmodel import CostReport
+from blitzscale.core.config import EngineConfig
 from blitzscale.core.roles import Role
 from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import (
@@ -69,6 +71,7 @@ from blitzscale.messages import (
     Result,
     SetRoleMsg,
     ShutdownMsg,
+    StandbyMsg,
     TransferMsg,
     TransferRankResult,
 )
@@ -673,6 +676,17 @@ class LocalCluster:
         """Start engines on ranks that hold the model."""
         msgs: dict[int, Message] = {r: a.message(self.next_op()) for r, a in ranks.items()}
         return await self.command_many(msgs, ActivateResult)
+
+    async def set_standby_engine(self, engine: EngineConfig) -> None:
+        """Every worker's standby engine (a respawned one's too) is built as `engine` from
+        now on; those built otherwise are built again (no-op without a standby)."""
+        if self.standby is None or self.standby.engine == engine:
+            return
+        self.standby = dataclasses.replace(self.standby, engine=engine)
+        msgs: dict[int, Message] = {
+            r: StandbyMsg(op_id=self.next_op(), engine=engine) for r in self.alive_ranks()
+        }
+        await self.command_many(msgs, NoResult)
 
     async def set_role(self, rank: int, role: Role, slot: int = 0) -> None:
         await self.command(rank, SetRoleMsg(op_id=self.next_op(), role=role, slot=slot), NoResult)

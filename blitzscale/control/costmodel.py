@@ -152,6 +152,12 @@ class Profile:
         free = (self.device_memory_bytes - self.weight_bytes) * self.memory_utilization
         return int(free // self.kv_bytes_per_token)
 
+    @property
+    def engine_bytes(self) -> int:
+        """What one engine alone on the device takes: its weights and its KV cache (the
+        device's usable memory, which resident models share equally)."""
+        return self.weight_bytes + self.kv_tokens * self.kv_bytes_per_token
+
     # --- files ----------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:

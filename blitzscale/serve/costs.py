@@ -18,6 +18,7 @@ from pathlib import Path
 from blitzscale.cluster.base import Cluster
 from blitzscale.cluster.commands import CostQuery
 from blitzscale.control.costmodel import CostReport, Profile, ProfileError, load_profile
+from blitzscale.control.residency import Footprint, resolve_models_per_rank
 from blitzscale.core.config import EngineConfig
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.config import ModelEntry, ServeConfig
@@ -54,23 +55,56 @@ async def _report(
     return await cluster.cost_report(0, query)
 
 
+async def shape_reports(
+    cluster: Cluster,
+    cfg: ServeConfig,
+    models: Sequence[ModelEntry],
+    folders: Mapping[str, str],
+    engine: EngineConfig,
+) -> dict[str, CostReport]:
+    """Each model's shape and the workers' device, as rank 0 says them (nothing measured)."""
+    cache = profiles_dir(cfg)
+    return {m.name: await _report(cluster, m, folders[m.name], engine, cache, measure=False) for m in models}
+
+
+def footprint(report: CostReport, tp: int) -> Footprint:
+    """A model's least bytes on one rank: its shard of the weights, and of the KV cache of
+    one request of its whole context."""
+    return Footprint(report.weight_bytes // tp, report.kv_bytes_per_token * report.context_len // tp)
+
+
+def models_per_rank(cfg: ServeConfig, shapes: Mapping[str, CostReport], engine: EngineConfig) -> int:
+    """`[cluster] models_per_rank`, derived from the device and the models when 0
+    (control/residency.py), and every model checked to fit its share of a rank."""
+    tp = cfg.model.tp
+    first = next(iter(shapes.values()))
+    per_rank = resolve_models_per_rank(
+        cfg.cluster.models_per_rank,
+        [footprint(r, tp) for r in shapes.values()],
+        first.device_memory_bytes,
+        engine.gpu_memory_utilization,
+        gpu=cfg.cluster.device == "cuda",
+        tp=tp,
+    )
+    for name, shape in shapes.items():  # (before anything is measured or loaded)
+        check_fits_device(name, shape, tp, per_rank, engine.gpu_memory_utilization)
+    return per_rank
+
+
 async def cost_models(
     cluster: Cluster,
     cfg: ServeConfig,
     models: Sequence[ModelEntry],
     folders: Mapping[str, str],
     engine: EngineConfig,
+    shapes: Mapping[str, CostReport],
     given: Profile | None = None,
 ) -> dict[str, Profile | None]:
-    """Each model's cost model (None: unknown; its budgets count tokens). `given`: the
-    `[model] profile` file, read before the workers started (`profile_file`)."""
+    """Each model's cost model (None: unknown; its budgets count tokens). `shapes`: each
+    model's shape (`shape_reports`); `given`: the `[model] profile` file, read before the
+    workers started (`profile_file`)."""
     cache = profiles_dir(cfg)
     default = models[0]
-    for m in models:  # (before anything is measured or loaded: a probe would not fit either)
-        shape = await _report(cluster, m, folders[m.name], engine, cache, measure=False)
-        check_fits_device(
-            m.name, shape, cfg.model.tp, cfg.cluster.models_per_rank, engine.gpu_memory_utilization
-        )
     measure = given is None and cfg.model.tp == 1
     first = await _report(cluster, default, folders[default.name], engine, cache, measure)
     if given is not None:
@@ -92,7 +126,7 @@ async def cost_models(
     )
     out: dict[str, Profile | None] = {default.name: base}
     for m in models[1:]:
-        r = await _report(cluster, m, folders[m.name], engine, cache, measure=False)
+        r = shapes[m.name]
         shape = (r.weight_bytes, r.kv_bytes_per_token, r.num_layers)
         if shape == (base.weight_bytes, base.kv_bytes_per_token, base.num_layers):
             out[m.name] = base

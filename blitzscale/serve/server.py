@@ -42,7 +42,7 @@ from blitzscale.model.layout import check_tp
 from blitzscale.serve.checks import bind_http, check_serve_config, first_instances
 from blitzscale.serve.config import ModelEntry, ServeConfig
 from blitzscale.serve.controlplane import ControlPlane, ControlPlaneSpec, build_control_plane
-from blitzscale.serve.costs import cost_models, profile_file
+from blitzscale.serve.costs import cost_models, models_per_rank, profile_file, shape_reports
 from blitzscale.serve.dataplane import ZmqDataPlane
 from blitzscale.serve.metrics import ClusterMetrics
 from blitzscale.serve.models import ScaledModel, ServedModel
@@ -193,8 +193,8 @@ class ServingCluster:
         folder = folders[default.name]
         given = profile_file(cfg)  # (a bad file is refused before any worker starts)
         engine = cfg.engine.for_device(cfg.cluster.device)  # what every worker is told
-        per_rank = cfg.cluster.models_per_rank
-        engine = dataclasses.replace(engine, models_per_device=per_rank)
+        # (models resident per rank: derived once the workers say their device, below)
+        engine = dataclasses.replace(engine, models_per_device=max(1, cfg.cluster.models_per_rank))
         # The workers' backend (local processes, or Ray actors) says which address they reach
         # this process at: the router's data socket is bound there.
         spawner = make_spawner(cfg.cluster)
@@ -208,20 +208,30 @@ class ServingCluster:
         local = LocalCluster(
             cfg.cluster, data_addr=addr, tokenizer_source=folder, standby=standby, tp=tp, spawner=spawner
         )
-        self.cluster = slotted(local, per_rank)  # (several models a worker: its slots)
+        self.cluster = local
         try:
             what = "standby engines, kernels, CUDA graphs" if standby is not None else "links"
             with Phase(f"starting {cfg.cluster.num_workers} workers ({what})"):
-                await asyncio.to_thread(self.cluster.start)
+                await asyncio.to_thread(local.start)
         except BaseException:
             self.cluster = None  # start() stopped what it began (the spawner's too)
             raise
         try:
+            shapes = await shape_reports(local, cfg, models, folders, engine)
+            per_rank = models_per_rank(cfg, shapes, engine)
+            if per_rank != engine.models_per_device:
+                engine = dataclasses.replace(engine, models_per_device=per_rank)
+                log.info(
+                    "%d models resident per rank (as many as fit: [cluster] models_per_rank = 0)", per_rank
+                )
+                with Phase("building the standby engines again for their share of the device"):
+                    await local.set_standby_engine(engine)
+            self.cluster = slotted(local, per_rank)  # (several models a worker: its slots)
             if pace is not None:  # paced workers are the reference device: its profile is their cost
                 costs: dict[str, Profile | None] = {m.name: pace for m in models}
             else:
                 with Phase("the cost model: measured on a worker, or read back"):
-                    costs = await cost_models(self.cluster, cfg, models, folders, engine, given)
+                    costs = await cost_models(self.cluster, cfg, models, folders, engine, shapes, given)
         except BaseException:
             await asyncio.to_thread(self.cluster.stop)
             self.cluster = None

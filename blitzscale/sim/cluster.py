@@ -5,7 +5,7 @@ Every operation takes the time the links say on the virtual clock, holds its ran
 the real cluster's do (operations on one rank in order, on different ranks side by side)
 and writes the same parameter pool. Workers never die here.
 
-With `[cluster] models_per_rank` > 1 the control plane sees the workers' slots
+With several models resident per worker (`slots`, `models_per_rank`) the control plane sees the workers' slots
 (cluster/slotted.py) and this cluster the workers: an engine is keyed by its slot's rank
 (worker + slot * world_size), its links are its worker's, and the engines resident on one
 worker share its device: a step takes as many times its profile's time as engines on the
@@ -69,9 +69,11 @@ class SimCluster:
         local_host_cache: bool = False,
         piece_bytes: int = 0,
         tp: int = 1,
+        slots: int = 1,
     ) -> None:
         """`profile`: one instance's (one shard's, at tp > 1: instances are `tp`
-        consecutive ranks, shard k of every instance moves to shard k of another)."""
+        consecutive ranks, shard k of every instance moves to shard k of another);
+        `slots`: the models resident per worker (`models_per_rank`, resolved)."""
         self.topo = topo
         self.tp = tp
         self.profile = profile
@@ -94,7 +96,7 @@ class SimCluster:
         self._held: Counter[int] = Counter()  # models each rank holds or loads
         self.messages = 0  # data-plane messages, for the simulator's own report
         self.prefix_blocks_shipped = 0  # hot prefix blocks new instances received
-        for rank in range(topo.world_size * cfg.models_per_rank):  # every worker (slot) is up
+        for rank in range(topo.world_size * slots):  # every worker (slot) is up
             self._emit(HelloMsg(rank=rank, pid=0, device=f"sim:{rank % topo.world_size}"))
 
     # --- the interface: status ---------------------------------------------------------
@@ -237,8 +239,7 @@ class SimCluster:
         e, p = act.engine.for_device("cuda"), self.profile
         kv_tokens = p.kv_tokens
         if e.models_per_device > 1:  # one equal share of the device each, less its weights
-            device = p.kv_tokens * p.kv_bytes_per_token + p.weight_bytes
-            kv_tokens = max(0, device // e.models_per_device - p.weight_bytes) // p.kv_bytes_per_token
+            kv_tokens = max(0, p.engine_bytes // e.models_per_device - p.weight_bytes) // p.kv_bytes_per_token
         return EngineShape(
             block_size=e.block_size,
             max_num_batched_tokens=e.max_num_batched_tokens,

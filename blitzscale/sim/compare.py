@@ -76,6 +76,7 @@ def run_policies(
                     "scale_ups": sum(1 for e in res.events if e.is_up),
                     "disk_loads": sum(1 for e in res.events if e.is_up and e.path == "disk"),
                     "peak_instances": list(res.peak),
+                    "models_per_rank": setup.resident_per_rank,
                     "prompt_tokens_computed": sum(r.input_tokens for r in res.records) - res.prefix_hits,
                     "prefix_hit_rate": round(res.prefix_hits / max(res.prefix_queries, 1), 4),
                     "prefix_routed": res.prefix_routed,

@@ -24,6 +24,7 @@ from blitzscale.cluster.config import ClusterConfig
 from blitzscale.cluster.slotted import slotted
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.costmodel import Profile
+from blitzscale.control.residency import Footprint, resolve_models_per_rank
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import BlitzScaleError
@@ -68,7 +69,20 @@ class SimSetup:
     host_memory_bytes: int = 0
     prefix_routing: bool = True  # the router weighs cached prefixes (off: load alone)
     hot_prefix_share: float = 0.1  # [policy] hot_prefix_share (0: new instances start empty)
-    models_per_rank: int = 1  # models resident on a GPU at once (cluster/slotted.py)
+    models_per_rank: int = 0  # models resident on a GPU at once (cluster/slotted.py); 0: as many as fit
+
+    @property
+    def resident_per_rank(self) -> int:
+        """`models_per_rank`, derived when 0 (control/residency.py) as serve derives it: each
+        model's weights and one request of its whole context in an equal share of the
+        device's usable memory."""
+        p = self.preset.instance_profile(self.model)
+        need = Footprint(p.weight_bytes, p.kv_bytes_per_token * self.model.max_model_len)
+        gpu = not self.preset.device.lower().startswith("cpu")
+        names = self.model_names
+        return resolve_models_per_rank(
+            self.models_per_rank, [need] * len(names), p.engine_bytes, 1.0, gpu, self.model.tp
+        )
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -136,21 +150,24 @@ async def _run(
     preset, model = setup.preset, setup.model
     profile = preset.instance_profile(model)
     topo = preset.topology
+    per_rank = setup.resident_per_rank
     cfg = ClusterConfig(
         num_workers=topo.world_size,
         ranks_per_host=topo.gpus_per_node,
         host_memory_bytes=setup.host_memory_bytes,
-        models_per_rank=setup.models_per_rank,
+        models_per_rank=per_rank,
     )
-    cluster = SimCluster(topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp)
-    slots = slotted(cluster, setup.models_per_rank)  # (the control plane's ranks: the slots)
+    cluster = SimCluster(
+        topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp, slots=per_rank
+    )
+    slots = slotted(cluster, per_rank)  # (the control plane's ranks: the slots)
     pcfg = _policy(policy, setup.fixed, setup.hot_prefix_share)
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
     rcfg = replace(rcfg, prefix_aware=rcfg.prefix_aware and setup.prefix_routing)
     device = "cpu" if preset.device.startswith("cpu") else "cuda"
-    engine = replace(
-        setup.engine, max_model_len=model.max_model_len, models_per_device=setup.models_per_rank
-    ).for_device(device)
+    engine = replace(setup.engine, max_model_len=model.max_model_len, models_per_device=per_rank).for_device(
+        device
+    )
     planner = planner_for(setup, cluster)
     if pcfg.name == "fixed":
         n_pre, n_dec = setup.fixed

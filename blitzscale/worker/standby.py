@@ -20,6 +20,7 @@ Only TP=1 has a standby.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -85,6 +86,16 @@ class Standby:
         self.engine_model = self.spec.model
         self.build_s = time.perf_counter() - t
         log.info("standby engine for %s built in %.2f s", self.spec.model, self.build_s)
+
+    def respec(self, engine: EngineConfig) -> None:
+        """Build it again as `engine` (no-op when it is built so, or without a spec)."""
+        if self.spec is None or self.spec.engine == engine:
+            return
+        if self.handed_out is not None:
+            raise ValueError("the standby's buffer is being filled by a load; it cannot be rebuilt now")
+        self.spec = dataclasses.replace(self.spec, engine=engine)
+        self.drop()
+        self.arm()
 
     def fits(self, config: ModelConfig, dtype: torch.dtype, tp_size: int) -> bool:
         """Whether a model of `config` in `dtype` (unsharded) lands in the standby's buffer."""

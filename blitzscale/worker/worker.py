@@ -52,6 +52,7 @@ from blitzscale.messages import (
     ReplyResult,
     SetRoleMsg,
     ShutdownMsg,
+    StandbyMsg,
     TransferMsg,
     TransferRankResult,
     decode,
@@ -495,6 +496,9 @@ class Worker:
             return NoResult()
         if isinstance(msg, SetRoleMsg):
             self._loop(msg.slot).role = msg.role
+            return NoResult()
+        if isinstance(msg, StandbyMsg):
+            self.standby.respec(msg.engine)
             return NoResult()
         if isinstance(msg, PrefixExportMsg):
             return self._model_loop(msg.model).prefixes.export(self._engine_of(msg.model), msg)

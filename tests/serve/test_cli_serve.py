@@ -27,6 +27,7 @@ CLI = [sys.executable, "-m", "blitzscale.cli.main"]
         ("[policy]\nname = 'magic'\n", "unknown policy 'magic'"),
         ("[planner\n", "not valid TOML"),
         ("[cluster]\ntransfer_bytes_per_s = -1\n", "transfer_bytes_per_s must be >= 0"),
+        ("[cluster]\nmodels_per_rank = -2\n", "models_per_rank must be >= 0 (0: as many as fit), got -2"),
         ("[cluster]\nnum_workers = '4'\n", "[cluster] num_workers must be an integer, got '4' (str)"),
         ("[server]\nport = 8000.5\n", "[server] port must be an integer, got 8000.5 (float)"),
         ("[router]\nmax_queue_wait_s = 'long'\n", "[router] max_queue_wait_s must be a number, got 'long'"),
@@ -74,6 +75,7 @@ def test_bad_bench_live_flag_is_named(flags: list[str], needle: str) -> None:
         (["--tp", "2", "--workers", "2"], "starts 2 instances of tp=2 (4 workers)"),
         (["--port", "99999"], "[server] port (--port) must be in [1, 65535], got 99999"),
         (["--port", "-1"], "must be in [1, 65535], got -1"),
+        (["--models-per-rank", "-1"], "--models-per-rank must be >= 0 (0: as many as fit), got -1"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (
             ["--model", "random:tiny-llama3", "--tokenizer", "random:tiny-llama3", "--mode", "colocated"],

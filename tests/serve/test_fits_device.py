@@ -13,7 +13,7 @@ from blitzscale.cluster.commands import CostQuery
 from blitzscale.control.costmodel import CostReport
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.config import ModelEntry, ServeConfig
-from blitzscale.serve.costs import check_fits_device, cost_models
+from blitzscale.serve.costs import check_fits_device, models_per_rank, shape_reports
 
 GB = 10**9
 # Llama-3-70B-shaped in bf16: 141 GB of weights, 320 KiB of KV per token, 8192 tokens
@@ -59,6 +59,42 @@ def test_the_check_comes_before_any_measurement() -> None:
     models = cfg.served_models()
     folders = {m.name: "folder" for m in models}
     small: Any = _Workers(memory=12 * GB)
+    shapes = asyncio.run(shape_reports(small, cfg, models, folders, cfg.engine))
     with pytest.raises(InvalidRequestError, match="'a' does not fit a rank"):
-        asyncio.run(cost_models(small, cfg, models, folders, cfg.engine))
-    assert small.queries and not any(q.measure for q in small.queries)
+        models_per_rank(cfg, shapes, cfg.engine)  # (serve: before the cost model is measured)
+    assert len(small.queries) == 2 and not any(q.measure for q in small.queries)
+
+
+@pytest.mark.parametrize(
+    "device,asked,n,want",
+    [
+        ("cuda", 0, 2, 2),  # two 8B models (16 GB + 1 GB of KV each) on an 80 GB GPU: both resident
+        ("cuda", 0, 6, 3),  # 80 x 0.85 (gpu_memory_utilization) = 68 GB: three of 17.07 GB fit
+        ("cuda", 0, 1, 1),  # one model: one engine, the whole device
+        ("cpu", 0, 3, 1),  # a CPU worker's memory is its host's: one unless asked
+        ("cuda", 3, 6, 3),  # asked: as asked
+    ],
+)
+def test_models_per_rank_is_derived_from_the_device_and_the_models(
+    device: str, asked: int, n: int, want: int
+) -> None:
+    cfg = ServeConfig().with_overrides(
+        models=[ModelEntry(f"m{i}", "random:tiny-llama3") for i in range(n)],
+        cluster={"device": device, "num_workers": 1, "models_per_rank": asked},
+    )
+    models = cfg.served_models()
+    h100: Any = _Workers(memory=80 * GB)
+    shapes = asyncio.run(shape_reports(h100, cfg, models, {m.name: "f" for m in models}, cfg.engine))
+    assert models_per_rank(cfg, shapes, cfg.engine) == want
+
+
+def test_asked_for_more_models_per_rank_than_fit_is_refused_with_how_many_would() -> None:
+    cfg = ServeConfig().with_overrides(
+        models=[ModelEntry(f"m{i}", "random:tiny-llama3") for i in range(6)],
+        cluster={"device": "cuda", "num_workers": 1, "models_per_rank": 6},
+    )
+    models = cfg.served_models()
+    h100: Any = _Workers(memory=80 * GB)
+    shapes = asyncio.run(shape_reports(h100, cfg, models, {m.name: "f" for m in models}, cfg.engine))
+    with pytest.raises(InvalidRequestError, match=r"models_per_rank=6.*at most 3 such models fit a rank"):
+        models_per_rank(cfg, shapes, cfg.engine)

@@ -22,6 +22,7 @@ def test_swaps_on_one_gpu_do_not_wait_for_planner_rounds() -> None:
         mode="colocated",
         models=("a", "b"),
         keep_alive_s=30.0,  # (the idle model stays on the GPU: each turn is a straight swap)
+        models_per_rank=1,  # (one model a GPU: two would both fit)
         planner_overrides={"interval_s": 3600.0},
     )
     names = ["a", "b", "a", "b", "a"]

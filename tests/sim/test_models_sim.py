@@ -28,8 +28,11 @@ def workload() -> tuple[SimSetup, list, list[str]]:
     )
     setup = SimSetup(preset=load_preset("paper-a"), model=load_model("llama3-8b"))
     copy = setup.preset.instance_profile(setup.model).weight_bytes
-    # 5 s keep-alive; room for three copies per host, under both policies
-    setup = replace(setup, models=tuple(NAMES), keep_alive_s=5.0, host_memory_bytes=3 * copy)
+    # 5 s keep-alive; room for three copies per host, under both policies; one model a GPU
+    # (they take turns on it: the subject here)
+    setup = replace(
+        setup, models=tuple(NAMES), keep_alive_s=5.0, host_memory_bytes=3 * copy, models_per_rank=1
+    )
     return setup, [r for r, _ in pairs], [n for _, n in pairs]
 
 
@@ -75,11 +78,17 @@ def test_the_cli_simulates_several_models_and_counts_disk_loads(tmp_path: Path) 
     out = tmp_path / "sim"
     argv = ["simulate", "--trace", str(TRACE), "--duration", "60", "--policy", "blitz,sllm", "--quiet"]
     extra = ["--models", "3", "--keep-alive", "5", "--host-memory-gb", "48.2", "--out", str(out)]
-    assert main([*argv, *extra]) == 0
+    assert main([*argv, *extra, "--models-per-rank", "1"]) == 0
     rows = {r["policy"]: r for r in json.loads((out / "comparison.json").read_text())}
     assert rows["blitz"]["ok"] == rows["blitz"]["requests"] == rows["sllm"]["ok"] > 0
     assert rows["blitz"]["disk_loads"] == 3  # each model once, at bring-up; never again
     assert rows["sllm"]["disk_loads"] > 3
+    assert rows["blitz"]["models_per_rank"] == 1
+    # by default as many as fit: three 8B models (16 GB + 1 GB of KV for one 8k request
+    # each) share each 80 GB GPU, so the GPUs that take a model take all three
+    assert main([*argv, *extra[:-2], "--policy", "blitz", "--out", str(out / "resident")]) == 0
+    [row] = json.loads((out / "resident" / "comparison.json").read_text())
+    assert row["models_per_rank"] == 3 and row["ok"] == row["requests"] == rows["blitz"]["ok"]
     assert main([*argv, "--models", "27", "--out", str(out)]) == 2
 
 
