@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from blitzscale import clock
 from blitzscale.cluster.base import Cluster
+from blitzscale.cluster.slotted import free_slots
 from blitzscale.control.costmodel import Profile
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.control.states import is_serving
@@ -356,7 +357,9 @@ class Router:
     def expected_start_s(self, model: str, num_tokens: int) -> float:
         """When a new prompt of `num_tokens` could start, in seconds: the prompt tokens
         ahead of it (queued, and outstanding at the model's instances) over what the
-        instances that serve it, load it or could load it prefill a second. 0: unknown."""
+        instances that serve it, load it or could load it prefill a second. 0: unknown.
+        With several models resident per GPU a worker's free slots count once, and not at
+        all where the model is already (cluster/slotted.py `free_slots`)."""
         cost = self.cost(model)
         if cost is None:
             return 0.0
@@ -365,7 +368,8 @@ class Router:
         ]
         prefilling = sum(1 for i in mine if i.accepts != "decode")
         tp = self.state.tp
-        free = sum(1 for r in self.cluster.alive_ranks() if r % tp == 0 and self.state.is_free(r))
+        idle = [r for r in self.cluster.alive_ranks() if r % tp == 0 and self.state.is_free(r)]
+        free = len(free_slots(self.cluster, model, idle, [r for i in mine for r in i.ranks]))
         ahead = self.queue.tokens_of(model) + sum(i.outstanding_tokens for i in mine) + num_tokens
         return ahead / (cost.prefill_rate() * max(1, prefilling + free))
 

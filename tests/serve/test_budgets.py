@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.slotted import slotted
 from blitzscale.control.costmodel import CostReport, Profile, ProfileError
 from blitzscale.control.planner import FALLBACK_PREFILL_RATE
 from blitzscale.engine.request import SamplingParams
@@ -38,13 +39,15 @@ def profile(tokens_per_s: float, name: str = "m", device: str = "NVIDIA H200") -
     )
 
 
-def _router(cfg: RouterConfig, cost: Profile | None, workers: int = 2, max_num_seqs: int = 32) -> Router:
+def _router(
+    cfg: RouterConfig, cost: Profile | None, workers: int = 2, max_num_seqs: int = 32, per_rank: int = 1
+) -> Router:
     topo = Topology(
         nodes=1, gpus_per_node=workers, nvlink_bytes_per_s=1e11, nic_bytes_per_s=1e10,
         pcie_bytes_per_s=1e10, ssd_bytes_per_s=1e9,
     )  # fmt: skip
-    cluster = SimCluster(topo, cost or profile(1000.0), ClusterConfig(num_workers=workers))
-    router = Router(cfg, cluster, cluster.data, None, "m", 1000, 8192)
+    cluster = SimCluster(topo, cost or profile(1000.0), ClusterConfig(num_workers=workers), slots=per_rank)
+    router = Router(cfg, slotted(cluster, per_rank), cluster.data, None, "m", 1000, 8192)
     router.add_model(ServedModel("m", None, 1000, 8192, cost=cost, max_num_seqs=max_num_seqs))
     return router
 
@@ -81,6 +84,14 @@ def test_a_request_that_could_not_start_in_time_is_refused_and_one_that_could_is
     ok, late, why = asyncio.run(main())
     assert ok == pytest.approx(2.0, rel=0.01) and late == pytest.approx(3.0, rel=0.01)
     assert "could start in about 3.0 s" in why and "max_queue_wait_s=2.5" in why
+
+
+def test_free_slots_of_one_gpu_count_as_one_gpu_in_the_start_estimate() -> None:
+    """Three models resident per GPU (six slot ranks on two GPUs): the free capacity for a
+    model is still two GPUs, not six ranks."""
+    r = _router(RouterConfig(mode="colocated"), profile(1000.0), per_rank=3)
+    assert r.cluster.world_size == 6
+    assert r.expected_start_s("m", 4000) == pytest.approx(2.0, rel=0.01)
 
 
 def test_bad_budgets_are_refused_by_name() -> None:
