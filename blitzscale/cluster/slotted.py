@@ -278,6 +278,11 @@ def slotted(cluster: Cluster, per_rank: int) -> Cluster:
     return cluster if per_rank == 1 else SlottedCluster(cluster, per_rank)  # type: ignore[return-value]
 
 
+def slot_workers(cluster: Cluster) -> int:
+    """The GPUs whose slots `cluster`'s ranks are (0: one model a worker, a rank is a GPU)."""
+    return cluster.workers if isinstance(cluster, SlottedCluster) else 0
+
+
 def free_slots(
     cluster: Cluster, model: str, ranks: list[int], instances: Iterable[int] = ()
 ) -> tuple[int, ...]:

@@ -179,7 +179,9 @@ def reclaim(
 ) -> list[ScaleAction]:
     """Ranks for models with requests and no free rank (`short`: model -> instances it
     lacks), taken from other models: warm instances first, then idle serving ones (idle
-    now: a request is waiting for the rank)."""
+    now: a request is waiting for the rank). With several models resident per GPU, not
+    an instance on a GPU that already holds every model short of ranks (the slot it frees
+    could take none of them: its GPU holds a model once)."""
     taken = {(a.model, a.instance_id) for a in planned if not isinstance(a, LoadAction)}
     # ranks already on their way back: releases, and other models' own drains (warm next round)
     coming = sum(
@@ -191,13 +193,18 @@ def reclaim(
     if need <= 0:
         return []
     needy = set(short)
+    # with slots, a rank freed on a GPU that holds every needy model already helps none
+    useless = set.intersection(*(m.snapshot.gpus_with_model() for m in models if m.name in needy))
     warm: list[tuple[float, str, InstanceView]] = []
     idle: list[tuple[float, str, InstanceView]] = []
     for m in models:
         if m.name in needy:
             continue
+        w = m.snapshot.slot_workers
         for i in m.snapshot.instances:
             if (m.name, i.id) in taken or i.idle_since is None or i.num_running or i.num_waiting:
+                continue
+            if w and {r % w for r in i.ranks} <= useless:
                 continue
             if i.state is S.SHUTTING_NULL:
                 warm.append((i.idle_since, m.name, i))

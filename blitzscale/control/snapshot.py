@@ -54,6 +54,19 @@ class ClusterSnapshot:
     model: str = ""  # the model this picture is of (instances, queue and copies are its own;
     # free ranks are the whole pool's)
     model_bytes: int = 0  # one instance's weights of it (0: not known yet)
+    # Several models resident per GPU (cluster/slotted.py): the ranks are slots of this many
+    # GPUs, rank % slot_workers being a rank's GPU, which holds a model at most once
+    # (0: each rank is a GPU of its own).
+    slot_workers: int = 0
+
+    def gpus_with_model(self) -> set[int]:
+        """The GPUs (with slots) that hold this model or an instance of it: none of their
+        free slots can take it. Empty without slots."""
+        w = self.slot_workers
+        if not w:
+            return set()
+        ranks = [r for i in self.instances for r in i.ranks] + list(self.gpu_holders)
+        return {r % w for r in ranks}
 
     def in_states(self, *states: InstanceState) -> list[InstanceView]:
         return [i for i in self.instances if i.state in states]

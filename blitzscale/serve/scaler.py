@@ -21,7 +21,7 @@ from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.cluster.commands import Activation
 from blitzscale.cluster.results import TransferResult
-from blitzscale.cluster.slotted import free_slots
+from blitzscale.cluster.slotted import free_slots, slot_workers
 from blitzscale.control.backoff import LoadBackoff
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.costmodel import Profile
@@ -275,6 +275,7 @@ class Scaler:
             host_of_rank=pool.hosts,
             model=name,
             model_bytes=self.model_bytes.get(name, 0),
+            slot_workers=slot_workers(r.cluster),
         )
 
     def model_view(self, name: str, pool: _PoolFacts | None = None) -> ModelView:

@@ -150,6 +150,24 @@ def test_warm_instances_are_reclaimed_before_serving_ones() -> None:
     assert pool_actions([a, b], BLITZ, CFG, NO_CACHE) == [ReleaseAction(1, model="a")]
 
 
+def test_with_slots_reclaim_frees_a_slot_on_a_gpu_the_needy_model_is_not_on() -> None:
+    """Two GPUs of two slots each (rank r on GPU r % 2): b serves on rank 0 (GPU 0) and
+    wants a second instance; a's idle instances are on rank 2 (GPU 0, idle longest) and
+    rank 1 (GPU 1). A slot freed on GPU 0 could not take b (a GPU holds a model once), so
+    a's instance on GPU 1 is drained, not the longest idle one."""
+
+    def slots(v: ModelView) -> ModelView:
+        return dataclasses.replace(v, snapshot=dataclasses.replace(v.snapshot, slot_workers=2))
+
+    idle = (inst(2, S.COLOCATED, idle_for=50.0), inst(1, S.COLOCATED, idle_for=5.0))
+    a = slots(view("a", *idle, min_instances=2, keep_alive_s=float("inf")))
+    b = view("b", inst(0, S.COLOCATED, running=8), requests=40, queued=40_000, keep_alive_s=float("inf"))
+    assert pool_actions([a, slots(b)], BLITZ, CFG, NO_CACHE) == [DrainAction(1, model="a")]
+    # without slots each rank is a GPU: the longest idle goes first
+    a = view("a", *idle, min_instances=2, keep_alive_s=float("inf"))
+    assert pool_actions([a, b], BLITZ, CFG, NO_CACHE) == [DrainAction(2, model="a")]
+
+
 def test_bounds_keep_the_model_within_its_instances() -> None:
     m = ModelView(ClusterSnapshot(0, (), 0, 0, 0, (), (), None), min_instances=2, max_instances=3)
     colo = bounds(CFG, m, pd_mode=False)
