@@ -12,7 +12,8 @@ zero 5xx) and the disk loads per model (one each: afterwards only the host copy)
 With `--resident` every model stays on the GPU (`[cluster] models_per_rank` = the number of
 models, each engine with its share of the device, keep-alive beyond the run, host copies
 bounded by `--host-memory-gb`): after each model's first load the replay touches them in
-turn and at once, and no swap may happen at all.
+turn and at once, and no swap may happen at all. With `--models-per-rank 0` serve derives
+how many fit (control/residency.py) and the replay runs as with `--resident`.
 
 Run (GPU machine, repo root, the wheels of `make test-gpu` on the path):
 `python3 docs/results/models_swap_h200.py [--models 2] [--rounds 3] [--resident] [--out FILE]`.
@@ -210,8 +211,16 @@ def main() -> None:
     ap.add_argument(
         "--max-model-len", type=int, default=0, help="[engine] max_model_len (0: the model's context)"
     )
+    ap.add_argument(
+        "--models-per-rank",
+        type=int,
+        default=None,
+        help="[cluster] models_per_rank (0: derived by serve; then as --resident if it gives more than one)",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if args.models_per_rank is not None and args.models_per_rank != 1:
+        args.resident = True
     if args.resident:
         args.keep_alive = 3600.0
     sys.path.insert(0, str(ROOT))
@@ -219,7 +228,9 @@ def main() -> None:
     limit = copy_limit_s(nbytes, args.device)
     work = Path(tempfile.mkdtemp(prefix="swap-"))
     conf = work / "cluster.toml"
-    per_rank = args.models if args.resident else 1
+    per_rank = (
+        args.models_per_rank if args.models_per_rank is not None else (args.models if args.resident else 1)
+    )
     host_bytes = int(args.host_memory_gb * 1e9)
     conf.write_text(
         config_toml(
@@ -268,6 +279,9 @@ def main() -> None:
         "resident_ttft_min_s": prefill,
         "serve_started_s": round(started_s, 1),
         **out,
+        "derived": [
+            x for x in (work / "serve.log").read_text().splitlines() if "models resident per rank" in x
+        ],
         "serve_log_tail": (work / "serve.log").read_text()[-4000:],
     }
     text = json.dumps(result, indent=1)
