@@ -75,10 +75,12 @@ class LLMEngine:
         if cfg.num_kv_blocks:
             num_blocks = cfg.num_kv_blocks
         elif weights.device.type == "cuda" and cfg.models_per_device > 1:
-            # one share of the device per resident model, whatever the others hold now
-            _, total = torch.cuda.mem_get_info(weights.device)
+            # one share of the device per resident model, whatever the others hold now, but
+            # never more than is free (another process may hold part of the device)
+            free, total = torch.cuda.mem_get_info(weights.device)
             share = int(total * cfg.gpu_memory_utilization) // cfg.models_per_device
-            num_blocks = (share - weights.layout.nbytes) // per_block
+            room = min(share - weights.layout.nbytes, int(free * cfg.gpu_memory_utilization))
+            num_blocks = room // per_block
         elif weights.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(weights.device)
             num_blocks = int(free * cfg.gpu_memory_utilization) // per_block

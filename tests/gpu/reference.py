@@ -11,11 +11,20 @@ from blitzscale.engine.engine import default_dtype
 def local_tokens(
     model: str, cache_dir: Any, prompts: list[list[int]], params: SamplingParams
 ) -> list[list[int]]:
-    """Random weights depend on the device that makes them, so load the converted folder the
-    workers read, on the GPU, and generate there."""
+    """Random weights depend on the device and the dtype that make them, so load the folder
+    the workers read (converted in their dtype, as serve converts it), on the GPU, and
+    generate there. The engine's memory goes back to the device afterwards: the workers
+    started next size their KV caches from what is free."""
+    import torch
+
     from blitzscale.checkpoint import load_weights, resolve_model
+    from blitzscale.cluster.config import ClusterConfig
     from blitzscale.serve.server import prepare_model
 
-    folder = prepare_model(model, str(cache_dir))
+    folder = prepare_model(model, str(cache_dir), dtype=ClusterConfig(device="cuda").resolved_dtype)
     w = load_weights(resolve_model(folder), dtype=default_dtype("cuda"), device="cuda")
-    return [o.token_ids for o in LLMEngine(w, None, EngineConfig(block_size=16)).generate(prompts, params)]
+    engine = LLMEngine(w, None, EngineConfig(block_size=16))
+    out = [o.token_ids for o in engine.generate(prompts, params)]
+    del engine, w
+    torch.cuda.empty_cache()
+    return out
