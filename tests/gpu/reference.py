@@ -15,6 +15,8 @@ def local_tokens(
     the workers read (converted in their dtype, as serve converts it), on the GPU, and
     generate there. The engine's memory goes back to the device afterwards: the workers
     started next size their KV caches from what is free."""
+    import gc
+
     import torch
 
     from blitzscale.checkpoint import load_weights, resolve_model
@@ -26,5 +28,6 @@ def local_tokens(
     engine = LLMEngine(w, None, EngineConfig(block_size=16))
     out = [o.token_ids for o in engine.generate(prompts, params)]
     del engine, w
+    gc.collect()  # (the engine's parts refer to each other: a cycle keeps its KV cache)
     torch.cuda.empty_cache()
     return out
