@@ -128,13 +128,33 @@ def fit(points: ProbePoints, engine: LLMEngine) -> ProbePoints:
     step = engine.config.max_num_batched_tokens
     context = _upto(points.decode_context, min(engine.max_model_len, room) - points.decode_tokens - 4)
     context = tuple(c for c in context if points.held_tokens(1, c, step) <= room) or context[:1]
-    batch = tuple(b for b in points.decode_batch if points.held_tokens(b, max(context), step) <= room)
+    batch = tuple(b for b in points.decode_batch if points.held_tokens(b, max(context), step) <= room) or (1,)
+    context = _within_context(points, context, max(batch), step, engine.max_model_len)
     return ProbePoints(
         prefill_tokens=_upto(points.prefill_tokens, min(engine.max_model_len - 2, room - 1)),
-        decode_batch=batch or (1,),
+        decode_batch=batch,
         decode_context=context,
         repeats=points.repeats,
     )
+
+
+def _within_context(
+    points: ProbePoints, context: tuple[int, ...], batch: int, step: int, max_model_len: int
+) -> tuple[int, ...]:
+    """The contexts whose requests, in a batch of `batch`, end within `max_model_len` while
+    timed (a batch's rows decode through its prompts' prefill steps too); none: the longest
+    shorter one that does."""
+
+    def ends_in_time(c: int) -> bool:
+        return c + points.decoding_tokens(batch, c, step) + 2 <= max_model_len
+
+    kept = tuple(c for c in context if ends_in_time(c))
+    if kept:
+        return kept
+    c = min(context)
+    while c > 1 and not ends_in_time(c):
+        c -= max(1, c // 8)
+    return (c,)
 
 
 WORKER_THREADS = 1  # torch threads of a worker process (worker/worker.py)

@@ -49,6 +49,20 @@ def test_points_fit_what_the_engine_holds() -> None:
     assert all(b * max(fitted.decode_context) <= room for b in fitted.decode_batch)
 
 
+def test_a_short_context_keeps_the_largest_batch_within_it() -> None:
+    """max_model_len 512 with a GPU's points (a batch of 256, context up to 512): the batch
+    decodes through its prompts' prefill steps too, so its context must leave room for
+    them, or rows end by length while timed (seen on an H200 as "shrank to 109")."""
+    cuda_engine = EngineConfig(max_model_len=512).for_device("cuda")
+    points = costprobe.probe_points(torch.device("cuda"), cuda_engine)
+    engine = costprobe.scratch_engine(CONFIG, torch.float32, torch.device("cpu"), cuda_engine, points)
+    fitted = costprobe.fit(points, engine)
+    b, step = max(fitted.decode_batch), cuda_engine.max_num_batched_tokens
+    assert b == 256
+    for c in fitted.decode_context:
+        assert c + fitted.decoding_tokens(b, c, step) + 2 <= engine.max_model_len, (c, fitted)
+
+
 def test_the_cache_keeps_a_profile_per_shape_device_and_engine_limits(tmp_path: Path) -> None:
     cpu = torch.device("cpu")
     key = costprobe.cache_key(CONFIG, torch.float32, cpu, ENGINE)
