@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from blitzscale.checkpoint.presets import PRESETS
-from blitzscale.engine import EngineConfig, SamplingParams
+from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
+from blitzscale.model.weights import ModelWeights
 from blitzscale.worker import costprobe
 
 CONFIG = PRESETS["tiny-llama3"]
@@ -55,7 +56,9 @@ def test_a_short_context_keeps_the_largest_batch_within_it() -> None:
     them, or rows end by length while timed (seen on an H200 as "shrank to 109")."""
     cuda_engine = EngineConfig(max_model_len=512).for_device("cuda")
     points = costprobe.probe_points(torch.device("cuda"), cuda_engine)
-    engine = costprobe.scratch_engine(CONFIG, torch.float32, torch.device("cpu"), cuda_engine, points)
+    weights = ModelWeights.empty(CONFIG, torch.float32, "cpu")
+    weights.readiness.mark_all_ready()
+    engine = LLMEngine(weights, None, cuda_engine)  # (its own max_model_len: 512)
     fitted = costprobe.fit(points, engine)
     b, step = max(fitted.decode_batch), cuda_engine.max_num_batched_tokens
     assert b == 256
