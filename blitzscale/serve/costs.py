@@ -147,8 +147,8 @@ def check_fits_device(
     (`utilization` of it: what the engines size their KV caches from)."""
     if not report.device_memory_bytes:
         return
-    weights = report.weight_bytes // tp
-    kv = report.kv_bytes_per_token * report.context_len // tp
+    need = footprint(report, tp)
+    weights, kv = need.weight_bytes, need.min_kv_bytes
     gb = 1e9
     if per_rank > 1:
         share = int(report.device_memory_bytes * utilization) // per_rank
