@@ -5,11 +5,12 @@ Every operation takes the time the links say on the virtual clock, holds its ran
 the real cluster's do (operations on one rank in order, on different ranks side by side)
 and writes the same parameter pool. Workers never die here.
 
-With several models resident per worker (`slots`, `models_per_rank`) the control plane sees the workers' slots
-(cluster/slotted.py) and this cluster the workers: an engine is keyed by its slot's rank
-(worker + slot * world_size), its links are its worker's, and the engines resident on one
-worker share its device: a step takes as many times its profile's time as engines on the
-device are computing (`HostCores` with one core: the worker's steps take turns).
+With several models resident per worker (`slots`: `models_per_rank`, resolved) the control
+plane sees the workers' slots (cluster/slotted.py) and this cluster the workers: an engine
+is keyed by its slot's rank (worker + slot * world_size), its links are its worker's, and
+the engines resident on one worker share its device: a step takes as many times its
+profile's time as engines on the device are computing (`HostCores` with one core: the
+worker's steps take turns).
 """
 
 from __future__ import annotations

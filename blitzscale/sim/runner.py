@@ -155,7 +155,6 @@ async def _run(
         num_workers=topo.world_size,
         ranks_per_host=topo.gpus_per_node,
         host_memory_bytes=setup.host_memory_bytes,
-        models_per_rank=per_rank,
     )
     cluster = SimCluster(
         topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp, slots=per_rank
