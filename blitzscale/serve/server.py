@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import logging
 import math
@@ -73,15 +74,22 @@ def prepare_model(
         + (f"_{stored}" if stored else "")
     )
     folder = root / "models" / stem
-    if not is_native_folder(folder):
-        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        convert(name, tmp, dtype=parse_dtype(stored) if stored else None, tp_size=tp, report=report)
-        try:
-            tmp.rename(folder)
-        except OSError:  # another server converted it first (two starting on a fresh cache)
-            if not is_native_folder(folder):
-                raise
-            shutil.rmtree(tmp)
+    if is_native_folder(folder):
+        return str(folder)
+    locks = root / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    # Servers starting together on a fresh cache convert once: the others wait for it.
+    with open(locks / stem, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_native_folder(folder):
+            tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+            convert(name, tmp, dtype=parse_dtype(stored) if stored else None, tp_size=tp, report=report)
+            try:
+                tmp.rename(folder)
+            except OSError:  # converted meanwhile by a server the lock did not hold (NFS)
+                if not is_native_folder(folder):
+                    raise
+                shutil.rmtree(tmp)
     return str(folder)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,38 @@ def test_another_models_tokenizer_is_added_beside_the_weights_by_links(tmp_path:
     tok.save_pretrained(str(tmp_path / "big"))
     with pytest.raises(CheckpointError, match="has 558 tokens, more than the model's vocabulary of 512"):
         server.with_tokenizer(folder, str(tmp_path / "big"))
+
+
+def test_servers_starting_together_on_a_fresh_cache_convert_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_hf_folder: Any
+) -> None:
+    """The second waits for the first's conversion (a lock beside the folder) and uses it,
+    instead of converting the same model again beside it."""
+    src = str(tiny_hf_folder(tmp_path / "hf", "tiny-llama3", tokenizer=False))
+    cache = str(tmp_path / "cache")
+    real = server.convert
+    calls: list[str] = []
+    first_in, second_called, release = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_convert(spec: str, dst: Path, **kw: Any) -> Path:
+        calls.append(str(dst))
+        if len(calls) == 1:
+            first_in.set()
+            assert release.wait(60)
+        else:
+            second_called.set()
+        return real(spec, dst, **kw)
+
+    monkeypatch.setattr(server, "convert", slow_convert)
+    folders: list[str] = []
+    a = threading.Thread(target=lambda: folders.append(server.prepare_model(src, cache)))
+    b = threading.Thread(target=lambda: folders.append(server.prepare_model(src, cache)))
+    a.start()
+    assert first_in.wait(60)
+    b.start()
+    second_called.wait(2.0)  # (without the lock the second converts now; with it, it waits)
+    release.set()
+    a.join(60)
+    b.join(60)
+    assert len(folders) == 2 and folders[0] == folders[1] and is_native_folder(Path(folders[0]))
+    assert len(calls) == 1, calls
