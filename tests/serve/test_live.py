@@ -69,11 +69,10 @@ def prompts(service: ServingCluster, n: int) -> list[list[int]]:
 
 
 def run_burst(
-    service: ServingCluster, lt: LoopThread, n: int, params: Any = lambda i: PARAMS
+    service: ServingCluster, lt: LoopThread, ps: list[list[int]], params: Any = lambda i: PARAMS
 ) -> tuple[Client, list[list[int]], list[list[int]]]:
-    """`n` requests at once (request i with `params(i)`), after the first four alone on the
-    one loaded instance (the references)."""
-    ps = prompts(service, n)
+    """The prompts `ps` at once (request i with `params(i)`), after the first four alone on
+    the one loaded instance (the references)."""
     client = Client(service)
     refs = [lt.run(client.one(f"ref{i}", p, params(i))) for i, p in enumerate(ps[:4])]
 
@@ -136,7 +135,8 @@ def test_live_target_serves_while_loading_and_tokens_do_not_change(
     try:
         lt.run(service.start())
         assert service.router is not None and service.scaler is not None
-        client, refs, outs = run_burst(service, lt, 36, mixed)
+        ps = prompts(service, 36)
+        client, refs, outs = run_burst(service, lt, ps, mixed)
         assert outs[:4] == refs, "tokens changed under live scaling"
         assert len(set(map(tuple, outs))) > 1  # the prompts differ, so do the outputs
 
@@ -158,7 +158,6 @@ def test_live_target_serves_while_loading_and_tokens_do_not_change(
         assert target.state is steady
         assert not any(i.state is InstanceState.OLD_PREFILL for i in service.router.instances.values())
         wait_for(lambda: not any(used_blocks(service).values()))  # no KV block leaked
-        ps = prompts(service, 36)
     finally:
         lt.run(service.stop())
         lt.close()
@@ -185,7 +184,7 @@ def test_nolive_policy_loads_first_then_serves() -> None:
     try:
         lt.run(service.start())
         assert service.scaler is not None and service.router is not None
-        _client, refs, outs = run_burst(service, lt, 8)
+        _client, refs, outs = run_burst(service, lt, prompts(service, 8))
         assert outs[:4] == refs
         assert metric(service, "blitzscale_live_requests_total") == 0
         seen = [b for i in service.router.instances.values() for _, _, b in i.transitions]
