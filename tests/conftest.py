@@ -113,7 +113,7 @@ def smollm2_folder() -> str:
     from (`prepare_model`). Its load takes 1 s of a core where the GGUF's takes 20 (parsing,
     dequantizing, building the tokenizer); tests/checkpoint/test_convert_roundtrip.py checks
     it bit for bit against the GGUF's load, so what is loaded from it is the GGUF's model."""
-    from blitzscale.serve.server import prepare_model
+    from blitzscale.serve.model_cache import prepare_model
 
     return prepare_model("smollm2-135m")
 

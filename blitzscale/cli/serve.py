@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     check_serve_config(cfg)  # before anything starts (run_server checks again, for other callers)
     sock = bind_http(cfg.server.host, cfg.server.port)  # a port in use: refused now
     # (torch and the engine load only now: a bad flag or file is named in well under a second)
-    from blitzscale.serve.server import check_model_tp, run_server
+    from blitzscale.serve.model_cache import check_model_tp
+    from blitzscale.serve.server import run_server
 
     for m in cfg.served_models():
         try:  # before any worker starts

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def main() -> None:
     from blitzscale.checkpoint import load_weights, resolve_model
-    from blitzscale.serve.server import prepare_model
+    from blitzscale.serve.model_cache import prepare_model
 
     torch.set_num_threads(1)
     w = load_weights(resolve_model(prepare_model("smollm2-135m")))

@@ -21,7 +21,7 @@ def local_tokens(
 
     from blitzscale.checkpoint import load_weights, resolve_model
     from blitzscale.cluster.config import ClusterConfig
-    from blitzscale.serve.server import prepare_model
+    from blitzscale.serve.model_cache import prepare_model
 
     folder = prepare_model(model, str(cache_dir), dtype=ClusterConfig(device="cuda").resolved_dtype)
     w = load_weights(resolve_model(folder), dtype=default_dtype("cuda"), device="cuda")

@@ -89,7 +89,7 @@ def test_smollm2_tp3_tokens_equal_tp1(smollm2_weights, smollm2_tokenizer) -> Non
         "def fibonacci(n):",
         "Once upon a time, in a land far away, there lived a",
     )
-    from blitzscale.serve.server import prepare_model
+    from blitzscale.serve.model_cache import prepare_model
 
     # its three shards converted once (the GGUF parsed once, not by each shard process),
     # sliced as the GGUF's load slices them (tests/checkpoint/test_convert_roundtrip.py)

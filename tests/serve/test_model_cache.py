@@ -1,4 +1,4 @@
-"""The converted copy of a model that servers keep in their cache folder."""
+"""The cache folder of converted models that servers keep (serve/model_cache.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from blitzscale.checkpoint import load_weights, resolve_model
 from blitzscale.checkpoint.folders import is_native_folder
-from blitzscale.serve import server
+from blitzscale.serve import model_cache
 
 
 def test_two_servers_converting_one_model_into_a_fresh_cache_both_get_it(
@@ -21,7 +21,7 @@ def test_two_servers_converting_one_model_into_a_fresh_cache_both_get_it(
     renames its copy second finds the folder there and uses it."""
     src = str(tiny_hf_folder(tmp_path / "hf", "tiny-llama3", tokenizer=False))
     cache = tmp_path / "cache"
-    real = server.convert
+    real = model_cache.convert
 
     def other_server_renames_first(spec: str, dst: Path, **kw: Any) -> Path:
         out = real(spec, dst, **kw)
@@ -29,8 +29,8 @@ def test_two_servers_converting_one_model_into_a_fresh_cache_both_get_it(
         real(spec, dst.with_name("other"), **kw).rename(final)
         return out
 
-    monkeypatch.setattr(server, "convert", other_server_renames_first)
-    folder = Path(server.prepare_model(src, str(cache)))
+    monkeypatch.setattr(model_cache, "convert", other_server_renames_first)
+    folder = Path(model_cache.prepare_model(src, str(cache)))
     assert is_native_folder(folder)
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no copy left behind
     ours, theirs = load_weights(resolve_model(str(folder))), load_weights(resolve_model(src))
@@ -44,27 +44,27 @@ def test_another_models_tokenizer_is_added_beside_the_weights_by_links(tmp_path:
     from blitzscale.errors import CheckpointError
     from tests.conftest import byte_tokenizer
 
-    folder = server.prepare_model("random:tiny-llama3", str(tmp_path / "cache"))
+    folder = model_cache.prepare_model("random:tiny-llama3", str(tmp_path / "cache"))
     tok = byte_tokenizer()
     tok.save_pretrained(str(tmp_path / "tok"))
-    with_tok = Path(server.with_tokenizer(folder, str(tmp_path / "tok")))
+    with_tok = Path(model_cache.with_tokenizer(folder, str(tmp_path / "tok")))
     assert with_tok != Path(folder) and is_native_folder(with_tok)
     assert len(load_tokenizer(resolve_model(str(with_tok)))) == len(tok)
     assert load_tokenizer(resolve_model(folder)) is None  # (the cache's copy: untouched)
     assert all(f.is_symlink() for f in with_tok.glob("*.bzw"))  # (no weights copied)
     linked, converted = (load_weights(resolve_model(f)).buffer for f in (str(with_tok), folder))
     assert torch.equal(linked, converted)
-    assert server.with_tokenizer(folder, str(tmp_path / "tok")) == str(with_tok)  # made once
+    assert model_cache.with_tokenizer(folder, str(tmp_path / "tok")) == str(with_tok)  # made once
     tok.chat_template = "{{ messages[0]['content'] }}"  # the same path, another tokenizer: another folder
     tok.save_pretrained(str(tmp_path / "tok"))
-    again = server.with_tokenizer(folder, str(tmp_path / "tok"))
+    again = model_cache.with_tokenizer(folder, str(tmp_path / "tok"))
     assert again != str(with_tok) and load_tokenizer(resolve_model(again)).chat_template == tok.chat_template
     with pytest.raises(CheckpointError, match="no tokenizer found"):
-        server.with_tokenizer(folder, "random:tiny-llama3")
+        model_cache.with_tokenizer(folder, "random:tiny-llama3")
     tok.add_tokens([f"<extra{i}>" for i in range(300)])  # 558 tokens, 512 logits
     tok.save_pretrained(str(tmp_path / "big"))
     with pytest.raises(CheckpointError, match="has 558 tokens, more than the model's vocabulary of 512"):
-        server.with_tokenizer(folder, str(tmp_path / "big"))
+        model_cache.with_tokenizer(folder, str(tmp_path / "big"))
 
 
 def test_servers_starting_together_on_a_fresh_cache_convert_once(
@@ -74,7 +74,7 @@ def test_servers_starting_together_on_a_fresh_cache_convert_once(
     instead of converting the same model again beside it."""
     src = str(tiny_hf_folder(tmp_path / "hf", "tiny-llama3", tokenizer=False))
     cache = str(tmp_path / "cache")
-    real = server.convert
+    real = model_cache.convert
     calls: list[str] = []
     first_in, second_called, release = threading.Event(), threading.Event(), threading.Event()
 
@@ -87,10 +87,10 @@ def test_servers_starting_together_on_a_fresh_cache_convert_once(
             second_called.set()
         return real(spec, dst, **kw)
 
-    monkeypatch.setattr(server, "convert", slow_convert)
+    monkeypatch.setattr(model_cache, "convert", slow_convert)
     folders: list[str] = []
-    a = threading.Thread(target=lambda: folders.append(server.prepare_model(src, cache)))
-    b = threading.Thread(target=lambda: folders.append(server.prepare_model(src, cache)))
+    a = threading.Thread(target=lambda: folders.append(model_cache.prepare_model(src, cache)))
+    b = threading.Thread(target=lambda: folders.append(model_cache.prepare_model(src, cache)))
     a.start()
     assert first_in.wait(60)
     b.start()
