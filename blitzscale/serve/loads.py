@@ -186,7 +186,7 @@ class Loads:
         else:
             partner = None
         ids = self.scaler.instance_ids(a.target_ranks)  # (tp > 1: leaders; their shards follow)
-        self.router.live.begin(ids, partner.rank if partner is not None else None)
+        self.router.live.begin(ids, partner.rank if partner is not None else None, a.sources)
         activated: dict[int, ActivateResult] = {}
 
         def on_live(start: LiveStart) -> None:  # on this loop, as each reply arrives

@@ -198,6 +198,11 @@ class _RouterCollector(Collector):
             "Partly prefilled tasks a live target handed to its source to finish",
             value=self.router.live.relays_total,
         )
+        yield CounterMetricFamily(
+            "blitzscale_live_abandoned",
+            "Live targets given up when their weight source died, their waiting prompts run again",
+            value=self.router.live.abandoned_total,
+        )
 
 
 # Seconds. A scale-up spans a GPU-to-GPU copy of a small model (ms) to a cold disk read of a

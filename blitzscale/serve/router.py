@@ -642,7 +642,31 @@ class Router:
             if inst is not None and inst.state is not InstanceState.INACTIVE:
                 self.state.move(rank, InstanceState.INACTIVE, "(worker died)")
                 self.connected.discard(rank)
+        for target, lost in self.live.starved(gone).items():
+            self.abandon_live(target, f"its weight source (rank {lost}) died")
         self.live.drop_dead_pairs(gone)
+
+    def abandon_live(self, target: int, why: str) -> int:
+        """A live target whose weights will not all arrive (`why`: its weight source died)
+        serves no more, now: the prompts waiting for its missing layers are taken back and
+        run again elsewhere, rather than when its transfer gives up (a receive cut mid-piece
+        waits out its timeout, 30 s). Prompts it relayed live on at their source; a target
+        that holds every layer already is left alone. The number of prompts run again."""
+        inst = self.instances.get(target)
+        if inst is None or inst.state is not InstanceState.NEW_PREFILL:
+            return 0
+        waiting = [
+            r
+            for r in self.reqs.values()
+            if r.prefill_rank == target and r.stage is Stage.PREFILL and not r.prefilled
+        ]
+        for r in waiting:
+            self._send_nowait(target, AbortMsg(request_id=r.wire_id))  # type: ignore[arg-type]
+            self.lost(r, f"the live target on rank {target} cannot finish it: {why}")
+        self.state.move(target, InstanceState.INACTIVE, f"({why})")
+        self.live.end(target)
+        self.live.abandoned_total += 1
+        return len(waiting)
 
     def _rank_back(self, rank: int) -> None:
         """A respawned worker is up with its links rebuilt: the planner may use it again."""

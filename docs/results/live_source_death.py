@@ -2,7 +2,9 @@
 weight source of a live target is killed mid-transfer (the scenario of
 tests/serve/test_live.py's `[colocated-source]` death test: 3 CPU workers, SmolLM2, the
 test's capped link), and how the target's transfer ended (its receive failing at once,
-"Connection closed by peer", or gloo's 30 s receive timeout). Prints one JSON line per run.
+"Connection closed by peer", or gloo's 30 s receive timeout), and whether the router gave
+the target up first on finding its weight source dead (`abandoned`: its waiting prompts
+run again at once, whatever the receive does). Prints one JSON line per run.
 Run: `.venv/bin/python docs/results/live_source_death.py [runs]` from the repo root."""
 
 import asyncio
@@ -60,13 +62,14 @@ def one_run() -> dict:
 
     try:
         done_s = lt.run(scenario(), timeout=200)
+        abandoned = router.live.abandoned_total
     finally:
         lt.run(service.stop())
         lt.close()
         logging.getLogger("blitzscale").removeHandler(lost)
     failed = [x for x in lost.lines if "loading the weights failed" in x]
     how = "timeout" if any("Timed out" in x for x in failed) else "closed" if failed else "none"
-    return {"all_done_after_kill_s": round(done_s, 1), "target_receive_ended_by": how}
+    return {"all_done_after_kill_s": round(done_s, 1), "target_receive_ended_by": how, "abandoned": abandoned}
 
 
 def main() -> None:
