@@ -30,6 +30,10 @@ class ClusterConfig:
     # Host memory (bytes) each host gives to model copies (0: no bound): blitz keeps at most
     # one host copy per model in the cluster, sllm caches per host (TTL, LRU beyond it).
     host_memory_bytes: int = 0
+    # Device memory (bytes) each worker may hold: weights, KV caches, the standby (0: the
+    # device's own; a CPU worker: no bound). A load or an engine that would not fit is
+    # refused before it allocates and tried again once there is room (worker/memory.py).
+    worker_memory_bytes: int = 0
     # How workers are started: "local" processes on this machine, or "ray": one Ray actor
     # per GPU (or CPU slot) across a Ray cluster's nodes (pip install 'blitzscale[ray]').
     backend: str = "local"
@@ -43,6 +47,10 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.host_memory_bytes < 0:
             raise ValueError(f"host_memory_bytes must be >= 0 (0: no bound), got {self.host_memory_bytes}")
+        if self.worker_memory_bytes < 0:
+            raise ValueError(
+                f"worker_memory_bytes must be >= 0 (0: the device's own), got {self.worker_memory_bytes}"
+            )
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.device not in ("cpu", "cuda"):

@@ -184,6 +184,7 @@ class LocalCluster:
             peers=peers,
             standby=self.standby,
             tp=self.tp,
+            memory_bytes=cfg.worker_memory_bytes,
         )
         name = f"blitzscale-worker-{rank}" + (f".{incarnation}" if incarnation else "")
         return self.spawner.spawn(wcfg, name)

@@ -38,6 +38,7 @@ from blitzscale.engine.work import StepWork
 from blitzscale.errors import InvalidRequestError, KVIntegrityError
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.kvcache.pool import BlockPool
+from blitzscale.model.config import ModelConfig
 from blitzscale.model.llama import LlamaModel
 from blitzscale.model.readiness import Readiness
 from blitzscale.model.weights import ModelWeights
@@ -52,11 +53,65 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
 
 
+def planned_kv_blocks(
+    model: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    weight_bytes: int,
+    config: EngineConfig,
+    tp_size: int = 1,
+    room: int | None = None,
+) -> int:
+    """The KV blocks an engine built now on weights of `model` (`weight_bytes` of them on
+    `device`, this shard's of `tp_size`) takes: the blocks asked for; on a GPU, its share of
+    the device less its weights when several models are resident, else what is free
+    (either way never more than the utilization of what is free: another process may hold
+    part of the device); on a CPU, `kv_cache_bytes`. `room`: bytes it may take at most (the
+    worker's accounting, worker/memory.py)."""
+    cfg = config.for_device(device.type)
+    per_block = KVCache.bytes_per_block(model, cfg.block_size, dtype, tp_size)
+    if cfg.num_kv_blocks:
+        blocks = cfg.num_kv_blocks
+    elif device.type == "cuda" and cfg.models_per_device > 1:
+        free, total = torch.cuda.mem_get_info(device)
+        share = int(total * cfg.gpu_memory_utilization) // cfg.models_per_device
+        blocks = min(share - weight_bytes, int(free * cfg.gpu_memory_utilization)) // per_block
+    elif device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        blocks = int(free * cfg.gpu_memory_utilization) // per_block
+    else:
+        blocks = cfg.kv_cache_bytes // per_block
+    return blocks if room is None else min(blocks, room // per_block)
+
+
+def planned_kv_bytes(
+    model: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    weight_bytes: int,
+    config: EngineConfig,
+    tp_size: int = 1,
+    room: int | None = None,
+) -> int:
+    """What `planned_kv_blocks` hold, in bytes."""
+    blocks = planned_kv_blocks(model, dtype, device, weight_bytes, config, tp_size, room)
+    return max(0, blocks) * KVCache.bytes_per_block(
+        model, config.for_device(device.type).block_size, dtype, tp_size
+    )
+
+
 class LLMEngine:
     def __init__(
-        self, weights: ModelWeights, tokenizer: Any | None, config: EngineConfig, tp_group: Any = None
+        self,
+        weights: ModelWeights,
+        tokenizer: Any | None,
+        config: EngineConfig,
+        tp_group: Any = None,
+        kv_room: int | None = None,
     ) -> None:
-        """`tp_group`: a tensor-parallel shard's group (LlamaModel's; model/tp.py)."""
+        """`tp_group`: a tensor-parallel shard's group (LlamaModel's; model/tp.py).
+        `kv_room`: bytes its KV cache may take at most (a worker's memory bound)."""
+        self.kv_room = kv_room
         self.config = config.for_device(weights.device.type)
         self.tp_group = tp_group
         self.tokenizer = tokenizer
@@ -71,27 +126,26 @@ class LLMEngine:
 
     def _init_kv_cache(self, weights: ModelWeights) -> None:
         cfg, bs = self.config, self.config.block_size
-        per_block = KVCache.bytes_per_block(weights.config, bs, weights.dtype, weights.layout.tp_size)
-        if cfg.num_kv_blocks:
-            num_blocks = cfg.num_kv_blocks
-        elif weights.device.type == "cuda" and cfg.models_per_device > 1:
-            # one share of the device per resident model, whatever the others hold now, but
-            # never more than is free (another process may hold part of the device)
-            free, total = torch.cuda.mem_get_info(weights.device)
-            share = int(total * cfg.gpu_memory_utilization) // cfg.models_per_device
-            room = min(share - weights.layout.nbytes, int(free * cfg.gpu_memory_utilization))
-            num_blocks = room // per_block
-        elif weights.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(weights.device)
-            num_blocks = int(free * cfg.gpu_memory_utilization) // per_block
-        else:
-            num_blocks = cfg.kv_cache_bytes // per_block
+        num_blocks = planned_kv_blocks(
+            weights.config,
+            weights.dtype,
+            weights.device,
+            weights.layout.nbytes,
+            cfg,
+            weights.layout.tp_size,
+            self.kv_room,
+        )
         if num_blocks < 1:
             raise ValueError("no room for a single KV block; lower block_size or free memory")
         self.kv_cache = KVCache(
             weights.config, num_blocks, bs, weights.dtype, weights.device, weights.layout.tp_size
         )
         self.pool = BlockPool(num_blocks, bs)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """The bytes its KV cache holds on the device."""
+        return self.kv_cache.data.numel() * self.kv_cache.data.element_size()
 
     def _init_components(self, weights: ModelWeights) -> None:
         self.model = LlamaModel(weights, max_positions=self.max_model_len, tp_group=self.tp_group)

@@ -33,8 +33,11 @@ def device_memory_bytes(device: torch.device) -> int:
 
 
 def cost_report(
-    msg: ProfileMsg, device: torch.device, dtype: torch.dtype, standby: Standby, rank: int
+    msg: ProfileMsg, device: torch.device, dtype: torch.dtype, standby: Standby, rank: int, cap: int = 0
 ) -> ProfileResult:
+    """`cap`: what the worker may hold on its device, when lower than the device's memory
+    (`[cluster] worker_memory_bytes`): the memory it reports, so the start-up checks and the
+    models-per-rank rule plan for the same bound the worker keeps (worker/memory.py)."""
     config = load_config(resolve_model(msg.source))
     layout = build_layout(config, torch.empty((), dtype=dtype).element_size())
     out = ProfileResult(
@@ -42,7 +45,7 @@ def cost_report(
         weight_bytes=layout.nbytes,
         kv_bytes_per_token=KVCache.bytes_per_block(config, 1, dtype),
         num_layers=config.num_layers,
-        device_memory_bytes=device_memory_bytes(device),
+        device_memory_bytes=min(cap, device_memory_bytes(device)) if cap else device_memory_bytes(device),
         # (the engine's: capped by `[engine] max_model_len` as LLMEngine caps it)
         context_len=min(
             msg.engine.max_model_len or config.max_position_embeddings, config.max_position_embeddings

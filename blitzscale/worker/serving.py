@@ -108,15 +108,21 @@ class ServingLoop:
         )
 
     def activate(
-        self, weights: ModelWeights, tokenizer: Any, msg: ActivateMsg, engine: LLMEngine | None = None
+        self,
+        weights: ModelWeights,
+        tokenizer: Any,
+        msg: ActivateMsg,
+        engine: LLMEngine | None = None,
+        kv_room: int | None = None,
     ) -> ActivateResult:
-        """Serve `weights` with a new engine, or with `engine`, built on them beforehand."""
+        """Serve `weights` with a new engine (its KV cache within `kv_room` bytes, if given),
+        or with `engine`, built on them beforehand."""
         if self.engine is not None:
             raise BlitzScaleError(f"rank {self.rank} is already serving")
         self._sent_stats = None  # (the router dropped this rank's stats when it was released)
         tp = make_leader(self.links, weights)
         if engine is None or tp is not None:  # (a standby engine is TP=1)
-            engine = LLMEngine(weights, tokenizer, msg.engine, tp_group=tp)
+            engine = LLMEngine(weights, tokenizer, msg.engine, tp_group=tp, kv_room=kv_room)
         total = engine.counts()["total_blocks"]
         if tp is not None:  # the other shards build their KV caches the same size
             tp.send(

@@ -34,7 +34,9 @@ from blitzscale.core.heap import free_frozen
 from blitzscale.engine import EngineConfig, LLMEngine
 from blitzscale.engine.oom import free_cached_memory
 from blitzscale.model.config import ModelConfig
+from blitzscale.model.layout import build_layout
 from blitzscale.model.weights import ModelWeights
+from blitzscale.worker.memory import Holding, NoRoomError
 
 log = logging.getLogger("blitzscale.worker")
 
@@ -44,6 +46,11 @@ def free_device_memory(device: torch.device) -> None:
     (frozen ones too: core/heap.py)."""
     free_frozen()
     free_cached_memory(device)
+
+
+# (config, dtype, weight bytes, engine, what, bytes allocated with it) -> the room for the
+# KV cache (None: as the engine plans it), or NoRoomError: the worker's `_engine_room`
+EngineRoom = Callable[[ModelConfig, torch.dtype, int, EngineConfig, str, int], "int | None"]
 
 
 @dataclass(frozen=True)
@@ -62,11 +69,15 @@ class Standby:
         device: torch.device,
         dtype: torch.dtype,
         tokenizer: Callable[[], Any],
+        room: EngineRoom | None = None,
     ) -> None:
+        """`room`: the worker's accounting of its device (worker/memory.py): the room for
+        the engine's KV cache beside its buffer; a standby that does not fit is not built."""
         self.spec = spec
         self.device = device
         self.dtype = dtype
         self.tokenizer = tokenizer
+        self.room = room
         self.weights: ModelWeights | None = None
         self.engine: LLMEngine | None = None
         self.handed_out: ModelWeights | None = None  # the buffer a load is filling
@@ -79,13 +90,35 @@ class Standby:
             return
         t = time.perf_counter()
         cfg = load_config(resolve_model(self.spec.source))
+        size = build_layout(cfg, torch.empty((), dtype=self.dtype).element_size()).nbytes
+        kv_room = None
+        if self.room is not None:
+            try:
+                kv_room = self.room(cfg, self.dtype, size, self.spec.engine, "the standby engine", size)
+            except NoRoomError as e:
+                log.warning("no standby engine for %s: %s", self.spec.model, e)
+                return
         weights = ModelWeights.empty(cfg, self.dtype, self.device)
         weights.readiness.reset()
-        self.engine = LLMEngine(weights, self.tokenizer(), self.spec.engine)
+        self.engine = LLMEngine(weights, self.tokenizer(), self.spec.engine, kv_room=kv_room)
         self.weights = weights
         self.engine_model = self.spec.model
         self.build_s = time.perf_counter() - t
         log.info("standby engine for %s built in %.2f s", self.spec.model, self.build_s)
+
+    def holdings(self) -> list[Holding]:
+        """What it holds on the device (a buffer handed out to a load is the load's)."""
+        held = (
+            [Holding("the standby's buffer", self.weights.layout.nbytes)] if self.weights is not None else []
+        )
+        if self.engine is not None:
+            held.append(Holding("the standby engine's KV cache", self.engine.kv_cache_bytes))
+        return held
+
+    @property
+    def spare_bytes(self) -> int:
+        """What dropping it would free (a buffer handed out is in use)."""
+        return sum(h.nbytes for h in self.holdings())
 
     def respec(self, engine: EngineConfig) -> None:
         """Build it again as `engine` (no-op when it is built so, or without a spec)."""

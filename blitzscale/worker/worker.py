@@ -23,9 +23,12 @@ import zmq
 
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.native import dtype_name, parse_dtype
+from blitzscale.core.config import EngineConfig
 from blitzscale.core.heap import freeze_heap
 from blitzscale.engine import LLMEngine
+from blitzscale.engine.engine import planned_kv_bytes
 from blitzscale.errors import BlitzScaleError
+from blitzscale.kvcache.cache import KVCache
 from blitzscale.messages import (
     ActivateMsg,
     ActivateResult,
@@ -58,6 +61,8 @@ from blitzscale.messages import (
     decode,
     worker_frames,
 )
+from blitzscale.model.config import ModelConfig
+from blitzscale.model.layout import build_layout
 from blitzscale.model.weights import ModelWeights
 from blitzscale.transfer.checksum import buffer_checksum
 from blitzscale.transfer.executor import run_transfer
@@ -65,6 +70,7 @@ from blitzscale.worker import costprobe
 from blitzscale.worker.cost_report import cost_report
 from blitzscale.worker.disk_source import disk_shape, load_local
 from blitzscale.worker.host_copies import HostCopies
+from blitzscale.worker.memory import DeviceMemory, Holding, NoRoomError, measure
 from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.standby import Standby, StandbySpec, free_device_memory
 from blitzscale.worker.tp_follower import TPFollower, TPInbox
@@ -99,6 +105,7 @@ class WorkerConfig:
     peers: tuple[tuple[int, int], ...] = ()  # a replacement's live peers: (rank, incarnation)
     standby: StandbySpec | None = None  # build a standby engine of this model at start
     tp: int = 1  # ranks per instance: [k*tp, (k+1)*tp) share an instance group (worker/world.py)
+    memory_bytes: int = 0  # what it may hold on its device, below the device's own (0: no cap)
 
 
 class Worker:
@@ -119,13 +126,14 @@ class Worker:
         # Transfers that ended: (model, error or ""), put by the transfer thread before it
         # replies; only the main thread changes `models` / `loading` (in `_settle`).
         self._ended: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self.loops: dict[int, ServingLoop] = {}  # by slot; slot 0 always exists
+        self._retired: tuple[str, LLMEngine] | None = None  # the last deactivated engine
         self._init_device()
         self.host_copies = HostCopies(self.device)
         self._init_world()
         self._init_standby()
         self._init_control()
         self._init_serving()
-        self._retired: tuple[str, LLMEngine] | None = None  # the last deactivated engine
         self._init_follower()
 
     def _init_standby(self) -> None:
@@ -133,7 +141,11 @@ class Worker:
         c = self.cfg
         source = c.standby.source if c.standby is not None else ""
         self.standby = Standby(
-            c.standby, self.device, parse_dtype(c.dtype), lambda: self._tokenizer(source).result()
+            c.standby,
+            self.device,
+            parse_dtype(c.dtype),
+            lambda: self._tokenizer(source).result(),
+            self._engine_room,
         )
         self.standby.arm()
 
@@ -180,7 +192,6 @@ class Worker:
                     self.cfg.token, HelloMsg(rank=self.rank, pid=os.getpid(), device=str(self.device))
                 )
             )
-        self.loops: dict[int, ServingLoop] = {}  # by slot; slot 0 always exists
         self.serving = self._loop(0)
 
     def _loop(self, slot: int) -> ServingLoop:
@@ -330,6 +341,8 @@ class Worker:
                 self._start_host_copy(msg)  # replies from its thread once the copy is made
                 return
             self._reply(op_id, True, self.handle(msg))
+        except NoRoomError as e:  # refused before anything was allocated (worker/memory.py)
+            self._reply(op_id, False, NoResult(), f"rank {self.rank}: {e}", no_room=True)
         except torch.OutOfMemoryError as e:  # (a load's buffer: what it allocated is gone)
             free_device_memory(self.device)
             self._reply(op_id, False, NoResult(), f"no room on the device: {e}", no_room=True)
@@ -463,9 +476,8 @@ class Worker:
         if msg.model in self.models or msg.model in self.loading:
             raise ValueError(f"rank {self.rank} already holds {msg.model}")
         cfg, dtype = load_config(resolve_model(msg.source)), parse_dtype(msg.dtype)
-        fresh = self.standby.take_weights(cfg, dtype, msg.tp_size)
+        fresh = self._weights_room(msg.model, cfg, dtype, msg.tp_size, msg.tp_rank)
         if fresh is None:
-            self.standby.drop()  # (another shape: its room is needed)
             fresh = ModelWeights.empty(cfg, dtype, self.device, msg.tp_size, msg.tp_rank)
             fresh.readiness.reset()
         self.loading[msg.model] = fresh
@@ -483,7 +495,9 @@ class Worker:
         if isinstance(msg, ChecksumMsg):
             return self._checksum(msg)
         if isinstance(msg, ProfileMsg):
-            return cost_report(msg, self.device, parse_dtype(self.cfg.dtype), self.standby, self.rank)
+            return cost_report(
+                msg, self.device, parse_dtype(self.cfg.dtype), self.standby, self.rank, self.cfg.memory_bytes
+            )
         if isinstance(msg, ActivateMsg):
             return self._activate(msg)
         if isinstance(msg, DeactivateMsg):
@@ -512,9 +526,11 @@ class Worker:
         t = time.perf_counter()
         dtype = parse_dtype(self.cfg.dtype)
         shape = disk_shape(msg.source, msg.tp_rank, dtype)
-        into = self.standby.take_weights(shape, dtype, msg.tp_size) if shape is not None else None
-        if into is None:
-            self.standby.drop()  # (the load allocates its own weights; the standby's room is needed)
+        if shape is not None:
+            into = self._weights_room(msg.model, shape, dtype, msg.tp_size, msg.tp_rank)
+        else:  # (a source to convert as it loads: its size is known once read)
+            into = None
+            self._give_up_spares()
         try:
             weights, stats = load_local(
                 msg.source,
@@ -571,7 +587,11 @@ class Worker:
         t = time.perf_counter()
         tokenizer = self._tokenizer(msg.source)
         standby = self.standby.take_engine(weights, msg.engine, msg.model, tokenizer.result)
-        result = self._loop(msg.slot).activate(weights, tokenizer.result(), msg, standby)
+        room = None
+        if standby is None and self.cfg.tp == 1:  # an engine to build: its KV cache must fit
+            what = f"the KV cache of {msg.model}'s engine"
+            room = self._engine_room(weights.config, weights.dtype, weights.layout.nbytes, msg.engine, what)
+        result = self._loop(msg.slot).activate(weights, tokenizer.result(), msg, standby, room)
         self.serving_models[msg.slot] = msg.model
         # the engine's objects live as long as it serves; no full collection here (it
         # would delay the first request), so this activation's garbage, if any, stays
@@ -616,6 +636,86 @@ class Worker:
             dtype=dtype_name(weights.dtype),
             bytes=weights.layout.nbytes,
         )
+
+    # --- device memory (worker/memory.py) ------------------------------------------------
+
+    def memory(self) -> DeviceMemory:
+        """This worker's device memory now, and what holds it."""
+        held = [Holding(f"weights of {m}", w.layout.nbytes) for m, w in self.models.items()]
+        held += [Holding(f"weights of {m} (arriving)", w.layout.nbytes) for m, w in self.loading.items()]
+        for slot, loop in self.loops.items():
+            if loop.engine is not None:
+                model = self.serving_models.get(slot, "?")
+                held.append(Holding(f"KV cache of {model} (slot {slot})", loop.engine.kv_cache_bytes))
+        if self._retired is not None:
+            held.append(Holding(f"KV cache of {self._retired[0]} (drained)", self._retired[1].kv_cache_bytes))
+        held += self.standby.holdings()
+        return measure(self.device, held, self.cfg.memory_bytes)
+
+    @property
+    def _spare_bytes(self) -> int:
+        """What the worker may give up for room: the standby, and a drained engine kept only
+        to become it."""
+        retired = self._retired[1].kv_cache_bytes if self._retired is not None else 0
+        return self.standby.spare_bytes + retired
+
+    def _give_up_spares(self) -> None:
+        """Free the standby and a drained engine (something of another shape needs the room)."""
+        self.standby.drop()
+        if self._retired is not None:
+            self._retired = None
+            free_device_memory(self.device)
+
+    def _engine_room(
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        weight_bytes: int,
+        engine: EngineConfig,
+        what: str,
+        extra: int = 0,
+    ) -> int | None:
+        """Room for an engine's KV cache (and `extra` bytes besides, allocated with it):
+        None when it fits as the engine plans it (the spares given up if that is what it
+        takes); under `memory_bytes`, else, the room there is once they are given up, if a
+        request of the engine's whole context fits it; NoRoomError otherwise."""
+        planned = planned_kv_bytes(cfg, dtype, self.device, weight_bytes, engine) + extra
+        mem, spare = self.memory(), self._spare_bytes
+        if mem.fits(planned):
+            return None
+        if mem.fits(planned, spare) or not self.cfg.memory_bytes:
+            self._make_room(planned, what)
+            return None
+        e = engine.for_device(self.device.type)
+        context = min(e.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        per_block = KVCache.bytes_per_block(cfg, e.block_size, dtype)
+        self._make_room(
+            -(-context // e.block_size) * per_block + extra, f"{what} (one request of {context} tokens)"
+        )
+        self._give_up_spares()
+        free = self.memory().free
+        return None if free is None else free - extra
+
+    def _make_room(self, need: int, what: str) -> None:
+        """Make `need` bytes free for `what`, giving up the spares if that is what it takes;
+        NoRoomError (nothing given up) if even that would not do."""
+        mem = self.memory()
+        if mem.fits(need):
+            return
+        mem.check(need, what, self._spare_bytes)
+        self._give_up_spares()
+
+    def _weights_room(
+        self, model: str, cfg: ModelConfig, dtype: torch.dtype, tp_size: int, tp_rank: int
+    ) -> ModelWeights | None:
+        """The standby's empty buffer when `model` has its shape; else None, once room for
+        its weights is made (NoRoomError when there is none)."""
+        into = self.standby.take_weights(cfg, dtype, tp_size)
+        if into is None:
+            need = build_layout(cfg, torch.empty((), dtype=dtype).element_size(), tp_size, tp_rank).nbytes
+            self._make_room(need, f"the weights of {model}")
+            self.standby.drop()  # (another shape: it would never be used)
+        return into
 
     def device_bytes_in_use(self) -> int:
         """What the device allocator holds (CUDA), or the bytes of the models held (CPU)."""
