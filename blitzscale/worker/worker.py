@@ -528,8 +528,12 @@ class Worker:
         shape = disk_shape(msg.source, msg.tp_rank, dtype)
         if shape is not None:
             into = self._weights_room(msg.model, shape, dtype, msg.tp_size, msg.tp_rank)
-        else:  # (a source to convert as it loads: its size is known once read)
+        else:  # converted as it loads: into a buffer of its own
             into = None
+            src = resolve_model(msg.source)
+            if src.kind != "gguf":  # (a GGUF's size is known once it is parsed, seconds)
+                need = _weight_bytes(load_config(src), dtype, msg.tp_size, msg.tp_rank)
+                self._make_room(need, f"the weights of {msg.model}")
             self._give_up_spares()
         try:
             weights, stats = load_local(
@@ -712,8 +716,7 @@ class Worker:
         its weights is made (NoRoomError when there is none)."""
         into = self.standby.take_weights(cfg, dtype, tp_size)
         if into is None:
-            need = build_layout(cfg, torch.empty((), dtype=dtype).element_size(), tp_size, tp_rank).nbytes
-            self._make_room(need, f"the weights of {model}")
+            self._make_room(_weight_bytes(cfg, dtype, tp_size, tp_rank), f"the weights of {model}")
             self.standby.drop()  # (another shape: it would never be used)
         return into
 
@@ -722,6 +725,11 @@ class Worker:
         if self.device.type == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
         return sum(w.buffer.untyped_storage().nbytes() for w in self.models.values())
+
+
+def _weight_bytes(cfg: ModelConfig, dtype: torch.dtype, tp_size: int, tp_rank: int) -> int:
+    """The bytes of one rank's weights of a model of `cfg` in `dtype`."""
+    return build_layout(cfg, torch.empty((), dtype=dtype).element_size(), tp_size, tp_rank).nbytes
 
 
 def _sync(device: torch.device) -> None:
