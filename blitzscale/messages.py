@@ -600,6 +600,7 @@ class StatsMsg(Msg):
     prefix_hits: int = 0
     # engine steps that ran out of device memory and were retried smaller (engine/oom.py)
     oom_retries: int = 0
+    kv_cache_bytes: int = 0  # device bytes its KV cache holds (a TP shard's: its own)
 
 
 Message = (

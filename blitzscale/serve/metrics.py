@@ -167,6 +167,18 @@ class _RouterCollector(Collector):
             usage.add_metric([str(i.id)], s.used_blocks / s.total_blocks)
         yield kv
         yield usage
+        kv_bytes = GaugeMetricFamily(
+            "blitzscale_model_kv_cache_bytes",
+            "Device bytes the KV caches of each model's serving instances hold (every shard's)",
+            labels=["model"],
+        )
+        held: Counter[str] = Counter({m: 0 for m in models})
+        for i in self.router.instances.values():
+            if i.stats is not None and i.state is not InstanceState.INACTIVE:
+                held[i.model] += i.stats.kv_cache_bytes * len(i.ranks)
+        for model, nbytes in held.items():
+            kv_bytes.add_metric([model], nbytes)
+        yield kv_bytes
         yield from self._worker_time()
         refused = CounterMetricFamily(
             "blitzscale_requests_refused", "Requests refused by load shedding", labels=["reason"]

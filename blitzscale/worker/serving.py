@@ -381,6 +381,7 @@ class ServingLoop:
             prefix_queries=c["prefix_queries"],
             prefix_hits=c["prefix_hits"],
             oom_retries=c["oom_retries"],
+            kv_cache_bytes=e.kv_cache_bytes,
         )
 
     def _poll_migrations(self, e: LLMEngine) -> None:

@@ -117,6 +117,9 @@ def test_metrics_expose_instances_queue_and_latency(pd_url: str) -> None:
         "blitzscale_tbt_seconds_bucket",
     ):
         assert name in text, name
+    # device memory per model: its weights and its serving instances' KV caches
+    kv = [ln for ln in text.splitlines() if ln.startswith("blitzscale_model_kv_cache_bytes{")]
+    assert kv and all(float(ln.split()[-1]) > 0 for ln in kv), kv
 
 
 def test_client_disconnect_aborts_and_frees_blocks(
