@@ -17,7 +17,7 @@ how many fit (control/residency.py) and the replay runs as with `--resident`.
 
 Run (GPU machine, repo root, the wheels of `make test-gpu` on the path):
 `python3 docs/results/models_swap_h200.py [--models 2] [--rounds 3] [--resident] [--out FILE]`.
-Prints JSON (and writes it to --out).
+Prints JSON (and writes it to --out, with the whole serve log beside it: FILE.serve.log).
 """
 
 from __future__ import annotations
@@ -287,6 +287,8 @@ def main() -> None:
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).write_text(text)
+        # the whole serve log beside it, to break a swap's time down afterwards
+        Path(args.out).with_suffix(".serve.log").write_text((work / "serve.log").read_text())
     print(text)
 
 
