@@ -28,6 +28,7 @@ CLI = [sys.executable, "-m", "blitzscale.cli.main"]
         ("[planner\n", "not valid TOML"),
         ("[cluster]\ntransfer_bytes_per_s = -1\n", "transfer_bytes_per_s must be >= 0"),
         ("[cluster]\nmodels_per_rank = -2\n", "models_per_rank must be >= 0 (0: as many as fit), got -2"),
+        ("[cluster]\nworker_memory_bytes = -1\n", "worker_memory_bytes must be >= 0 (0: the device's own)"),
         ("[cluster]\nnum_workers = '4'\n", "[cluster] num_workers must be an integer, got '4' (str)"),
         ("[server]\nport = 8000.5\n", "[server] port must be an integer, got 8000.5 (float)"),
         ("[router]\nmax_queue_wait_s = 'long'\n", "[router] max_queue_wait_s must be a number, got 'long'"),
