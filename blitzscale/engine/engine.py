@@ -84,22 +84,6 @@ def planned_kv_blocks(
     return blocks if room is None else min(blocks, room // per_block)
 
 
-def planned_kv_bytes(
-    model: ModelConfig,
-    dtype: torch.dtype,
-    device: torch.device,
-    weight_bytes: int,
-    config: EngineConfig,
-    tp_size: int = 1,
-    room: int | None = None,
-) -> int:
-    """What `planned_kv_blocks` hold, in bytes."""
-    blocks = planned_kv_blocks(model, dtype, device, weight_bytes, config, tp_size, room)
-    return max(0, blocks) * KVCache.bytes_per_block(
-        model, config.for_device(device.type).block_size, dtype, tp_size
-    )
-
-
 class LLMEngine:
     def __init__(
         self,

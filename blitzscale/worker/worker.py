@@ -26,7 +26,7 @@ from blitzscale.checkpoint.native import dtype_name, parse_dtype
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.heap import freeze_heap
 from blitzscale.engine import LLMEngine
-from blitzscale.engine.engine import planned_kv_bytes
+from blitzscale.engine.engine import planned_kv_blocks
 from blitzscale.errors import BlitzScaleError
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.messages import (
@@ -683,16 +683,16 @@ class Worker:
         None when it fits as the engine plans it (the spares given up if that is what it
         takes); under `memory_bytes`, else, the room there is once they are given up, if a
         request of the engine's whole context fits it; NoRoomError otherwise."""
-        planned = planned_kv_bytes(cfg, dtype, self.device, weight_bytes, engine) + extra
+        e = engine.for_device(self.device.type)
+        per_block = KVCache.bytes_per_block(cfg, e.block_size, dtype)
+        planned = max(0, planned_kv_blocks(cfg, dtype, self.device, weight_bytes, e)) * per_block + extra
         mem, spare = self.memory(), self._spare_bytes
         if mem.fits(planned):
             return None
         if mem.fits(planned, spare) or not self.cfg.memory_bytes:
             self._make_room(planned, what)
             return None
-        e = engine.for_device(self.device.type)
         context = min(e.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        per_block = KVCache.bytes_per_block(cfg, e.block_size, dtype)
         self._make_room(
             -(-context // e.block_size) * per_block + extra, f"{what} (one request of {context} tokens)"
         )
