@@ -366,8 +366,13 @@ class SamplingMsg(Msg):
 
 
 def sampling_msg(params: Any) -> SamplingMsg:
-    """A SamplingParams dataclass as its message (tuples become lists)."""
-    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(params).items()}
+    """A SamplingParams dataclass as its message (tuples become lists). Its fields are read
+    one by one (all immutable): `dataclasses.asdict` deep-copies them, 4% of a simulation's
+    CPU, as every dispatch and relay makes one."""
+    fields = {
+        f.name: list(v) if isinstance(v := getattr(params, f.name), tuple) else v
+        for f in dataclasses.fields(params)
+    }
     g = params.grammar
     fields["grammar"] = None if g is None else GrammarMsg(g.kind, g.schema)
     return SamplingMsg(**fields)
