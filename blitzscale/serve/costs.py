@@ -87,7 +87,8 @@ def models_per_rank(cfg: ServeConfig, shapes: Mapping[str, CostReport], engine: 
         tp=tp,
     )
     for name, shape in shapes.items():  # (before anything is measured or loaded)
-        check_fits_device(name, shape, tp, per_rank, engine.gpu_memory_utilization)
+        capped = bool(cfg.cluster.worker_memory_bytes)
+        check_fits_device(name, shape, tp, per_rank, engine.gpu_memory_utilization, capped)
     return per_rank
 
 
@@ -137,10 +138,11 @@ async def cost_models(
 
 
 def check_fits_device(
-    model: str, report: CostReport, tp: int, per_rank: int = 1, utilization: float = 1.0
+    model: str, report: CostReport, tp: int, per_rank: int = 1, utilization: float = 1.0, capped: bool = False
 ) -> None:
     """Refuse a model whose share of the weights and the KV cache of one request of its
     whole context do not fit one rank's device memory, naming the sizes (unknown: pass).
+    `capped`: the memory reported is `[cluster] worker_memory_bytes`, not the device's.
     A rank's share is the whole model's bytes / tp: tensors every shard holds in full (the
     embeddings) are counted once, so a tp > 1 model near the limit may still not fit.
     With `per_rank` models resident per rank each must fit its equal share of the device
@@ -164,12 +166,17 @@ def check_fits_device(
         )
     if weights + kv <= report.device_memory_bytes:
         return
+    held = f"{report.device_memory_bytes / gb:.2f} GB"
+    where = (
+        f"{held} a worker may hold ([cluster] worker_memory_bytes); raise it, or serve it"
+        if capped
+        else f"{held} of the workers' device ({report.device_name}); serve it"
+    )
     raise InvalidRequestError(
         f"model {model!r} does not fit a rank: its weights take {weights / gb:.2f} GB per rank "
         f"(tp={tp}) and one request of its {report.context_len}-token context "
-        f"{kv / gb:.2f} GB of KV cache, {(weights + kv) / gb:.2f} GB in all, more than the "
-        f"{report.device_memory_bytes / gb:.2f} GB of the workers' device ({report.device_name}); "
-        "serve it with a larger tp, or converted to FP8 (`blitzscale convert --dtype fp8`)"
+        f"{kv / gb:.2f} GB of KV cache, {(weights + kv) / gb:.2f} GB in all, more than the {where} "
+        "with a larger tp, or converted to FP8 (`blitzscale convert --dtype fp8`)"
     )
 
 

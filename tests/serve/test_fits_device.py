@@ -35,6 +35,11 @@ def test_a_model_over_one_device_is_refused_naming_every_size() -> None:
         assert part in msg, (part, msg)
 
 
+def test_a_model_over_the_workers_memory_cap_names_the_cap() -> None:
+    with pytest.raises(InvalidRequestError, match=r"141.00 GB in all.*worker_memory_bytes\); raise it"):
+        check_fits_device("big", BIG, tp=1, capped=True)
+
+
 def test_a_larger_tp_or_a_device_of_unknown_size_passes() -> None:
     check_fits_device("big", BIG, tp=2)  # 70.5 GB + 1.3 GB per rank
     check_fits_device("big", CostReport("?", 141 * GB, 320 * 1024, 80), tp=1)  # (0: unknown)
