@@ -36,7 +36,10 @@ def test_a_model_over_one_device_is_refused_naming_every_size() -> None:
 
 
 def test_a_model_over_the_workers_memory_cap_names_the_cap() -> None:
-    with pytest.raises(InvalidRequestError, match=r"141.00 GB in all.*worker_memory_bytes\); raise it"):
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"143.00 GB a worker may hold \(\[cluster\] worker_memory_bytes\); raise it",
+    ):
         check_fits_device("big", BIG, tp=1, capped=True)
 
 
