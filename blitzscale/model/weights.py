@@ -32,6 +32,11 @@ class LayerWeights:
     down_scale: torch.Tensor | None = None
 
 
+def layout_of(config: ModelConfig, dtype: torch.dtype, tp_size: int = 1, tp_rank: int = 0) -> WeightLayout:
+    """The layout of one rank's weights of a model of `config` in `dtype`."""
+    return build_layout(config, torch.empty((), dtype=dtype).element_size(), tp_size, tp_rank)
+
+
 class ModelWeights:
     """Views into one flat buffer; `readiness` says which segments have arrived."""
 
@@ -65,7 +70,7 @@ class ModelWeights:
     ) -> ModelWeights:
         """`pin_memory`: page-locked host memory of exactly the buffer's size (a host copy;
         transfer/pinned.py)."""
-        layout = build_layout(config, torch.empty((), dtype=dtype).element_size(), tp_size, tp_rank)
+        layout = layout_of(config, dtype, tp_size, tp_rank)
         if pin_memory:
             from blitzscale.transfer.pinned import pinned_empty
 

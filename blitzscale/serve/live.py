@@ -64,7 +64,6 @@ class LiveScaling:
         self.pd_mode = pd_mode
         self.state: ControlState = router.state
         self._asked: set[int] = set()  # sources asked to relay
-        self._weights_from: dict[int, frozenset[int]] = {}  # live target -> ranks sending its weights
         self.requests_total = 0  # requests whose prefill ran partly on a loading instance
         self.layers_total = 0  # layers run on loading instances
         self.relays_total = 0  # tasks a live target handed to its source
@@ -83,27 +82,13 @@ class LiveScaling:
     def begin(
         self, targets: tuple[int, ...], source: int | None, weight_sources: tuple[int, ...] = ()
     ) -> None:
-        """`targets` load live, `source` relaying for them; their weights come from
-        `weight_sources` (the ranks sending them; none known: from the host copy or disk)."""
-        self.state.pair(targets, source)
-        for t in targets:
-            self._weights_from[t] = frozenset(weight_sources)
-
-    def starved(self, gone: set[int]) -> dict[int, list[int]]:
-        """Live targets (not in `gone`) some of whose weight sources are in `gone`, with
-        those sources: the rest of their layers will not come."""
-        return {
-            t: sorted(src & gone)
-            for t, src in self._weights_from.items()
-            if t not in gone and src & gone and t in self.pairs
-        }
+        self.state.pair(targets, source, weight_sources)
 
     def end(self, target: int) -> None:
         """`target` serves normally (or is gone); its source returns to normal when it has
         no other live target."""
         rt, st = self.router, self.state
         source = st.unpair(target)
-        self._weights_from.pop(target, None)
         inst = st.get(target)
         steady = InstanceState.PREFILL if self.pd_mode else InstanceState.COLOCATED
         if inst is not None and inst.state in (InstanceState.NEW_PREFILL, InstanceState.REFRACTORY_PREFILL):

@@ -642,7 +642,7 @@ class Router:
             if inst is not None and inst.state is not InstanceState.INACTIVE:
                 self.state.move(rank, InstanceState.INACTIVE, "(worker died)")
                 self.connected.discard(rank)
-        for target, lost in self.live.starved(gone).items():
+        for target, lost in self.state.starved(gone).items():
             self.abandon_live(target, f"its weight source (rank {lost}) died")
         self.live.drop_dead_pairs(gone)
 

@@ -40,6 +40,7 @@ class ControlState:
         self.default_model = default_model
         self._instances: dict[int, Instance] = {}
         self._pairs: dict[int, int | None] = {}  # live target -> its source (None: no source)
+        self._weights_from: dict[int, frozenset[int]] = {}  # live target -> the ranks sending its weights
         self._relays: dict[str, Relay] = {}  # by wire request id
 
     # --- reading ------------------------------------------------------------------------
@@ -169,13 +170,26 @@ class ControlState:
         """Live target -> its source (None: it loads on its own); read-only."""
         return MappingProxyType(self._pairs)
 
-    def pair(self, targets: tuple[int, ...], source: int | None) -> None:
+    def pair(
+        self, targets: tuple[int, ...], source: int | None, weight_sources: tuple[int, ...] = ()
+    ) -> None:
+        """`targets` load live, `source` relaying for them; their weights come from
+        `weight_sources` (none: from the host copy or disk)."""
         for t in targets:
             self._pairs[t] = source
+            self._weights_from[t] = frozenset(weight_sources)
 
     def unpair(self, target: int) -> int | None:
         """`target` is no live target any more; its source (if any)."""
+        self._weights_from.pop(target, None)
         return self._pairs.pop(target, None)
+
+    def starved(self, gone: set[int]) -> dict[int, list[int]]:
+        """Live targets (not in `gone`) some of whose weight sources are in `gone`, with
+        those sources: the rest of their layers will not come."""
+        return {
+            t: sorted(src & gone) for t, src in self._weights_from.items() if t not in gone and src & gone
+        }
 
     def orphan(self, source: int) -> None:
         """`source` is gone: its targets go on alone."""

@@ -20,12 +20,16 @@ explain is shown as "other".
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from blitzscale.core.config import EngineConfig
+from blitzscale.engine.engine import planned_kv_blocks
 from blitzscale.errors import BlitzScaleError
+from blitzscale.kvcache.cache import KVCache
+from blitzscale.model.config import ModelConfig
 
 GB = 1e9
 
@@ -85,3 +89,65 @@ def measure(device: torch.device, holdings: Sequence[Holding], cap: int = 0) -> 
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # reusable
     used = max(held, total - free - cached)
     return DeviceMemory(capacity=min(cap, total) if cap else total, used=used, holdings=tuple(holdings))
+
+
+class DeviceRoom:
+    """A worker's accounting of its device, over what the worker says it holds: whether
+    something fits, and room made for it. `holdings()`: what holds the device now;
+    `spares()`: the bytes of what may be given up for room (the standby, a drained engine)
+    and `give_up()` frees them. `cap`: `[cluster] worker_memory_bytes` (0: none)."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        cap: int,
+        holdings: Callable[[], list[Holding]],
+        spares: Callable[[], int],
+        give_up: Callable[[], None],
+    ) -> None:
+        self.device = device
+        self.cap = cap
+        self.holdings = holdings
+        self.spares = spares
+        self.give_up = give_up
+
+    def now(self) -> DeviceMemory:
+        return measure(self.device, self.holdings(), self.cap)
+
+    def make(self, need: int, what: str) -> None:
+        """Make `need` bytes free for `what`, giving up the spares if that is what it
+        takes; NoRoomError (nothing given up) if even that would not do."""
+        mem = self.now()
+        if mem.fits(need):
+            return
+        mem.check(need, what, self.spares())
+        self.give_up()
+
+    def for_engine(
+        self,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        weight_bytes: int,
+        engine: EngineConfig,
+        what: str,
+        extra: int = 0,
+    ) -> int | None:
+        """Room for an engine's KV cache (and `extra` bytes besides, allocated with it):
+        None when it fits as the engine plans it (the spares given up if that is what it
+        takes); under a cap, else, the room there is once they are given up, if a request
+        of the engine's whole context fits it; NoRoomError otherwise."""
+        e = engine.for_device(self.device.type)
+        per_block = KVCache.bytes_per_block(cfg, e.block_size, dtype)
+        planned = max(0, planned_kv_blocks(cfg, dtype, self.device, weight_bytes, e)) * per_block + extra
+        mem = self.now()
+        if mem.fits(planned):
+            return None
+        if mem.fits(planned, self.spares()) or not self.cap:
+            self.make(planned, what)
+            return None
+        context = min(e.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        minimum = -(-context // e.block_size) * per_block + extra
+        self.make(minimum, f"{what} (one request of {context} tokens)")
+        self.give_up()
+        free = self.now().free
+        return None if free is None else free - extra

@@ -34,9 +34,8 @@ from blitzscale.core.heap import free_frozen
 from blitzscale.engine import EngineConfig, LLMEngine
 from blitzscale.engine.oom import free_cached_memory
 from blitzscale.model.config import ModelConfig
-from blitzscale.model.layout import build_layout
-from blitzscale.model.weights import ModelWeights
-from blitzscale.worker.memory import Holding, NoRoomError
+from blitzscale.model.weights import ModelWeights, layout_of
+from blitzscale.worker.memory import DeviceRoom, Holding, NoRoomError
 
 log = logging.getLogger("blitzscale.worker")
 
@@ -46,11 +45,6 @@ def free_device_memory(device: torch.device) -> None:
     (frozen ones too: core/heap.py)."""
     free_frozen()
     free_cached_memory(device)
-
-
-# (config, dtype, weight bytes, engine, what, bytes allocated with it) -> the room for the
-# KV cache (None: as the engine plans it), or NoRoomError: the worker's `_engine_room`
-EngineRoom = Callable[[ModelConfig, torch.dtype, int, EngineConfig, str, int], "int | None"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +63,7 @@ class Standby:
         device: torch.device,
         dtype: torch.dtype,
         tokenizer: Callable[[], Any],
-        room: EngineRoom | None = None,
+        room: DeviceRoom | None = None,
     ) -> None:
         """`room`: the worker's accounting of its device (worker/memory.py): the room for
         the engine's KV cache beside its buffer; a standby that does not fit is not built."""
@@ -90,11 +84,13 @@ class Standby:
             return
         t = time.perf_counter()
         cfg = load_config(resolve_model(self.spec.source))
-        size = build_layout(cfg, torch.empty((), dtype=self.dtype).element_size()).nbytes
+        size = layout_of(cfg, self.dtype).nbytes
         kv_room = None
         if self.room is not None:
             try:
-                kv_room = self.room(cfg, self.dtype, size, self.spec.engine, "the standby engine", size)
+                kv_room = self.room.for_engine(
+                    cfg, self.dtype, size, self.spec.engine, "the standby engine", size
+                )
             except NoRoomError as e:
                 log.warning("no standby engine for %s: %s", self.spec.model, e)
                 return

@@ -23,12 +23,9 @@ import zmq
 
 from blitzscale.checkpoint import load_config, load_tokenizer, resolve_model
 from blitzscale.checkpoint.native import dtype_name, parse_dtype
-from blitzscale.core.config import EngineConfig
 from blitzscale.core.heap import freeze_heap
 from blitzscale.engine import LLMEngine
-from blitzscale.engine.engine import planned_kv_blocks
 from blitzscale.errors import BlitzScaleError
-from blitzscale.kvcache.cache import KVCache
 from blitzscale.messages import (
     ActivateMsg,
     ActivateResult,
@@ -62,15 +59,14 @@ from blitzscale.messages import (
     worker_frames,
 )
 from blitzscale.model.config import ModelConfig
-from blitzscale.model.layout import build_layout
-from blitzscale.model.weights import ModelWeights
+from blitzscale.model.weights import ModelWeights, layout_of
 from blitzscale.transfer.checksum import buffer_checksum
 from blitzscale.transfer.executor import run_transfer
 from blitzscale.worker import costprobe
 from blitzscale.worker.cost_report import cost_report
 from blitzscale.worker.disk_source import disk_shape, load_local
 from blitzscale.worker.host_copies import HostCopies
-from blitzscale.worker.memory import DeviceMemory, Holding, NoRoomError, measure
+from blitzscale.worker.memory import DeviceRoom, Holding, NoRoomError
 from blitzscale.worker.serving import ServingLoop
 from blitzscale.worker.standby import Standby, StandbySpec, free_device_memory
 from blitzscale.worker.tp_follower import TPFollower, TPInbox
@@ -140,12 +136,11 @@ class Worker:
         """Before the hello: the cluster counts this worker ready once its standby exists."""
         c = self.cfg
         source = c.standby.source if c.standby is not None else ""
+        self.room = DeviceRoom(
+            self.device, c.memory_bytes, self._holdings, self._spare_bytes, self._give_up_spares
+        )
         self.standby = Standby(
-            c.standby,
-            self.device,
-            parse_dtype(c.dtype),
-            lambda: self._tokenizer(source).result(),
-            self._engine_room,
+            c.standby, self.device, parse_dtype(c.dtype), lambda: self._tokenizer(source).result(), self.room
         )
         self.standby.arm()
 
@@ -532,8 +527,8 @@ class Worker:
             into = None
             src = resolve_model(msg.source)
             if src.kind != "gguf":  # (a GGUF's size is known once it is parsed, seconds)
-                need = _weight_bytes(load_config(src), dtype, msg.tp_size, msg.tp_rank)
-                self._make_room(need, f"the weights of {msg.model}")
+                need = layout_of(load_config(src), dtype, msg.tp_size, msg.tp_rank).nbytes
+                self.room.make(need, f"the weights of {msg.model}")
             self._give_up_spares()
         try:
             weights, stats = load_local(
@@ -594,7 +589,9 @@ class Worker:
         room = None
         if standby is None and self.cfg.tp == 1:  # an engine to build: its KV cache must fit
             what = f"the KV cache of {msg.model}'s engine"
-            room = self._engine_room(weights.config, weights.dtype, weights.layout.nbytes, msg.engine, what)
+            room = self.room.for_engine(
+                weights.config, weights.dtype, weights.layout.nbytes, msg.engine, what
+            )
         result = self._loop(msg.slot).activate(weights, tokenizer.result(), msg, standby, room)
         self.serving_models[msg.slot] = msg.model
         # the engine's objects live as long as it serves; no full collection here (it
@@ -643,8 +640,8 @@ class Worker:
 
     # --- device memory (worker/memory.py) ------------------------------------------------
 
-    def memory(self) -> DeviceMemory:
-        """This worker's device memory now, and what holds it."""
+    def _holdings(self) -> list[Holding]:
+        """What holds this worker's device now (worker/memory.py)."""
         held = [Holding(f"weights of {m}", w.layout.nbytes) for m, w in self.models.items()]
         held += [Holding(f"weights of {m} (arriving)", w.layout.nbytes) for m, w in self.loading.items()]
         for slot, loop in self.loops.items():
@@ -653,10 +650,8 @@ class Worker:
                 held.append(Holding(f"KV cache of {model} (slot {slot})", loop.engine.kv_cache_bytes))
         if self._retired is not None:
             held.append(Holding(f"KV cache of {self._retired[0]} (drained)", self._retired[1].kv_cache_bytes))
-        held += self.standby.holdings()
-        return measure(self.device, held, self.cfg.memory_bytes)
+        return held + self.standby.holdings()
 
-    @property
     def _spare_bytes(self) -> int:
         """What the worker may give up for room: the standby, and a drained engine kept only
         to become it."""
@@ -670,45 +665,6 @@ class Worker:
             self._retired = None
             free_device_memory(self.device)
 
-    def _engine_room(
-        self,
-        cfg: ModelConfig,
-        dtype: torch.dtype,
-        weight_bytes: int,
-        engine: EngineConfig,
-        what: str,
-        extra: int = 0,
-    ) -> int | None:
-        """Room for an engine's KV cache (and `extra` bytes besides, allocated with it):
-        None when it fits as the engine plans it (the spares given up if that is what it
-        takes); under `memory_bytes`, else, the room there is once they are given up, if a
-        request of the engine's whole context fits it; NoRoomError otherwise."""
-        e = engine.for_device(self.device.type)
-        per_block = KVCache.bytes_per_block(cfg, e.block_size, dtype)
-        planned = max(0, planned_kv_blocks(cfg, dtype, self.device, weight_bytes, e)) * per_block + extra
-        mem, spare = self.memory(), self._spare_bytes
-        if mem.fits(planned):
-            return None
-        if mem.fits(planned, spare) or not self.cfg.memory_bytes:
-            self._make_room(planned, what)
-            return None
-        context = min(e.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        self._make_room(
-            -(-context // e.block_size) * per_block + extra, f"{what} (one request of {context} tokens)"
-        )
-        self._give_up_spares()
-        free = self.memory().free
-        return None if free is None else free - extra
-
-    def _make_room(self, need: int, what: str) -> None:
-        """Make `need` bytes free for `what`, giving up the spares if that is what it takes;
-        NoRoomError (nothing given up) if even that would not do."""
-        mem = self.memory()
-        if mem.fits(need):
-            return
-        mem.check(need, what, self._spare_bytes)
-        self._give_up_spares()
-
     def _weights_room(
         self, model: str, cfg: ModelConfig, dtype: torch.dtype, tp_size: int, tp_rank: int
     ) -> ModelWeights | None:
@@ -716,7 +672,7 @@ class Worker:
         its weights is made (NoRoomError when there is none)."""
         into = self.standby.take_weights(cfg, dtype, tp_size)
         if into is None:
-            self._make_room(_weight_bytes(cfg, dtype, tp_size, tp_rank), f"the weights of {model}")
+            self.room.make(layout_of(cfg, dtype, tp_size, tp_rank).nbytes, f"the weights of {model}")
             self.standby.drop()  # (another shape: it would never be used)
         return into
 
@@ -725,11 +681,6 @@ class Worker:
         if self.device.type == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
         return sum(w.buffer.untyped_storage().nbytes() for w in self.models.values())
-
-
-def _weight_bytes(cfg: ModelConfig, dtype: torch.dtype, tp_size: int, tp_rank: int) -> int:
-    """The bytes of one rank's weights of a model of `cfg` in `dtype`."""
-    return build_layout(cfg, torch.empty((), dtype=dtype).element_size(), tp_size, tp_rank).nbytes
 
 
 def _sync(device: torch.device) -> None:

@@ -1,5 +1,5 @@
 """A live target whose weight source died (`Router.abandon_live`, for the targets
-`LiveScaling.starved` names when the router finds ranks dead): its remaining layers will
+`ControlState.starved` names when the router finds ranks dead): its remaining layers will
 never come, so the prompts waiting for them are taken back and run again now, not when its
 transfer gives up. The router runs over the simulated cluster in process (whose workers do
 not die: here its death report is set by hand), with a data plane that keeps what it is
