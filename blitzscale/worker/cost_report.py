@@ -18,7 +18,7 @@ from blitzscale.checkpoint import load_config, resolve_model
 from blitzscale.control.costmodel import Profile
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.messages import ProfileMsg, ProfileResult
-from blitzscale.model.layout import build_layout
+from blitzscale.model.weights import layout_of
 from blitzscale.worker import costprobe
 from blitzscale.worker.standby import Standby, free_device_memory
 
@@ -39,7 +39,7 @@ def cost_report(
     (`[cluster] worker_memory_bytes`): the memory it reports, so the start-up checks and the
     models-per-rank rule plan for the same bound the worker keeps (worker/memory.py)."""
     config = load_config(resolve_model(msg.source))
-    layout = build_layout(config, torch.empty((), dtype=dtype).element_size())
+    layout = layout_of(config, dtype)
     out = ProfileResult(
         device_name=costprobe.device_name(device),
         weight_bytes=layout.nbytes,
