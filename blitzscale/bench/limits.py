@@ -22,16 +22,16 @@ from blitzscale.transfer.disk import drop_page_cache
 def pinned_h2d_GBps(nbytes: int = 4 << 30, device: str = "cuda:0", reps: int = 3) -> float:
     """The best host-to-device rate from page-locked memory of exactly `nbytes` (the kind a
     host copy lives in: transfer/pinned.py; torch's pin_memory would pin twice as much)."""
-    from blitzscale.transfer.pinned import pinned_empty
+    from blitzscale.transfer.pinned import copy_pinned, pinned_empty
 
     host = pinned_empty(nbytes, torch.uint8)
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dev.copy_(host)
+    copy_pinned(dev, host)
     torch.cuda.synchronize(device)
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
-        dev.copy_(host, non_blocking=True)
+        copy_pinned(dev, host, non_blocking=True)
         torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t)
     return nbytes / best / 1e9

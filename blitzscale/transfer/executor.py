@@ -25,6 +25,7 @@ from blitzscale.errors import BlitzScaleError
 from blitzscale.messages import TransferMsg, TransferRankResult
 from blitzscale.model.layout import WeightLayout
 from blitzscale.model.readiness import SegmentReadiness
+from blitzscale.transfer.pinned import copy_pinned
 from blitzscale.transfer.plan import Piece, make_pieces, pieces_per_segment, role_of
 
 
@@ -140,7 +141,9 @@ class _Channel:
             work, dst, _ = self.sends.pop(0)
             self.wait(work, f"send to rank {dst}")
         with self._posting():  # the send that follows is posted on the same stream
-            return host_piece.to(self.device, non_blocking=True)
+            staged = torch.empty_like(host_piece, device=self.device)
+            copy_pinned(staged, host_piece, non_blocking=True)
+            return staged
 
     def wait_sends(self) -> None:
         for work, dst, _ in self.sends:
@@ -182,7 +185,7 @@ def run_transfer(
                 chan.wait(recvs.pop(i), f"piece {i} from rank {role.recv_from[p.stripe]}")
                 _landed(stats, readiness, p, layout)
             elif loads_from_host and p.stripe in heads:
-                _view(buffer, p).copy_(_view(host_buffer, p))
+                copy_pinned(_view(buffer, p), _view(host_buffer, p))
                 _landed(stats, readiness, p, layout)
             if p.stripe in role.send_to:
                 if from_host and p.stripe in heads:

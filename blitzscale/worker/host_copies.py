@@ -2,11 +2,13 @@
 
 Making one takes seconds on a GPU (an 8B model: 16 GB of page-locked memory registered,
 ~3.6 s on an H200's host, then copied at ~54 GB/s), so it is made on a thread of its own
-while the engine keeps stepping; the controller can then ask for it right after a model's
-first load, long before a release needs it, instead of on a swap's critical path. Only the
-worker's main thread calls these methods (but `held`); the copying thread writes nothing
-but its own result, which the main thread collects (`settle`, or `finish` where a command
-needs the copy or is about to free the weights it reads).
+while the engine keeps stepping, registered and copied a chunk at a time (one registration
+of it all held the device, and the steps, for its 3.6 s: transfer/pinned.py); the
+controller can then ask for it right after a model's first load, long before a release
+needs it, instead of on a swap's critical path. Only the worker's main thread calls these
+methods (but `held`); the copying thread writes nothing but its own result, which the main
+thread collects (`settle`, or `finish` where a command needs the copy or is about to free
+the weights it reads).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from blitzscale.messages import HostCopyResult
 from blitzscale.model.weights import ModelWeights
 
 Done = Callable[[HostCopyResult | None, str], None]  # (result, "") or (None, error)
+# After each chunk registered: 16 MB chunks with 1 ms pauses delayed no step by more than
+# 6 ms on an H200 and made the whole copy of 16 GB in 4.1 s (one registration: 8.0 s, every
+# step waiting for it; back to back, steps were starved: docs/results/host_copy_stall_h200.py)
+_PAUSE_S = 0.001
 
 
 class HostCopies:
@@ -95,14 +101,20 @@ class HostCopies:
 
 def _copy(weights: ModelWeights, stream: torch.cuda.Stream | None) -> ModelWeights:
     layout = weights.layout
-    host = ModelWeights.empty(
-        weights.config, weights.dtype, "cpu", layout.tp_size, layout.tp_rank, stream is not None
-    )
     if stream is None:
+        host = ModelWeights.empty(weights.config, weights.dtype, "cpu", layout.tp_size, layout.tp_rank)
         host.buffer.copy_(weights.buffer)
     else:
-        with torch.cuda.stream(stream):
-            host.buffer.copy_(weights.buffer, non_blocking=True)
+        from blitzscale.transfer.pinned import pinned_empty
+
+        source = weights.buffer.view(torch.uint8)  # (registration chunks are byte ranges)
+
+        def part(chunk: torch.Tensor, lo: int, hi: int) -> None:  # each chunk once registered
+            with torch.cuda.stream(stream):
+                chunk.copy_(source[lo:hi], non_blocking=True)
+            time.sleep(_PAUSE_S)  # (the serving thread's driver calls go first)
+
+        host = ModelWeights(weights.config, layout, pinned_empty(layout.numel, weights.dtype, on_chunk=part))
         stream.synchronize()
     host.readiness.mark_all_ready()
     return host

@@ -5,12 +5,13 @@ with the last tensor over it. Run on a GPU machine with `make test-gpu`."""
 from __future__ import annotations
 
 import gc
+import itertools
 
 import pytest
 import torch
 
 from blitzscale.model.weights import ModelWeights
-from blitzscale.transfer.pinned import pinned_empty
+from blitzscale.transfer.pinned import CHUNK_BYTES, copy_pinned, pinned_empty
 
 pytestmark = [
     pytest.mark.gpu,
@@ -36,6 +37,41 @@ def test_exactly_sized_pinned_memory_round_trips_and_unregisters() -> None:
     del view
     gc.collect()  # (unregistered now; a later registration of the same pages would fail if not)
     again = pinned_empty(n, torch.bfloat16)
+    assert again.is_pinned()
+
+
+def test_memory_registered_a_chunk_at_a_time_is_filled_as_it_goes_and_copies_back() -> None:
+    """Registered in chunks (one driver call never holds the device long): `on_chunk` sees
+    each chunk once, in order, covering every byte; `copy_pinned` copies across the chunks'
+    edges both ways (one CUDA copy may not span two registrations); every chunk is
+    unregistered with the last tensor over it."""
+    n = 2 * CHUNK_BYTES + (CHUNK_BYTES // 2) + 3  # bytes: three or four chunks
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    seen: list[tuple[int, int]] = []
+
+    def part(host: torch.Tensor, lo: int, hi: int) -> None:
+        assert host.is_pinned() and host.numel() == hi - lo
+        host.copy_(src[lo:hi])
+        seen.append((lo, hi))
+
+    host = pinned_empty(n, torch.uint8, on_chunk=part)
+    assert seen[0][0] == 0 and seen[-1][1] == n and len(seen) in (3, 4)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(seen))
+    assert all(0 < hi - lo <= CHUNK_BYTES for lo, hi in seen)
+    assert torch.equal(host, src.cpu())
+    back = torch.empty_like(src)
+    copy_pinned(back, host, non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(back, src)
+    half = torch.zeros(n // 2, dtype=torch.uint8, device="cuda")  # a piece across an edge
+    copy_pinned(half, host[n // 4 : n // 4 + n // 2])
+    assert torch.equal(half, src[n // 4 : n // 4 + n // 2])
+    host2 = pinned_empty(n // 2, torch.uint8)
+    copy_pinned(host2, half)
+    assert torch.equal(host2, half.cpu())
+    del host, host2
+    gc.collect()
+    again = pinned_empty(n, torch.uint8)  # (the same pages, if reused: all unregistered)
     assert again.is_pinned()
 
 
