@@ -553,7 +553,11 @@ class LiveEvent(Msg):
 
 
 class LiveReadyMsg(LiveEvent):
-    """The first layers have landed: the target can take prompts."""
+    """The first layers have landed: the target can take prompts. `loaded_in_s`: when its
+    last layer should land, in seconds from now, at the rate its first ones came (0:
+    unknown)."""
+
+    loaded_in_s: float = 0.0
 
 
 class LiveLoadedMsg(LiveEvent):

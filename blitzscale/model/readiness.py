@@ -30,6 +30,7 @@ class SegmentReadiness:
         self._expected = [pieces_per_segment] * num_segments
         self._count = [0] * num_segments
         self._ready_at: list[float | None] = [None] * num_segments
+        self._reset_at = time.perf_counter()
 
     @property
     def num_segments(self) -> int:
@@ -65,6 +66,17 @@ class SegmentReadiness:
         with self._cond:
             self._count = [0] * len(self._count)
             self._ready_at = [None] * len(self._count)
+            self._reset_at = time.perf_counter()
+
+    def remaining_s(self) -> float:
+        """Seconds until every piece has landed, at the rate they came since the last
+        `reset` (a transfer's start); 0 when none has landed yet or all have."""
+        with self._cond:
+            landed, expected = sum(self._count), sum(self._expected)
+            elapsed = time.perf_counter() - self._reset_at
+        if landed <= 0 or landed >= expected:
+            return 0.0
+        return elapsed * (expected - landed) / landed
 
     def first_ready_at(self, segment: int) -> float | None:
         """perf_counter() time at which segments [0, segment] had all become ready."""

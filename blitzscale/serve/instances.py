@@ -29,6 +29,7 @@ class Instance:
     outstanding_tokens: int = 0  # prompt tokens dispatched and not yet prefilled
     num_assigned: int = 0  # requests it is responsible for now
     live_ready: bool = False  # a live target whose first layers have landed
+    loaded_eta: float | None = None  # a live target: when its last layer should land
     idle_since: float | None = field(default_factory=clock.now)
     loaded_at: float | None = None  # when its weights last finished loading
     load_s: float = 0.0  # how long that took

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from blitzscale import clock
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.messages import (
     AbortMsg,
@@ -216,7 +217,7 @@ class LiveScaling:
         if inst is None or ev.rank not in self.pairs:
             return
         if isinstance(ev, LiveReadyMsg):
-            self.state.set_live_ready(ev.rank)
+            self.state.set_live_ready(ev.rank, clock.now() + ev.loaded_in_s if ev.loaded_in_s > 0 else None)
         elif isinstance(ev, LiveLoadedMsg) and inst.state is InstanceState.NEW_PREFILL:
             self.state.move(ev.rank, InstanceState.REFRACTORY_PREFILL, "(fully loaded)")
         elif isinstance(ev, LiveDoneMsg):

@@ -21,6 +21,7 @@ from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.cluster.slotted import free_slots
 from blitzscale.control.costmodel import Profile
+from blitzscale.control.routing import Option, finish_first
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.control.states import is_serving
 from blitzscale.core.outputs import RequestOutput
@@ -432,6 +433,8 @@ class Router:
         fits = self._candidates(role, need_tokens, want)
         if not fits:
             return None
+        if any(self.live.loading_target(i.rank) for i in fits):
+            return self._finish_first(role, need_tokens, want, fits)
         if not prefix:
             return min(fits, key=lambda i: (i.outstanding_tokens, i.num_assigned))
         block = self._models[want].model.prefix_block_size
@@ -444,8 +447,11 @@ class Router:
 
         return min(fits, key=lambda i: (i.outstanding_tokens - cached(i), i.num_assigned))
 
-    def _candidates(self, role: Role, need_tokens: int, want: str) -> list[Instance]:
-        """Instances of model `want` taking `role` work that have room for `need_tokens`."""
+    def _candidates(
+        self, role: Role, need_tokens: int, want: str, over_budget: list[Instance] | None = None
+    ) -> list[Instance]:
+        """Instances of model `want` taking `role` work that have room for `need_tokens`
+        (`over_budget`, if given, gets those whose prompt tokens alone leave no room)."""
         fits: list[Instance] = []
         for inst in self.instances.values():
             if inst.model != want or self._accepts(inst) != role or inst.rank not in self.connected:
@@ -457,9 +463,36 @@ class Router:
                 and inst.outstanding_tokens
                 and (inst.outstanding_tokens + need_tokens > self.live.budget(inst))
             ):
+                if over_budget is not None:
+                    over_budget.append(inst)
                 continue
             fits.append(inst)
         return fits
+
+    def _finish_first(self, role: Role, need_tokens: int, want: str, fits: list[Instance]) -> Instance | None:
+        """With a loading live target among `fits`: the instance where the prompt is
+        prefilled first, or None if it finishes sooner by waiting for one whose prompt
+        budget is full (control/routing.py)."""
+        cost = self.cost(want)
+        if cost is None:  # (no rate to compare in: the least loaded, as for the rest)
+            return min(fits, key=lambda i: (i.outstanding_tokens, i.num_assigned))
+        full: list[Instance] = []
+        self._candidates(role, need_tokens, want, full)
+        now, live = clock.now(), self.live
+        options = []
+        for inst, room in [(i, True) for i in fits] + [(i, False) for i in full]:
+            loading = live.loading_target(inst.rank)
+            eta = inst.loaded_eta if loading else None
+            source = live.pairs.get(inst.rank) if loading else None
+            src = self.state.get(source) if source is not None else None
+            pipeline = None
+            if src is not None:  # its partner's own prompts and those of all its targets
+                targets = [self.state.get(t) for t, s in live.pairs.items() if s == source]
+                pipeline = src.outstanding_tokens + sum(t.outstanding_tokens for t in targets if t)
+            left = max(0.0, eta - now) if eta is not None else 0.0
+            options.append(Option(inst.rank, inst.outstanding_tokens, room, left, pipeline))
+        rank = finish_first(options, need_tokens, cost.prefill_rate())
+        return self.instances[rank] if rank is not None else None
 
     def _prefix_of(self, r: RouterRequest) -> list[bytes] | None:
         """`r`'s prompt block hashes, if its model's instances cache prefixes (once per request)."""

@@ -107,14 +107,18 @@ class ControlState:
             inst.model = ""
         if new in (InstanceState.LOADING, InstanceState.NEW_PREFILL):
             inst.live_ready = False
+        if new is not InstanceState.NEW_PREFILL:  # (loaded, or gone)
+            inst.loaded_eta = None
         inst.idle_since = clock.now() if inst.is_idle else None  # a new state: a new clock
         return inst
 
-    def set_live_ready(self, rank: int) -> None:
-        """A live target's first layers have landed: it may take prompts."""
+    def set_live_ready(self, rank: int, loaded_eta: float | None = None) -> None:
+        """A live target's first layers have landed: it may take prompts; its last should
+        land at `loaded_eta` (None: unknown)."""
         inst = self._instances.get(rank)
         if inst is not None and inst.state is InstanceState.NEW_PREFILL:
             inst.live_ready = True
+            inst.loaded_eta = loaded_eta
 
     def loaded(self, rank: int, seconds: float) -> None:
         """Its weights just finished loading, in `seconds` (what loading again would cost)."""

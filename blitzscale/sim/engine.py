@@ -173,8 +173,13 @@ class SimEngine:
         p, budget = self.profile, self.shape.max_num_batched_tokens
         self.live = LiveOrder(self.pool, budget, readiness, p.num_layers)
         loop = asyncio.get_running_loop()
-        loop.call_later(max(0.0, first_layers_at - now), self._live_event, LiveReadyMsg)
+        loop.call_later(max(0.0, first_layers_at - now), self._live_ready)
         loop.call_later(max(0.0, self.loaded_at - now), self._loaded)
+
+    def _live_ready(self) -> None:
+        if LiveReadyMsg not in self._live_events and self.loaded_at is not None:
+            self._live_events.add(LiveReadyMsg)
+            self.send(LiveReadyMsg(rank=self.rank, loaded_in_s=max(0.0, self.loaded_at - clock.now())))
 
     def _live_event(self, kind: type) -> None:
         if kind not in self._live_events:

@@ -197,7 +197,8 @@ class LiveSide:
             return
         ready = e.readiness
         if LiveReadyMsg not in self._events and ready.num_ready_prefix >= 2:
-            self._event(LiveReadyMsg)
+            self._events.add(LiveReadyMsg)
+            self.loop.send(LiveReadyMsg(rank=self.loop.rank, loaded_in_s=ready.remaining_s()))
         if LiveLoadedMsg not in self._events and ready.all_ready:
             self._event(LiveLoadedMsg)
         if e.live_drained:
