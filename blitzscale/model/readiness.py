@@ -23,6 +23,10 @@ class Readiness(Protocol):
     @property
     def num_ready_prefix(self) -> int: ...
 
+    def remaining_s(self) -> float:
+        """Seconds until the last segment lands, as far as can be told (0: unknown or all in)."""
+        ...
+
 
 class SegmentReadiness:
     def __init__(self, num_segments: int, pieces_per_segment: int = 1) -> None:

@@ -38,6 +38,9 @@ class ClockReadiness:
             n -= 1
         return max(0, min(self.num_segments, n))
 
+    def remaining_s(self) -> float:
+        return max(0.0, self.end - clock.now())
+
     def next_landing(self) -> float | None:
         """When the next segment lands (None: all have)."""
         if self.all_ready:

@@ -159,6 +159,10 @@ class InstanceReadiness:
     def num_ready_prefix(self) -> int:
         return self._prefix
 
+    def remaining_s(self) -> float:
+        """The leader's own shard's estimate (every shard's chain carries as many bytes)."""
+        return 0.0 if self.all_ready else self.own.remaining_s()
+
 
 def all_agree(instance: InstanceGroup, ok: bool) -> bool:
     """An all-reduce of one flag on the compute group: True if every shard said yes."""
