@@ -177,9 +177,9 @@ class SimEngine:
         loop.call_later(max(0.0, self.loaded_at - now), self._loaded)
 
     def _live_ready(self) -> None:
-        if LiveReadyMsg not in self._live_events and self.loaded_at is not None:
+        if LiveReadyMsg not in self._live_events and self.live is not None:
             self._live_events.add(LiveReadyMsg)
-            self.send(LiveReadyMsg(rank=self.rank, loaded_in_s=max(0.0, self.loaded_at - clock.now())))
+            self.send(LiveReadyMsg(rank=self.rank, loaded_in_s=self.live.readiness.remaining_s()))
 
     def _live_event(self, kind: type) -> None:
         if kind not in self._live_events:
