@@ -7,6 +7,7 @@ router runs over the simulated cluster in process, with instances placed by hand
 from __future__ import annotations
 
 from blitzscale import clock
+from blitzscale.control.costmodel import Profile
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.messages import LiveReadyMsg
 from blitzscale.serve.router import Router, RouterConfig
@@ -14,12 +15,13 @@ from tests.serve.test_budgets import _router, profile
 
 RATE = 1000.0  # prompt tokens a second
 BUDGET = 2000  # prompt tokens one instance may have outstanding
+COST = profile(RATE)
 
 
-def _live(loaded_in_s: float) -> Router:
+def _live(loaded_in_s: float, cost: Profile | None = COST) -> Router:
     """Rank 0 serves (colocated); rank 2 partners rank 1, a live target whose first layers
-    landed and whose last land `loaded_in_s` from now."""
-    router = _router(RouterConfig(mode="colocated", prefill_budget_tokens=BUDGET), profile(RATE), workers=3)
+    landed and whose last land `loaded_in_s` from now (`cost`: the model's cost model)."""
+    router = _router(RouterConfig(mode="colocated", prefill_budget_tokens=BUDGET), cost, workers=3)
     for rank in (0, 2):
         router.state.move(rank, InstanceState.LOADING)
         router.state.move(rank, InstanceState.COLOCATED)
@@ -61,14 +63,6 @@ def test_an_idle_partner_makes_its_target_worth_a_prompt_before_its_last_layer()
 
 
 def test_without_a_cost_model_the_least_loaded_takes_it() -> None:
-    router = _router(RouterConfig(mode="colocated", prefill_budget_tokens=BUDGET), None, workers=3)
-    for rank in (0, 2):
-        router.state.move(rank, InstanceState.LOADING)
-        router.state.move(rank, InstanceState.COLOCATED)
-    router.state.move(2, InstanceState.OLD_PREFILL)
-    router.state.move(1, InstanceState.NEW_PREFILL)
-    router.live.begin((1,), 2, (2,))
-    router.live.on_live_event(LiveReadyMsg(rank=1, loaded_in_s=9.0))
-    router.connected |= {0, 1, 2}
+    router = _live(9.0, cost=None)
     router.state.assign(0, 100)
     assert router.pick("colocated", 400) is router.instances[1]
