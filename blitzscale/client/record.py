@@ -7,10 +7,12 @@ the start of the replay, the others from the moment the request was sent.
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
+
+_TBT_QS = (90, 95, 99)  # the TBT percentiles a stored record carries
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
@@ -56,12 +58,14 @@ class RequestRecord:
 
     def to_json(self) -> dict:
         """The stored fields plus TBT max/mean/p90/p95/p99, so a reader needs no recomputation."""
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # (flat: asdict deep-copies)
         out["tbts_s"] = list(self.tbts_s)
         out["tbt_max_s"] = self.tbt_max_s
         out["tbt_mean_s"] = self.tbt_mean_s
-        for q in (90, 95, 99):
-            out[f"tbt_p{q}_s"] = self.tbt_percentile_s(q)
+        # one percentile call for the three (a call costs ~0.1 ms, whatever the count)
+        pcts = np.percentile(self.tbts_s, _TBT_QS).tolist() if self.tbts_s else [None] * len(_TBT_QS)
+        for q, v in zip(_TBT_QS, pcts, strict=True):
+            out[f"tbt_p{q}_s"] = v
         return out
 
     @classmethod
