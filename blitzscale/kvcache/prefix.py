@@ -23,9 +23,17 @@ def block_hash(prev: bytes, tokens: list[int]) -> bytes:
 
 def extend_hashes(hashes: list[bytes], token_ids: list[int], num_blocks: int, block_size: int) -> list[bytes]:
     """`hashes` (a sequence's, kept between calls: the tokens before a full block never
-    change) extended to its first `num_blocks` full blocks; returns those."""
-    while len(hashes) < num_blocks:
-        i = len(hashes)
-        block = token_ids[i * block_size : (i + 1) * block_size]
-        hashes.append(block_hash(hashes[-1] if hashes else ROOT, block))
+    change) extended to its first `num_blocks` full blocks; returns those. The same hashes
+    as `block_hash` chained, with the new blocks' token bytes made in one go (an 8k-token
+    prompt: 1.3-1.5x faster than an array per block, docs/results/prefix_hash_cost.py)."""
+    start = len(hashes)
+    if start < num_blocks:
+        step = 8 * block_size  # (bytes of a block's ids)
+        raw = memoryview(array("q", token_ids[start * block_size : num_blocks * block_size]).tobytes())
+        prev = hashes[-1] if hashes else ROOT
+        for lo in range(0, (num_blocks - start) * step, step):
+            h = hashlib.blake2b(prev, digest_size=16)
+            h.update(raw[lo : lo + step])
+            prev = h.digest()
+            hashes.append(prev)
     return hashes[:num_blocks]

@@ -16,6 +16,12 @@ def test_equal_prefixes_hash_equal_and_any_earlier_token_changes_every_later_has
     kept = a[:1]
     assert extend_hashes(kept, list(range(12)), 3, 4) == a and kept == a  # extended in place
     assert a[0] == block_hash(ROOT, [0, 1, 2, 3]) and len(a[0]) == 16
+    toks = [(i * 7919) % 50_000 for i in range(1000)]  # block by block, as `block_hash` chains
+    chained = [block_hash(ROOT, toks[:16])]
+    for i in range(1, 62):
+        chained.append(block_hash(chained[-1], toks[16 * i : 16 * (i + 1)]))
+    part = extend_hashes([], toks, 10, 16)
+    assert extend_hashes(part, toks, 62, 16) == chained and extend_hashes([], toks, 62, 16) == chained
 
 
 def test_shared_blocks_count_their_holders_and_stay_cached_when_free() -> None:
