@@ -21,7 +21,10 @@ means "one run per value"; a list in a trace table fans out that trace the same 
 Trace keys: `path` is a file, relative to the template's folder, or "demo" for the slice of
 the Azure code trace shipped in the package; `format` is azure|burstgpt|mooncake|processed
 (optional for "demo"); rate_scale, time_scale, duration (s), max_input, max_output shape the
-trace as `blitzscale.client.traces.transform` documents (left out: unchanged).
+trace as `blitzscale.client.traces.transform` documents (left out: unchanged); `cv` then
+re-times the shaped requests, in order, with Gamma arrivals of that coefficient of variation
+at the same mean rate over the same span, drawn with `seed` (default 0): `seed = [0, 1, 2]`
+is three draws of one trace, three runs.
 
 Sections start from `ServeConfig()` defaults, as `blitzscale serve` does without a file;
 `[model] name` and `[policy] name` are not allowed because `models` and `policies` set them.

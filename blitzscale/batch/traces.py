@@ -13,7 +13,14 @@ from importlib.resources import as_file, files
 from pathlib import Path
 from typing import Any
 
-from blitzscale.client.traces import FORMATS, TraceRequest, load_trace, transform
+from blitzscale.client.traces import (
+    FORMATS,
+    TraceRequest,
+    gamma_arrivals,
+    load_trace,
+    transform,
+    with_lengths,
+)
 from blitzscale.demo.workload import SLICE
 from blitzscale.errors import BlitzScaleError, InvalidRequestError
 
@@ -24,7 +31,10 @@ KNOBS: dict[str, type] = {
     "duration": float,
     "max_input": int,
     "max_output": int,
+    "cv": float,
+    "seed": int,
 }
+_MAY_BE_ZERO = ("cv", "seed")  # (the other knobs must be > 0, or >= 1 for counts)
 TRACE_KEYS = ("path", "format", *KNOBS)
 _SHORT = {
     "rate_scale": "rate",
@@ -32,6 +42,8 @@ _SHORT = {
     "duration": "dur",
     "max_input": "in",
     "max_output": "out",
+    "cv": "cv",
+    "seed": "seed",
 }
 
 
@@ -46,6 +58,11 @@ class TraceSpec:
     duration: float | None = None
     max_input: int | None = None
     max_output: int | None = None
+    # Gamma arrivals: the shaped trace's requests, in order, re-timed with Gamma gaps of
+    # this coefficient of variation at the same mean rate over the same span (1: Poisson,
+    # above 1: burstier), drawn with `seed`; None keeps the trace's own timestamps.
+    cv: float | None = None
+    seed: int = 0
     file: Path | None = field(default=None, compare=False)  # resolved path; None for the demo slice
     listed: tuple[str, ...] = field(default=(), compare=False)  # knobs the template fanned out
 
@@ -61,7 +78,10 @@ class TraceSpec:
     def params(self) -> dict[str, Any]:
         """Everything that decides the requests (not `file`: where the template lay does not)."""
         out = {"path": self.path, "format": self.format}
-        return out | {k: getattr(self, k) for k in KNOBS if getattr(self, k) is not None}
+        out |= {k: getattr(self, k) for k in KNOBS if getattr(self, k) is not None}
+        if self.cv is None:  # (the seed draws nothing then: the same requests as before)
+            del out["seed"]
+        return out
 
     def describe(self) -> str:
         """Short and readable: `demo rate x0.05 time x2 in<=192 out<=24`."""
@@ -76,6 +96,8 @@ class TraceSpec:
             parts.append(f"in<={self.max_input}")
         if self.max_output is not None:
             parts.append(f"out<={self.max_output}")
+        if self.cv is not None:
+            parts.append(f"gamma cv{self.cv:g} seed{self.seed}")
         return " ".join(parts)
 
 
@@ -86,9 +108,10 @@ def parse_knob(where: str, key: str, value: Any) -> float | int:
     if not is_number:
         raise InvalidRequestError(f"{where}: {key} must be {want.__name__}, got {value!r}")
     value = want(value)
-    low_ok = value >= 1 if want is int else value > 0
+    low = ">= 0" if key in _MAY_BE_ZERO else ">= 1" if want is int else "> 0"
+    low_ok = value >= 0 if key in _MAY_BE_ZERO else value >= 1 if want is int else value > 0
     if not low_ok or not math.isfinite(value):
-        raise InvalidRequestError(f"{where}: {key} must be {'>= 1' if want is int else '> 0'}, got {value!r}")
+        raise InvalidRequestError(f"{where}: {key} must be {low}, got {value!r}")
     return value
 
 
@@ -121,8 +144,9 @@ def _parsed(file: Path | None, fmt: str) -> tuple[TraceRequest, ...]:
 
 
 def load_requests(spec: TraceSpec) -> list[TraceRequest]:
-    """The requests one run replays: the parsed trace, shaped by the spec's knobs."""
-    return transform(
+    """The requests one run replays: the parsed trace, shaped by the spec's knobs (and
+    re-timed with Gamma arrivals when it has a `cv`)."""
+    shaped = transform(
         _parsed(spec.file, spec.format),
         duration=spec.duration,
         time_scale=spec.time_scale,
@@ -130,6 +154,14 @@ def load_requests(spec: TraceSpec) -> list[TraceRequest]:
         max_input=spec.max_input,
         max_output=spec.max_output,
     )
+    if spec.cv is None or len(shaped) < 2:
+        return shaped
+    span = shaped[-1].arrival_s - shaped[0].arrival_s
+    if not span > 0:
+        return shaped
+    # n requests over the span: gaps of mean span / (n - 1), arrivals drawn within [0, span]
+    arrivals = gamma_arrivals((len(shaped) - 1) / span, spec.cv, span * (1 + 1e-9), spec.seed)
+    return with_lengths(arrivals, shaped, 0, 0)
 
 
 def check_trace(spec: TraceSpec) -> int:
