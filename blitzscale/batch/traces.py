@@ -108,8 +108,12 @@ def parse_knob(where: str, key: str, value: Any) -> float | int:
     if not is_number:
         raise InvalidRequestError(f"{where}: {key} must be {want.__name__}, got {value!r}")
     value = want(value)
-    low = ">= 0" if key in _MAY_BE_ZERO else ">= 1" if want is int else "> 0"
-    low_ok = value >= 0 if key in _MAY_BE_ZERO else value >= 1 if want is int else value > 0
+    if key in _MAY_BE_ZERO:
+        low, low_ok = ">= 0", value >= 0
+    elif want is int:
+        low, low_ok = ">= 1", value >= 1
+    else:
+        low, low_ok = "> 0", value > 0
     if not low_ok or not math.isfinite(value):
         raise InvalidRequestError(f"{where}: {key} must be {low}, got {value!r}")
     return value

@@ -177,14 +177,13 @@ class SimEngine:
         loop.call_later(max(0.0, self.loaded_at - now), self._loaded)
 
     def _live_ready(self) -> None:
-        if LiveReadyMsg not in self._live_events and self.live is not None:
-            self._live_events.add(LiveReadyMsg)
-            self.send(LiveReadyMsg(rank=self.rank, loaded_in_s=self.live.readiness.remaining_s()))
+        if self.live is not None:  # (when its last layer lands, as the worker's estimate)
+            self._live_event(LiveReadyMsg, loaded_in_s=self.live.readiness.remaining_s())
 
-    def _live_event(self, kind: type) -> None:
+    def _live_event(self, kind: type, **fields: float) -> None:
         if kind not in self._live_events:
             self._live_events.add(kind)
-            self.send(kind(rank=self.rank))
+            self.send(kind(rank=self.rank, **fields))
 
     def _loaded(self) -> None:
         self._cut()

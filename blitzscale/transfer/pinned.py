@@ -71,10 +71,10 @@ def chunks(address: int, nbytes: int) -> Iterator[tuple[int, int]]:
 def copy_pinned(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> None:
     """`dst.copy_(src)` where one of them may be host memory from `pinned_empty` (1-D,
     contiguous): one copy per registration it spans."""
-    host = src if src.device.type == "cpu" else dst
-    if host.device.type != "cpu" or (dst.device.type == "cpu") == (src.device.type == "cpu"):
+    if dst.device.type == src.device.type:  # (no host-device copy: nothing to cut)
         dst.copy_(src, non_blocking=non_blocking)
         return
+    host = src if src.device.type == "cpu" else dst
     d, s = dst.view(torch.uint8), src.view(torch.uint8)
     for lo, hi in chunks(host.data_ptr(), d.numel()):
         d[lo:hi].copy_(s[lo:hi], non_blocking=non_blocking)

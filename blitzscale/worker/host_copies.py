@@ -1,14 +1,14 @@
 """A rank's host copies of the models it holds: the cluster's one host-memory copy of each.
 
-Making one takes seconds on a GPU (an 8B model: 16 GB of page-locked memory registered,
-~3.6 s on an H200's host, then copied at ~54 GB/s), so it is made on a thread of its own
-while the engine keeps stepping, registered and copied a chunk at a time (one registration
-of it all held the device, and the steps, for its 3.6 s: transfer/pinned.py); the
-controller can then ask for it right after a model's first load, long before a release
-needs it, instead of on a swap's critical path. Only the worker's main thread calls these
-methods (but `held`); the copying thread writes nothing but its own result, which the main
-thread collects (`settle`, or `finish` where a command needs the copy or is about to free
-the weights it reads).
+Making one takes seconds on a GPU (an 8B model: 16 GB of page-locked memory registered and
+copied, ~4 s on an H200's host), so it is made on a thread of its own while the engine
+keeps stepping, registered and copied a chunk at a time (one registration of it all held
+the driver, and the steps, for 4-8 s: transfer/pinned.py); the controller can then ask for
+it right after a model's first load, long before a release needs it, instead of on a
+swap's critical path. Only the worker's main thread calls these methods (but `held`); the
+copying thread writes nothing but its own result, which the main thread collects
+(`settle`, or `finish` where a command needs the copy or is about to free the weights it
+reads).
 """
 
 from __future__ import annotations

@@ -197,17 +197,16 @@ class LiveSide:
             return
         ready = e.readiness
         if LiveReadyMsg not in self._events and ready.num_ready_prefix >= 2:
-            self._events.add(LiveReadyMsg)
-            self.loop.send(LiveReadyMsg(rank=self.loop.rank, loaded_in_s=ready.remaining_s()))
+            self._event(LiveReadyMsg, loaded_in_s=ready.remaining_s())
         if LiveLoadedMsg not in self._events and ready.all_ready:
             self._event(LiveLoadedMsg)
         if e.live_drained:
             e.end_live()
             self._event(LiveDoneMsg)
 
-    def _event(self, event: type[LiveEvent]) -> None:
+    def _event(self, event: type[LiveEvent], **fields: float) -> None:
         self._events.add(event)
-        self.loop.send(event(rank=self.loop.rank))
+        self.loop.send(event(rank=self.loop.rank, **fields))
 
     def _fail(self, e: LLMEngine, error: str) -> None:
         """The weights will never all arrive: every request here is lost (the router runs
