@@ -144,28 +144,38 @@ def _decode_ms(
 
 def _prefill_ms(engine: LLMEngine, cfg: EngineBenchConfig, device: torch.device) -> float:
     """One prompt of `prefill_len` to its first token (after a warm-up on another prompt:
-    the same one again would come from the prefix cache)."""
-    engine.reset_prefix_cache()  # (nothing of an earlier call's prompts)
-    warm, prompt = _random_prompts(2, cfg.prefill_len, engine.model_config.vocab_size, 7)
+    the same one again would come from the prefix cache), the best of PREFILL_REPS."""
+    vocab = engine.model_config.vocab_size
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    engine.generate([warm], params)
-    return 1000 * _timed(lambda: engine.generate([prompt], params), device)
+    best = float("inf")
+    for rep in range(PREFILL_REPS):
+        engine.reset_prefix_cache()  # (nothing of an earlier call's prompts)
+        warm, prompt = _random_prompts(2, cfg.prefill_len, vocab, 7 + rep)
+        engine.generate([warm], params)
+        best = min(best, _timed(lambda p=prompt: engine.generate([p], params), device))
+    return 1000 * best
 
 
+PREFILL_REPS = 3
 CACHED_SHARE = 0.75  # of the prompt, the prefix a request before it left in the cache
 
 
 def _prefill_cached_ms(engine: LLMEngine, cfg: EngineBenchConfig, device: torch.device) -> float:
-    """The same length, with its first CACHED_SHARE already cached by another request."""
+    """The same length, with its first CACHED_SHARE already cached by another request; the
+    best of PREFILL_REPS."""
     if not engine.config.prefix_caching:
         return float("nan")
     vocab = engine.model_config.vocab_size
     head = int(cfg.prefill_len * CACHED_SHARE)
-    first, second = _random_prompts(2, cfg.prefill_len, vocab, 8)
-    second[:head] = first[:head]
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    engine.generate([first], params)
-    return 1000 * _timed(lambda: engine.generate([second], params), device)
+    best = float("inf")
+    for rep in range(PREFILL_REPS):
+        engine.reset_prefix_cache()
+        first, second = _random_prompts(2, cfg.prefill_len, vocab, 8 + rep)
+        second[:head] = first[:head]
+        engine.generate([first], params)
+        best = min(best, _timed(lambda p=second: engine.generate([p], params), device))
+    return 1000 * best
 
 
 def _hf_model(weights: ModelWeights) -> torch.nn.Module:
@@ -458,6 +468,13 @@ def run_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
     result["prefill_cached_ms"] = round(_prefill_cached_ms(engine, cfg, device), 3)
     result["prefill_cached_share"] = CACHED_SHARE
     result["prefill_cached_ratio"] = round(result["prefill_cached_ms"] / result["prefill_ms"], 3)
+    prefill_graphs = engine.runner.prefill_graphs
+    if prefill_graphs is not None:  # the cached case again, its chunk run eagerly
+        engine.runner.prefill_graphs = None
+        result["prefill_cached_ms_eager"] = round(_prefill_cached_ms(engine, cfg, device), 3)
+        engine.runner.prefill_graphs = prefill_graphs
+        result["prefill_graph_buckets"] = prefill_graphs.buckets
+    result["graph_capture_s"] = {k: round(v, 3) for k, v in engine.runner.capture_s.items()}
     attn = engine.model.attn
     if hasattr(attn, "fresh_prefill"):  # the paged Triton prefill kernel instead of SDPA's
         attn.fresh_prefill, kept = "triton", attn.fresh_prefill

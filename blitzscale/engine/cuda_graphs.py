@@ -11,6 +11,8 @@ captures while its weights are still arriving and its first full decode pays no 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from blitzscale.engine.overlap import patch_pending
@@ -20,6 +22,38 @@ from blitzscale.model.llama import LlamaModel
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 PAD_SLOT = -1
+
+
+@torch.inference_mode()
+def capture_buckets(
+    model: LlamaModel, buckets: list[int], pool: tuple[int, int], forward: Callable[[int], torch.Tensor]
+) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor]]:
+    """One graph of `forward(b)` per bucket, largest first (the smaller ones reuse its pool
+    memory), each after one warm-up run (Triton compiles, cuBLAS chooses); returns the graphs
+    and their outputs. Nothing here waits for the whole device (`torch.cuda.graph` would
+    synchronize it): a live target captures while its weight receives are in flight."""
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    model.check_ready = False
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    try:
+        for b in sorted(buckets, reverse=True):
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                forward(b)
+                g = torch.cuda.CUDAGraph()
+                g.capture_begin(pool=pool, capture_error_mode="thread_local")
+                try:
+                    outputs[b] = forward(b)
+                finally:
+                    g.capture_end()
+            main.wait_stream(side)
+            graphs[b] = g
+    finally:
+        model.check_ready = True
+    main.synchronize()
+    return graphs, outputs
 
 
 class DecodeGraphs:
@@ -75,33 +109,12 @@ class DecodeGraphs:
         hidden = m.run_layers(m.embed(self.d["ids"][:b]), meta, self.kv_cache)
         return m.logits(hidden).float()
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        """Every bucket, largest first (the smaller ones reuse its pool memory). The static
-        inputs hold padding rows only, so the warm-up runs write nothing to the cache.
-        Nothing here waits for the whole device (`torch.cuda.graph` would synchronize it):
-        a live target captures while its weight receives are in flight."""
-        m = self.model
-        m.check_ready = False
-        main = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
-        try:
-            for b in reversed(self.buckets):
-                meta = self._meta(b)
-                side.wait_stream(main)
-                with torch.cuda.stream(side):
-                    self._forward(b, meta)  # warm-up: Triton compiles, cuBLAS chooses
-                    g = torch.cuda.CUDAGraph()
-                    g.capture_begin(pool=self.pool, capture_error_mode="thread_local")
-                    try:
-                        self.outputs[b] = self._forward(b, meta)
-                    finally:
-                        g.capture_end()
-                main.wait_stream(side)
-                self.graphs[b] = g
-        finally:
-            m.check_ready = True
-        main.synchronize()
+        """Every bucket (the static inputs hold padding rows only, so the warm-up runs write
+        nothing to the cache)."""
+        self.graphs, self.outputs = capture_buckets(
+            self.model, self.buckets, self.pool, lambda b: self._forward(b, self._meta(b))
+        )
 
     def run(
         self,

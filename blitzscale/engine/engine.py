@@ -134,7 +134,10 @@ class LLMEngine:
     def _init_components(self, weights: ModelWeights) -> None:
         self.model = LlamaModel(weights, max_positions=self.max_model_len, tp_group=self.tp_group)
         self.model.warm_up_attention(self.kv_cache)  # (kernels compiled before any request)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.config.max_num_seqs, self.max_model_len)
+        c = self.config
+        self.runner = ModelRunner(
+            self.model, self.kv_cache, c.max_num_seqs, self.max_model_len, c.max_num_batched_tokens
+        )
         self.trace = step_trace(weights.device)  # BLITZSCALE_STEP_TRACE: a line per step
         self.table = RequestTable(self.pool)  # every request here, with its status
         self.scheduler = Scheduler(

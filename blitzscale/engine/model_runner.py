@@ -2,17 +2,20 @@
 
 Inputs go to the device in one asynchronous copy from pinned memory (metadata, token ids and
 the rows to sample together), so building a step never waits for the GPU. On CUDA with the
-Triton backend, decode steps replay a captured graph (engine/cuda_graphs.py).
+Triton backend, decode steps replay a captured graph (engine/cuda_graphs.py), and so do
+steps of one prompt chunk of up to 512 tokens (engine/prefill_graphs.py).
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
 from blitzscale.engine.cuda_graphs import DecodeGraphs
 from blitzscale.engine.overlap import PENDING, InFlight, patch_pending
+from blitzscale.engine.prefill_graphs import PrefillGraphs
 from blitzscale.engine.scheduler import SchedulerOutput
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.attention import AttentionMetadata
@@ -24,19 +27,34 @@ GRAPHS_ENABLED = os.environ.get("BLITZSCALE_CUDA_GRAPHS", "1") != "0"
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, kv_cache: KVCache, max_num_seqs: int = 0, max_model_len: int = 0
+        self,
+        model: LlamaModel,
+        kv_cache: KVCache,
+        max_num_seqs: int = 0,
+        max_model_len: int = 0,
+        max_num_batched_tokens: int = 0,
     ) -> None:
         """With `max_num_seqs` and `max_model_len`, decode graphs are captured now (CUDA,
-        Triton backend, no tensor parallelism)."""
+        Triton backend, no tensor parallelism); with `max_num_batched_tokens` too, the graphs
+        of one-prompt steps."""
         self.model = model
         self.kv_cache = kv_cache
         self.device = model.weights.device
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         self.last_was_graph = False  # the last step replayed a captured graph
         usable = model.attn.name == "triton" and model.tp_group is None and GRAPHS_ENABLED
+        self.capture_s: dict[str, float] = {}  # seconds each kind of graph took to capture
         if usable and max_num_seqs > 0 and max_model_len > 0:
+            t = time.perf_counter()
             self.graphs = DecodeGraphs(model, kv_cache, max_num_seqs, max_model_len)
             self.graphs.capture()
+            self.capture_s["decode"] = time.perf_counter() - t
+            if max_num_batched_tokens > 1:
+                t = time.perf_counter()
+                self.prefill_graphs = PrefillGraphs(model, kv_cache, max_num_batched_tokens, max_model_len)
+                self.prefill_graphs.capture()
+                self.capture_s["prefill"] = time.perf_counter() - t
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, in_flight: InFlight | None = None) -> torch.Tensor:
@@ -69,6 +87,11 @@ class ModelRunner:
         ):
             self.last_was_graph = True
             return self.graphs.run(token_ids, context_lens, tables, pending)
+        pg = self.prefill_graphs
+        if pg is not None and n == 1 and len(token_ids) > 1 and pg.bucket_for(len(token_ids)) is not None:
+            self.last_was_graph = True
+            start = context_lens[0] - len(token_ids)
+            return pg.run(token_ids, start, tables[0], bool(last), pending)
         self.last_was_graph = False
         meta, (ids, rows) = AttentionMetadata.build_with(
             query_lens, context_lens, tables, self.kv_cache.block_size, self.device, [token_ids, last]
