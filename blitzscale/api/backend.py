@@ -17,6 +17,9 @@ class ServingBackend(Protocol):
     Outputs are deltas (`RequestOutput.new_token_ids`, `.text_delta`); the last one has
     `finished=True` and a `finish_reason`. Cancelling the iteration (client gone) must be
     followed by `abort(request_id)` from the caller, which frees the request's KV blocks.
+    `stream=False`: the client reads only the whole answer, so a request that lost its
+    instance after some output may run again; an output with `restarted=True` then says to
+    forget the earlier ones.
     """
 
     model_name: str
@@ -31,7 +34,7 @@ class ServingBackend(Protocol):
     def decode(self, token_ids: list[int]) -> str: ...
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[RequestOutput]: ...
 
     async def abort(self, request_id: str) -> None: ...

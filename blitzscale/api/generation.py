@@ -47,8 +47,12 @@ class Generation:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival: float,
+        stream: bool = True,
     ) -> None:
+        """`stream`: the client reads the outputs as they come (else only the whole answer,
+        and the backend may run the request again after an output: `RequestOutput.restarted`)."""
         self.request_id = request_id
+        self.stream = stream
         self.params = params
         self.timing = Timing(arrival)
         self._backend = backend
@@ -65,6 +69,8 @@ class Generation:
         item = await self._queue.get()
         if isinstance(item, Exception):
             raise item
+        if item.restarted:
+            self._logprobs = []
         self._logprobs += item.logprobs
         self.num_output_tokens = len(item.token_ids)
         return item
@@ -89,7 +95,7 @@ class Generation:
             log.warning("closing request %s failed: %r", self.request_id, result)
 
     async def _pump(self, prompt_token_ids: list[int]) -> None:
-        outputs = self._backend.generate(self.request_id, prompt_token_ids, self.params)
+        outputs = self._backend.generate(self.request_id, prompt_token_ids, self.params, stream=self.stream)
         needs_abort = True
         try:
             async for out in outputs:
@@ -136,10 +142,12 @@ async def start(
     prompt_token_ids: list[int],
     params: SamplingParams,
     arrival: float,
+    stream: bool = True,
 ) -> tuple[Generation, RequestOutput]:
     """Submit a request and wait for its first output: until then nothing is sent, so a
-    request the backend rejects still gets a 400 rather than a broken 200 stream."""
-    gen = Generation(backend, metrics, request_id, prompt_token_ids, params, arrival)
+    request the backend rejects still gets a 400 rather than a broken 200 stream. `stream`:
+    the client will read the outputs as they come (False: the route answers once)."""
+    gen = Generation(backend, metrics, request_id, prompt_token_ids, params, arrival, stream)
     try:
         first = await until_disconnected(receive, gen.next())
     except BaseException:

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import time
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -27,6 +28,7 @@ from blitzscale.api import generation
 from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError
+from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.openai_format import ChatFormat, CompletionFormat, OpenAIFormat, openai_events
 from blitzscale.api.protocol import (
@@ -39,6 +41,7 @@ from blitzscale.api.protocol import (
 )
 from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
+from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import GRAMMAR_KINDS, Grammar, SamplingParams
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -119,15 +122,12 @@ async def serve(
     request_id = fmt.request_id
     n = body.num_choices
     ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
-    started = await asyncio.gather(
-        *(
-            generation.start(
-                request.receive, backend, metrics, rid, prompt_ids, choice_params(params, i), arrival
-            )
-            for i, rid in enumerate(ids)
-        ),
-        return_exceptions=True,
-    )
+
+    def one(i: int, rid: str) -> Awaitable[tuple[Generation, RequestOutput]]:
+        p = choice_params(params, i)
+        return generation.start(request.receive, backend, metrics, rid, prompt_ids, p, arrival, body.stream)
+
+    started = await asyncio.gather(*(one(i, rid) for i, rid in enumerate(ids)), return_exceptions=True)
     gens = [s[0] for s in started if not isinstance(s, BaseException)]
     failed = next((s for s in started if isinstance(s, BaseException)), None)
     if failed is not None:  # one choice refused: none runs

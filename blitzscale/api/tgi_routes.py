@@ -68,7 +68,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
             params = dataclasses.replace(params, logprobs=0)  # (a stream's details have none)
         request_id = f"gen-{uuid.uuid4().hex}"
         gen, first = await generation.start(
-            request.receive, backend, metrics, request_id, prompt_ids, params, arrival
+            request.receive, backend, metrics, request_id, prompt_ids, params, arrival, stream
         )
         note_generations(request.scope, [gen])
         return gen, first

@@ -27,3 +27,6 @@ class RequestOutput:
     live_layers: int = 0  # layers of its prefill run while the weights were incomplete
     error: str = ""  # with finish_reason "error": why the request failed
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for them
+    # The request runs again from its prompt (an instance died under a request whose client
+    # reads only the whole answer): forget every output before this one, which has none.
+    restarted: bool = False

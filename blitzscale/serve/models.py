@@ -51,7 +51,12 @@ class RequestRouter(Protocol):
     """What a model's backend uses of the router that serves it."""
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, model: str | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        model: str | None = None,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]: ...
 
     async def abort(self, request_id: str) -> None: ...
@@ -119,9 +124,11 @@ class ModelBackend:
         self._grammars.compile(grammar)
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[RequestOutput]:
-        return self.router.generate(request_id, prompt_token_ids, params, model=self.model.name)
+        return self.router.generate(
+            request_id, prompt_token_ids, params, model=self.model.name, stream=stream
+        )
 
     async def abort(self, request_id: str) -> None:
         await self.router.abort(request_id)

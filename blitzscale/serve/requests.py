@@ -30,7 +30,7 @@ STAGE_MOVES: dict[Stage, set[Stage]] = {
     Stage.QUEUED: {Stage.PREFILL, Stage.DONE},
     Stage.PREFILL: {Stage.QUEUED, Stage.MIGRATING, Stage.DONE},  # (queued: run again)
     Stage.MIGRATING: {Stage.DECODE, Stage.ABORTING, Stage.DONE},
-    Stage.DECODE: {Stage.DONE},
+    Stage.DECODE: {Stage.QUEUED, Stage.DONE},  # (queued: run again, its client saw nothing)
     Stage.ABORTING: {Stage.DONE},
     Stage.DONE: set(),
 }
@@ -64,6 +64,7 @@ class RouterRequest:
     live: bool = False  # part of its prefill ran on an instance still loading weights
     attempt: int = 0  # runs after the first (an instance died before it produced anything)
     prefix_hashes: list[bytes] | None = None  # its prompt's full-block hashes (prefix routing)
+    stream: bool = True  # its client reads outputs as they come (False: only the whole answer)
 
     def move(self, new: Stage) -> None:
         if new is not self.stage and new not in STAGE_MOVES[self.stage]:
@@ -81,6 +82,21 @@ class RouterRequest:
 
     def sampling_msg(self) -> SamplingMsg:
         return sampling_msg(self.params)
+
+    @property
+    def client_saw_output(self) -> bool:
+        """Whether a rerun would show: it streams and has produced a token already."""
+        return self.stream and self.first_token_at is not None
+
+    def restart(self) -> RequestOutput | None:
+        """Forget its output for a run from the prompt again; the output that tells the
+        client's reader so (None: it had none)."""
+        had = bool(self.output_ids or self.text)
+        self.output_ids, self.text, self.first_token_at = [], "", None
+        self.rng_state, self.migrating_since = b"", None
+        if not had:
+            return None
+        return RequestOutput(self.id, [], [], "", "", False, None, len(self.prompt), restarted=True)
 
     def accept(self, o: OutputMsg, finished: bool) -> RequestOutput:
         """Fold a worker's output into the request and make the client's delta."""

@@ -219,9 +219,15 @@ class Router:
         self._models[self.model_name].check_grammar(grammar)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, model: str | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        model: str | None = None,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]:
-        """Serve a request of `model` (None: the default one)."""
+        """Serve a request of `model` (None: the default one). `stream=False`: its client
+        reads only the whole answer, so it runs again if its instance dies mid-answer."""
         name = model or self.model_name
         if name not in self._models:
             raise InvalidRequestError(
@@ -247,7 +253,7 @@ class Router:
                 f"max_queue_wait_s={self.cfg.max_queue_wait_s:g}; retry later",
                 self.cfg.retry_after_s,
             )
-        r = RouterRequest(request_id, list(prompt_token_ids), params, model=name)
+        r = RouterRequest(request_id, list(prompt_token_ids), params, model=name, stream=stream)
         self.last_request_at[name] = clock.now()
         self.reqs[request_id] = r
         self.queue.push(r)
@@ -565,11 +571,14 @@ class Router:
     # --- lost requests ------------------------------------------------------------------
 
     def lost(self, r: RouterRequest, why: str, dead: set[int] | None = None) -> None:
-        """An instance lost `r`: run it again if the client has seen nothing yet, else fail
-        it. `dead`: the lost ranks died; a request found on more than MAX_RERUNS dead
-        instances is not run again (it may be what kills them)."""
+        """An instance lost `r`: run it again if the client has seen nothing yet (no token
+        streamed: a client that reads only the whole answer sees none before the end), else
+        fail it. A request whose KV is moving between instances fails (its hand-off is
+        under way). `dead`: the lost ranks died; a request found on more than MAX_RERUNS
+        dead instances is not run again (it may be what kills them)."""
         r.died_on |= dead or set()
-        if r.first_token_at is None and r.stage is Stage.PREFILL and len(r.died_on) <= MAX_RERUNS:
+        rerun = not r.client_saw_output and r.stage in (Stage.PREFILL, Stage.DECODE)
+        if rerun and len(r.died_on) <= MAX_RERUNS:
             log.warning("request %s: %s; running it again", r.id, why)
             self._requeue(r)
         else:  # streamed already, or it was on a dying instance before: it may be the cause
@@ -583,6 +592,8 @@ class Router:
         r.move(Stage.QUEUED)
         r.prefilled = False
         r.attempt += 1
+        if (restarted := r.restart()) is not None:
+            r.out.put_nowait(restarted)
         self.queue.push_front(r)
         self._wake.set()
 

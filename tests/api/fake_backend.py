@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.outputs import RequestOutput, TokenLogprob
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import InvalidRequestError
 
@@ -26,6 +26,7 @@ class Call:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    stream: bool = True  # what the route told the backend: the client reads deltas
 
 
 @dataclass
@@ -36,6 +37,9 @@ class FakeBackend:
     tokens_per_output: int = 1  # >1 imitates a backend that batches tokens into one output
     hold: bool = False  # produce nothing, as if queued forever (for disconnect tests)
     fail_after: int | None = None  # raise RuntimeError after this many outputs
+    # A request whose client reads only the whole answer gives this many outputs of "X",
+    # then runs again (`restarted`), as the router does when its instance dies under it.
+    restart_after: int | None = None
     calls: list[Call] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)  # started, not finished, not cancelled
@@ -73,12 +77,18 @@ class FakeBackend:
             )
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[RequestOutput]:
         self.validate(prompt_token_ids, params)
-        self.calls.append(Call(request_id, list(prompt_token_ids), params))
+        self.calls.append(Call(request_id, list(prompt_token_ids), params, stream))
         self.running.add(request_id)
         try:
+            n = len(prompt_token_ids)
+            if self.restart_after is not None and not stream:
+                x, lp = ord("X"), (TokenLogprob(-9.0),) if params.logprobs is not None else ()
+                for i in range(1, self.restart_after + 1):
+                    yield RequestOutput(request_id, [x], [x] * i, "X", "X" * i, False, None, n, logprobs=lp)
+                yield RequestOutput(request_id, [], [], "", "", False, None, n, restarted=True)
             async for out in self._outputs(request_id, prompt_token_ids, params):
                 yield out
         finally:
@@ -106,8 +116,17 @@ class FakeBackend:
                     break
             visible = len(text) if reason else max(len(text) - hold_back, emitted)
             delta, emitted = text[emitted:visible], visible
+            lps = tuple(TokenLogprob(-0.5) for _ in new) if params.logprobs is not None else ()
             yield RequestOutput(
-                request_id, new, list(ids), delta, text[:visible], reason is not None, reason, len(prompt)
+                request_id,
+                new,
+                list(ids),
+                delta,
+                text[:visible],
+                reason is not None,
+                reason,
+                len(prompt),
+                logprobs=lps,
             )
             num_outputs += 1
             if reason is not None:

@@ -149,3 +149,22 @@ async def test_outputs_of_several_tokens(client: httpx.AsyncClient, fake: FakeBa
     chunks = sse_json((await client.post("/v1/completions", json=body)).text)
     assert [c["choices"][0]["text"] for c in chunks[:-1]] == ["abc", "def", "g"]
     assert chunks[-1]["usage"]["completion_tokens"] == 7
+
+
+async def test_a_request_run_again_answers_with_its_last_run_only(
+    client: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    """A request whose client reads only the whole answer may run again after some output
+    (its instance died): the answer, its usage and its logprobs are the last run's."""
+    fake.restart_after = 3
+    body = {"prompt": "hello world", "max_tokens": 5, "logprobs": 0}
+    r = await client.post("/v1/completions", json=body)
+    assert r.status_code == 200
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "hello"
+    assert choice["logprobs"]["token_logprobs"] == [-0.5] * 5  # none of the first run's -9.0
+    assert r.json()["usage"]["completion_tokens"] == 5
+    assert fake.calls[0].stream is False
+    r = await client.post("/v1/completions", json={**body, "stream": True})  # a stream never runs again
+    assert "X" not in "".join(c["choices"][0]["text"] for c in sse_json(r.text) if c["choices"])
+    assert fake.calls[1].stream is True

@@ -1,7 +1,8 @@
-"""The decode worker dies under load (pd mode). Requests it was decoding fail with a
-503-class error; requests prefilled afterwards wait, bounded, for a decode instance; when a
-prefill instance turns into one, it decodes the requests it holds itself (no migration) and
-takes the others' KV: every request ends, and those that complete have the right tokens."""
+"""The decode worker dies under load (pd mode). Streamed requests it was decoding fail with
+a 503-class error, one whose client reads only the whole answer runs again; requests
+prefilled afterwards wait, bounded, for a decode instance; when a prefill instance turns
+into one, it decodes the requests it holds itself (no migration) and takes the others' KV:
+every request ends, and those that complete have the right tokens."""
 
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ two_prefill_one_decode = pytest.fixture(scope="module")(
 )
 
 
-async def _text(service: ServingCluster, rid: str, prompt: str, max_tokens: int = 12) -> str:
+async def _text(
+    service: ServingCluster, rid: str, prompt: str, max_tokens: int = 12, stream: bool = True
+) -> str:
     router = service.router
     assert router is not None
     text = ""
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=max_tokens > 100)
-    async for o in router.generate(rid, router.encode(prompt), params):
+    async for o in router.generate(rid, router.encode(prompt), params, stream=stream):
         text = o.text
     return text
 
@@ -56,29 +59,33 @@ def test_a_dead_decode_worker_wedges_nothing(
     assert router is not None and cluster is not None and scaler is not None
     decode = next(i for i in router.instances.values() if i.state is InstanceState.DECODE)
 
-    async def scenario() -> tuple[list[str], list[object], list[object]]:
+    async def scenario() -> tuple[list[str], list[object], list[object], str]:
         reference = [await _text(service, f"ref-{i}", p) for i, p in enumerate(PROMPTS)]
         long = [asyncio.create_task(_text(service, f"long-{i}", p, 1500)) for i, p in enumerate(PROMPTS[:2])]
+        quiet = asyncio.create_task(_text(service, "quiet", PROMPTS[2], 200, stream=False))
 
         def decoding() -> bool:
-            return all(getattr(router.reqs.get(f"long-{i}"), "stage", None) is Stage.DECODE for i in range(2))
+            ids = ["long-0", "long-1", "quiet"]
+            return all(getattr(router.reqs.get(i), "stage", None) is Stage.DECODE for i in ids)
 
         await _until(decoding, "the long requests to decode")
         cluster.procs[decode.rank].kill()
         await _until(lambda: decode.state is InstanceState.INACTIVE, "the router to see the death")
         held = [asyncio.create_task(_text(service, f"held-{i}", p)) for i, p in enumerate(PROMPTS)]
-        await _until(lambda: len(router.pending_migrations) == len(PROMPTS), "held requests")
+        await _until(lambda: len(router.pending_migrations) >= len(PROMPTS), "held requests")
         holder = router.pending_migrations[0].prefill_rank
         assert holder is not None
         scaler._launch(MutateAction(holder))  # what the planner does when decode is short
         loop = asyncio.create_task(scaler.run())  # (fixed runs none): the mutation completes
         done = await asyncio.wait_for(asyncio.gather(*held, return_exceptions=True), WAIT_S)
         failed = await asyncio.wait_for(asyncio.gather(*long, return_exceptions=True), WAIT_S)
+        again = await asyncio.wait_for(quiet, WAIT_S)
         loop.cancel()
-        return reference, list(done), list(failed)
+        return reference, list(done), list(failed), again
 
-    reference, done, failed = lt.run(scenario())
+    reference, done, failed, again = lt.run(scenario())
     assert all(isinstance(e, UnavailableError) and "died" in str(e) for e in failed), failed
+    assert again.startswith(reference[2]) and len(again) > len(reference[2])  # run again, whole
     assert done == reference
     assert not router.reqs and not router.pending_migrations
     assert cluster.pool.gpu_holders(service.cfg.model.name) == sorted(

@@ -1,4 +1,5 @@
-"""A worker dying under load: its requests fail at once with a clear error, the pool
+"""A worker dying under load: its streamed requests fail at once with a clear error, one
+whose client reads only the whole answer runs again and gives the right tokens, the pool
 forgets its copies, a request accepted afterwards is still served (from disk), and the dead
 worker is respawned and used again."""
 
@@ -34,21 +35,42 @@ def test_dead_instance_fails_its_requests_and_the_cluster_recovers() -> None:
         assert router is not None and service.cluster is not None
         ids = router.encode("Once upon a time")
 
-        async def one(rid: str, n: int) -> list[int]:
-            out: list[int] = []
+        async def one(rid: str, n: int, out: list[int] | None = None) -> list[int]:
+            out = [] if out is None else out
             params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
             async for o in router.generate(rid, ids, params):
                 out += o.new_token_ids
             return out
 
+        async def whole(rid: str, n: int) -> tuple[list[int], int]:
+            """A request whose client reads only the answer: its outputs, as the HTTP edge
+            folds them (`restarted` forgets the earlier ones)."""
+            params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+            restarts, last = 0, None
+            async for o in router.generate(rid, ids, params, stream=False):
+                restarts += o.restarted
+                last = o
+            assert last is not None and last.finished
+            return last.token_ids, restarts
+
+        def decoding_on_0(rid: str) -> bool:
+            r = router.reqs.get(rid)
+            return r is not None and r.prefill_rank == 0 and len(r.output_ids) > 0
+
         async def scenario() -> tuple[float, list[int]]:
-            long = asyncio.create_task(one("long", 1500))
-            await asyncio.sleep(1.5)
+            streamed: list[int] = []
+            long = asyncio.create_task(one("long", 1500, streamed))
+            quiet = asyncio.create_task(whole("quiet", 300))
+            await _until(lambda: decoding_on_0("long") and decoding_on_0("quiet"), "both decoding on rank 0")
             service.cluster.procs[0].kill()
             t0 = time.monotonic()
             with pytest.raises(BlitzScaleError, match="died"):
                 await long
             failed_after = time.monotonic() - t0
+            quiet_tokens, restarts = await asyncio.wait_for(quiet, 120)
+            assert restarts == 1 and len(quiet_tokens) == 300
+            k = min(len(streamed), 300)  # greedy, the same prompt: the same tokens
+            assert k > 0 and quiet_tokens[:k] == streamed[:k]
             after = await asyncio.wait_for(one("after", 8), 60)
             assert service.cluster.pool.gpu_holders(cfg.model.name) == [1]
             # The dead worker comes back (a new process, links rebuilt) holding nothing...

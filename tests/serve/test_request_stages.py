@@ -14,7 +14,8 @@ def _req() -> RouterRequest:
 
 def test_the_pd_path_and_a_rerun_are_allowed() -> None:
     r = _req()
-    for s in (Stage.PREFILL, Stage.QUEUED, Stage.PREFILL, Stage.MIGRATING, Stage.DECODE, Stage.DONE):
+    path = (Stage.PREFILL, Stage.QUEUED, Stage.PREFILL, Stage.MIGRATING, Stage.DECODE, Stage.QUEUED)
+    for s in (*path, Stage.PREFILL, Stage.DONE):  # (decode -> queued: a rerun, nothing streamed)
         r.move(s)
     assert r.stage is Stage.DONE
     r.move(Stage.DONE)  # finishing twice is harmless
@@ -24,7 +25,7 @@ def test_the_pd_path_and_a_rerun_are_allowed() -> None:
     ("path", "bad"),
     [
         ((), Stage.DECODE),  # a queued request never decodes without a prefill
-        ((Stage.PREFILL, Stage.MIGRATING, Stage.DECODE), Stage.QUEUED),  # it streamed: no rerun
+        ((Stage.PREFILL, Stage.MIGRATING), Stage.QUEUED),  # its KV is moving: no rerun
         ((Stage.PREFILL, Stage.DONE), Stage.PREFILL),  # done is final
         ((Stage.PREFILL,), Stage.ABORTING),  # only a moving KV hand-off is aborted so
     ],
