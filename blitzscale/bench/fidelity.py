@@ -125,7 +125,10 @@ def run_sim(cfg: FidelityConfig, reqs: list[TraceRequest], background_threads: f
     """`background_threads`: other work busy on the machine's cores (`machine_load`)."""
     scfg = serve_config(cfg)
     profile = load_profile(cfg.profile)
-    model = replace(load_model(MODEL), max_model_len=scfg.engine.max_model_len)
+    # (the planner holds the SLO the live side's does: none, its default band)
+    model = replace(
+        load_model(MODEL), max_model_len=scfg.engine.max_model_len, ttft_slo_s=scfg.model.ttft_slo_s
+    )
     setup = SimSetup(
         preset=_preset(cfg, float(profile.device_memory_bytes), background_threads),
         model=model,

@@ -63,7 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="--models > 1: host memory per host for copies (0: no bound)",
     )
-    p.add_argument("--ttft-slo", type=float, help="TTFT SLO in seconds (default: the model's)")
+    p.add_argument(
+        "--ttft-slo", type=float, help="TTFT SLO in seconds, judged and planned for (default: the model's)"
+    )
     p.add_argument("--tbt-slo", type=float, help="TBT SLO in seconds (default: the model's)")
     p.add_argument(
         "--no-prefix-caching", action="store_true", help="engines cache no prompt prefixes (on by default)"
@@ -243,6 +245,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     preset, model = load_preset(args.preset), load_model(args.model)
     preset.instance_profile(model)  # a missing profile fails here, before any run
+    if args.ttft_slo:  # (the planner holds the SLO it is judged by)
+        model = replace(model, ttft_slo_s=args.ttft_slo)
     trace = load_trace(args.trace, TRACE_FORMATS[args.format])
     trace = transform(
         trace,
@@ -280,7 +284,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             host_memory_bytes=int(args.host_memory_gb * 1e9),
             models_per_rank=args.models_per_rank,
         )
-    slo = (args.ttft_slo or model.ttft_slo_s, args.tbt_slo or model.tbt_slo_s)
+    slo = (model.ttft_slo_s, args.tbt_slo or model.tbt_slo_s)
     out = Path(args.out)
     rows = run_policies(
         setup, trace, policies, out, slo, show_progress=not args.quiet, trace_models=trace_models

@@ -17,9 +17,14 @@ POLICY_NAMES = ("blitz", "blitz-nolive", "network", "network-multicast", "sllm",
 _NETWORK_POLICIES = ("blitz", "blitz-nolive", "network", "network-multicast")
 
 
-def _check_band(name: str, lower: float, upper: float) -> None:
+def _check_band(name: str, lower: float, upper: float, derived: bool = False) -> None:
+    if derived and (lower == 0.0 or upper == 0.0) and lower >= 0.0 and upper >= 0.0:
+        return  # (an edge left at 0 is derived: planner.prefill_band)
     if not 0.0 < lower < upper:
-        raise ValueError(f"{name}_lower/{name}_upper must satisfy 0 < lower < upper, got {lower}/{upper}")
+        zero = " (0: derived)" if derived else ""
+        raise ValueError(
+            f"{name}_lower/{name}_upper must satisfy 0 < lower < upper{zero}, got {lower}/{upper}"
+        )
 
 
 def _from_dict(cls: type[Any], section: str, d: Mapping[str, Any]) -> Any:
@@ -48,8 +53,11 @@ class PlannerConfig:
     scale down when it would be less busy than `lower`; the gap is the hysteresis.
     """
 
-    prefill_lower: float = 0.5
-    prefill_upper: float = 0.7
+    # Seconds of queued prompt work per instance (queued prompt tokens / its prefill rate);
+    # 0: derived (planner.prefill_band): the upper edge from the model's TTFT SLO (0.7 for a
+    # model without one), the lower from the upper (0.5 / 0.7 of it).
+    prefill_lower: float = 0.0
+    prefill_upper: float = 0.0
     decode_lower: float = 0.75
     decode_upper: float = 0.95
     migration_lower: float = 0.4
@@ -76,7 +84,7 @@ class PlannerConfig:
     max_load_failures: int = 3  # failed loads in a row that take a rank out of service (0: never)
 
     def __post_init__(self) -> None:
-        _check_band("prefill", self.prefill_lower, self.prefill_upper)
+        _check_band("prefill", self.prefill_lower, self.prefill_upper, derived=True)
         _check_band("decode", self.decode_lower, self.decode_upper)
         _check_band("migration", self.migration_lower, self.migration_upper)
         if self.tokens_prefilled_per_sec < 0 or self.tokens_transferred_per_sec <= 0:

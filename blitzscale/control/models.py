@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.host_cache import HostCacheState
-from blitzscale.control.planner import FALLBACK_PREFILL_RATE, Desired, desired_counts
+from blitzscale.control.planner import FALLBACK_PREFILL_RATE, Desired, desired_counts, prefill_band
 from blitzscale.control.policies import (
     DrainAction,
     LoadAction,
@@ -61,6 +61,7 @@ class ModelView:
     max_instances: int = 0  # 0: no bound
     keep_alive_s: float = math.inf
     prefill_rate: float = 0.0  # prompt tokens/s one instance prefills, from its cost model (0: unknown)
+    ttft_slo_s: float = 0.0  # its time-to-first-token SLO (0: none)
 
     @property
     def name(self) -> str:
@@ -84,11 +85,14 @@ class ModelView:
 
 
 def bounds(cfg: PlannerConfig, m: ModelView, pd_mode: bool) -> PlannerConfig:
-    """The planner for model `m`: its prefill rate (the config's, else its cost model's)
-    and the role bounds within its [min_instances, max_instances]."""
+    """The planner for model `m`: its prefill rate (the config's, else its cost model's),
+    its prefill band (the config's, else from its TTFT SLO) and the role bounds within its
+    [min_instances, max_instances]."""
     if not cfg.tokens_prefilled_per_sec:
         rate = m.prefill_rate or FALLBACK_PREFILL_RATE
         cfg = dataclasses.replace(cfg, tokens_prefilled_per_sec=rate)
+    lower, upper = prefill_band(m.ttft_slo_s, cfg.prefill_lower, cfg.prefill_upper)
+    cfg = dataclasses.replace(cfg, prefill_lower=lower, prefill_upper=upper)
     lo, hi = m.min_instances, m.max_instances
     if not pd_mode:
         min_p = max(cfg.min_prefill, lo)

@@ -62,6 +62,24 @@ def current_counts(snapshot: ClusterSnapshot) -> Current:
 FALLBACK_PREFILL_RATE = 2000.0
 
 
+# The prefill band of a model without a TTFT SLO: seconds of queued prompt work per instance.
+DEFAULT_PREFILL_BAND = (0.5, 0.7)
+# With a TTFT SLO: an instance holds at most this share of it in queued prompt work, so the
+# last prompt in its queue keeps the rest for its own prefill and for a scale-up to land;
+# the lower edge keeps the default band's hysteresis (0.5 / 0.7).
+SLO_QUEUE_SHARE = 0.5
+BAND_HYSTERESIS = DEFAULT_PREFILL_BAND[0] / DEFAULT_PREFILL_BAND[1]
+
+
+def prefill_band(ttft_slo_s: float, lower: float = 0.0, upper: float = 0.0) -> tuple[float, float]:
+    """The prefill band (lower, upper): the edges given (0: derived), the upper one from a
+    model's TTFT SLO (0: none, the default band's), the lower one from the upper."""
+    if not upper:
+        upper = SLO_QUEUE_SHARE * ttft_slo_s if ttft_slo_s > 0 else DEFAULT_PREFILL_BAND[1]
+        upper = max(upper, lower / BAND_HYSTERESIS)  # (above a lower edge given)
+    return (lower or BAND_HYSTERESIS * upper, upper)
+
+
 def band_range(demand: float, rate: float, lower: float, upper: float) -> tuple[int, int]:
     """Instances that keep each one between `lower` and `upper` of `rate` busy."""
     if demand <= 0 or rate <= 0:
@@ -105,7 +123,8 @@ def desired_counts(snapshot: ClusterSnapshot, cfg: PlannerConfig) -> Desired:
     memory = band_range(blocks, _max_blocks(snapshot, cfg), cfg.decode_lower, cfg.decode_upper)
     prompt_tokens = snapshot.queued_prompt_tokens + snapshot.live_target_tokens
     rate = cfg.tokens_prefilled_per_sec or FALLBACK_PREFILL_RATE
-    prefill = band_range(prompt_tokens, rate, cfg.prefill_lower, cfg.prefill_upper)
+    lower, upper = prefill_band(0.0, cfg.prefill_lower, cfg.prefill_upper)  # (bounds: with its SLO)
+    prefill = band_range(prompt_tokens, rate, lower, upper)
     if not snapshot.pd_mode:
         lo, hi, target = decide(cur.prefill, *_merge(prefill, memory), cfg.min_prefill, cfg.max_prefill)
         return Desired(lo, hi, 0, 0, target, 0)

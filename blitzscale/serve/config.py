@@ -38,6 +38,10 @@ class ModelSection:
     # Seconds without a request after which a model scales to zero (inf: never); the
     # default of every model, `[[models]]` may set its own.
     keep_alive_s: float = math.inf
+    # The time to first token to hold (seconds; 0: none): the planner scales so that an
+    # instance's queued prompt work stays within half of it ([planner] prefill_lower /
+    # prefill_upper unset). The default of every model, `[[models]]` may set its own.
+    ttft_slo_s: float = 0.0
     # The model's cost model on the workers' device (a JSON file from `blitzscale profile`);
     # "" = measured by a worker at start (and kept under the cache folder's profiles/).
     profile: str = ""
@@ -50,6 +54,12 @@ class ModelSection:
         if self.tp < 1:
             raise ValueError(f"tp must be at least 1, got {self.tp}")
         _check_keep_alive("keep_alive_s", self.keep_alive_s)
+        _check_slo("ttft_slo_s", self.ttft_slo_s)
+
+
+def _check_slo(name: str, value: float) -> None:
+    if not (value >= 0 and math.isfinite(value)):  # (NaN too)
+        raise ValueError(f"{name} must be a number of seconds >= 0 (0: none), got {value}")
 
 
 def _check_keep_alive(name: str, value: float) -> None:
@@ -69,6 +79,7 @@ class ModelEntry:
     max_instances: int = 0  # 0: no bound
     keep_alive_s: float | None = None  # None: [model] keep_alive_s
     tokenizer: str = ""  # "": [model] tokenizer (whose "" is the model's own)
+    ttft_slo_s: float | None = None  # None: [model] ttft_slo_s
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -85,6 +96,8 @@ class ModelEntry:
             )
         if self.keep_alive_s is not None:
             _check_keep_alive(f"model {self.name!r}: keep_alive_s", self.keep_alive_s)
+        if self.ttft_slo_s is not None:
+            _check_slo(f"model {self.name!r}: ttft_slo_s", self.ttft_slo_s)
 
     @property
     def spec(self) -> str:

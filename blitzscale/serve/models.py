@@ -45,6 +45,7 @@ class ScaledModel:
     min_instances: int = 0  # 0: it may scale to zero (with a finite keep-alive)
     max_instances: int = 0  # 0: no bound
     keep_alive_s: float = math.inf  # no request this long: to zero (inf: never)
+    ttft_slo_s: float = 0.0  # its time-to-first-token SLO, which sets the planner's band (0: none)
 
 
 class RequestRouter(Protocol):

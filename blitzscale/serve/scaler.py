@@ -289,6 +289,7 @@ class Scaler:
             min_instances=spec.min_instances,
             max_instances=spec.max_instances,
             keep_alive_s=spec.keep_alive_s,
+            ttft_slo_s=spec.ttft_slo_s,
             prefill_rate=cost.prefill_rate() if (cost := self.router.cost(name)) is not None else 0.0,
         )
 

@@ -68,7 +68,8 @@ def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig, cost: Profile | 
 def _scaled_model(m: ModelEntry, folder: str, cfg: ServeConfig) -> ScaledModel:
     """What the scaler needs of a model: where workers load it from, its bounds."""
     keep = m.keep_alive_s if m.keep_alive_s is not None else cfg.model.keep_alive_s
-    return ScaledModel(m.name, folder, folder, m.min_instances, m.max_instances, keep)
+    slo = m.ttft_slo_s if m.ttft_slo_s is not None else cfg.model.ttft_slo_s
+    return ScaledModel(m.name, folder, folder, m.min_instances, m.max_instances, keep, slo)
 
 
 class ServingCluster:

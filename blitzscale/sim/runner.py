@@ -179,7 +179,10 @@ async def _run(
         policy=pcfg,
         engine=engine,
         served=[_served(name, setup, profile, engine) for name in names],
-        scaled=[ScaledModel(name, "sim", "sim", keep_alive_s=setup.keep_alive_s) for name in names],
+        scaled=[
+            ScaledModel(name, "sim", "sim", keep_alive_s=setup.keep_alive_s, ttft_slo_s=model.ttft_slo_s)
+            for name in names
+        ],
         first_instances=(n_pre, n_dec if setup.mode == "pd" else 0),
         tp=model.tp,
     )

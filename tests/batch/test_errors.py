@@ -36,7 +36,11 @@ CASES = [
     ("bad trace knob", GOOD.replace('"processed"', '"processed", rate_scale = -1'), "rate_scale"),
     ("negative cv", GOOD.replace('"processed"', '"processed", cv = -0.5'), "cv"),
     ("float seed", GOOD.replace('"processed"', '"processed", cv = 2, seed = 1.5'), "seed"),
-    ("bad combination", GOOD + "[planner]\nprefill_lower = [0.5, 0.9]\n", "prefill_lower"),
+    (
+        "bad combination",
+        GOOD + "[planner]\nprefill_upper = 0.7\nprefill_lower = [0.5, 0.9]\n",
+        "prefill_lower",
+    ),
     ("no experiment", "[router]\nmode = 'pd'\n", "[experiment]"),
     ("not toml", "[experiment\n", "not valid TOML"),
 ]

@@ -7,11 +7,13 @@ import tomllib
 import pytest
 
 from blitzscale.control.config import POLICY_NAMES, PlannerConfig, PolicyConfig
+from blitzscale.control.planner import prefill_band
 
 
 def test_defaults_are_the_designs() -> None:
     p = PlannerConfig()
-    assert (p.prefill_lower, p.prefill_upper, p.decode_lower, p.decode_upper) == (0.5, 0.7, 0.75, 0.95)
+    assert (p.prefill_lower, p.prefill_upper, p.decode_lower, p.decode_upper) == (0.0, 0.0, 0.75, 0.95)
+    assert prefill_band(0.0) == (0.5, 0.7)  # (0: derived; a model without a TTFT SLO)
     assert (p.migration_lower, p.migration_upper) == (0.4, 0.8)
     assert (p.scale_down_idle_s, p.shutting_null_keep_s) == (0.333, 1.0)
     q = PolicyConfig()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from blitzscale.control.config import PlannerConfig, PolicyConfig
 from blitzscale.control.host_cache import HostCacheState, host_copy_room
 from blitzscale.control.models import ModelView, bounds, pool_actions
@@ -328,3 +330,31 @@ def test_the_model_waiting_longest_gets_the_rank_given_back() -> None:
     assert pool_actions([a, b], BLITZ, CFG, NO_CACHE) == [
         LoadAction((0,), "host", (0,), multicast=True, model="a")
     ]
+
+
+def test_the_prefill_band_comes_from_the_models_ttft_slo_unless_set() -> None:
+    """An instance may hold half the SLO in queued prompt work (upper edge), the lower edge
+    at the default band's ratio; no SLO: the default band; edges set by hand are kept."""
+    m = ModelView(ClusterSnapshot(0, (), 0, 0, 0, (), (), None))
+    tight = bounds(CFG, dataclasses.replace(m, ttft_slo_s=0.45), pd_mode=True)
+    assert tight.prefill_upper == pytest.approx(0.225) and tight.prefill_lower == pytest.approx(0.225 * 5 / 7)
+    none = bounds(CFG, m, pd_mode=True)
+    assert (none.prefill_lower, none.prefill_upper) == pytest.approx((0.5, 0.7))
+    fixed = bounds(
+        PlannerConfig(prefill_lower=0.2, prefill_upper=0.3), dataclasses.replace(m, ttft_slo_s=9.0), True
+    )
+    assert (fixed.prefill_lower, fixed.prefill_upper) == (0.2, 0.3)
+    lower_only = bounds(PlannerConfig(prefill_lower=0.3), dataclasses.replace(m, ttft_slo_s=0.45), True)
+    assert lower_only.prefill_lower == 0.3 and lower_only.prefill_upper == pytest.approx(0.42)  # above it
+
+
+def test_a_tighter_slo_asks_for_more_instances_for_the_same_queue() -> None:
+    queued = view("a", inst(0, S.COLOCATED, running=4), free=(1, 2, 3, 4, 5), requests=8, queued=4000)
+    loose, tight = (
+        sum(
+            isinstance(a, LoadAction)
+            for a in pool_actions([dataclasses.replace(queued, ttft_slo_s=slo)], BLITZ, CFG, NO_CACHE)
+        )
+        for slo in (5.0, 0.1)
+    )
+    assert tight > loose >= 0
