@@ -56,38 +56,68 @@ def capture_buckets(
     return graphs, outputs
 
 
-class DecodeGraphs:
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, max_batch: int, max_model_len: int) -> None:
+class BucketGraphs:
+    """What the decode graphs and the one-prompt graphs (engine/prefill_graphs.py) share: a
+    pinned host buffer of int64 input fields, its static device twin (the graphs' inputs),
+    and one graph with its output per bucket. Fields start on multiples of `align` elements."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_cache: KVCache,
+        max_model_len: int,
+        buckets: list[int],
+        sizes: dict[str, int],
+        align: int = 1,
+    ) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
-        self.buckets = sorted({b for b in BUCKETS if b < max_batch} | {max_batch})
-        mb = self.buckets[-1]
-        self.width = -(-max_model_len // kv_cache.block_size)
-        sizes = {"ids": mb, "positions": mb, "slots": mb, "seq_lens": mb, "qsl": mb + 1, "decode": mb}
-        sizes["prefill"] = 0
-        sizes["tables"] = mb * self.width
-        device = model.weights.device
-        total = sum(sizes.values())
-        self.host = torch.zeros(total, dtype=torch.long, pin_memory=True)
-        self.static = torch.zeros(total, dtype=torch.long, device=device)
-        self.h = dict(zip(sizes, self.host.split(list(sizes.values())), strict=True))
-        self.d = dict(zip(sizes, self.static.split(list(sizes.values())), strict=True))
-        self.rows: list[list[int]] = [[] for _ in range(mb)]  # what each host table row holds
-        self.h_head = self.host[: 4 * mb]  # ids, positions, slots, seq_lens
-        self.h["qsl"].copy_(torch.arange(mb + 1))
-        self.h["decode"].copy_(torch.arange(mb))
-        self.h["slots"].fill_(PAD_SLOT)
-        self.h["seq_lens"].fill_(1)
-        self.static.copy_(self.host)
+        self.buckets = buckets
+        cuts = [n + -n % align for n in sizes.values()]
+        self.host = torch.zeros(sum(cuts), dtype=torch.long, pin_memory=True)
+        self.static = torch.zeros(sum(cuts), dtype=torch.long, device=model.weights.device)
+        self.h = {k: v[:n] for (k, n), v in zip(sizes.items(), self.host.split(cuts), strict=True)}
+        self.d = {k: v[:n] for (k, n), v in zip(sizes.items(), self.static.split(cuts), strict=True)}
         self.copied = torch.cuda.Event()
-        self.copied.record()
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
     def bucket_for(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
+
+    def _forward(self, b: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def capture(self) -> None:
+        """Every bucket (the static inputs hold padding only, so the warm-up runs write
+        nothing to the cache)."""
+        self.graphs, self.outputs = capture_buckets(self.model, self.buckets, self.pool, self._forward)
+
+    def upload(self, blocking: bool = False) -> None:
+        """The host buffer to the static inputs, in stream order; write the host buffer
+        again only after `self.copied.synchronize()`."""
+        self.static.copy_(self.host, non_blocking=not blocking)
+        self.copied.record()
+
+
+class DecodeGraphs(BucketGraphs):
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, max_batch: int, max_model_len: int) -> None:
+        buckets = sorted({b for b in BUCKETS if b < max_batch} | {max_batch})
+        mb = buckets[-1]
+        self.width = -(-max_model_len // kv_cache.block_size)
+        sizes = {"ids": mb, "positions": mb, "slots": mb, "seq_lens": mb, "qsl": mb + 1, "decode": mb}
+        sizes["prefill"] = 0
+        sizes["tables"] = mb * self.width
+        super().__init__(model, kv_cache, max_model_len, buckets, sizes)
+        self.rows: list[list[int]] = [[] for _ in range(mb)]  # what each host table row holds
+        self.h_head = self.host[: 4 * mb]  # ids, positions, slots, seq_lens
+        self.h["qsl"].copy_(torch.arange(mb + 1))
+        self.h["decode"].copy_(torch.arange(mb))
+        self.h["slots"].fill_(PAD_SLOT)
+        self.h["seq_lens"].fill_(1)
+        self.upload(blocking=True)
 
     def _meta(self, b: int) -> AttentionMetadata:
         d = self.d
@@ -104,17 +134,10 @@ class DecodeGraphs:
             block_size=self.kv_cache.block_size,
         )
 
-    def _forward(self, b: int, meta: AttentionMetadata) -> torch.Tensor:
+    def _forward(self, b: int) -> torch.Tensor:
         m = self.model
-        hidden = m.run_layers(m.embed(self.d["ids"][:b]), meta, self.kv_cache)
+        hidden = m.run_layers(m.embed(self.d["ids"][:b]), self._meta(b), self.kv_cache)
         return m.logits(hidden).float()
-
-    def capture(self) -> None:
-        """Every bucket (the static inputs hold padding rows only, so the warm-up runs write
-        nothing to the cache)."""
-        self.graphs, self.outputs = capture_buckets(
-            self.model, self.buckets, self.pool, lambda b: self._forward(b, self._meta(b))
-        )
 
     def run(
         self,
@@ -146,8 +169,7 @@ class DecodeGraphs:
             if self.rows[i] != t:
                 rows[i, : len(t)] = torch.tensor(t)
                 self.rows[i] = t
-        self.static.copy_(self.host, non_blocking=True)
-        self.copied.record()
+        self.upload()
         if pending is not None:
             patch_pending(self.d["ids"], *pending)
         self.graphs[b].replay()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from blitzscale.engine.cuda_graphs import PAD_SLOT, capture_buckets
+from blitzscale.engine.cuda_graphs import PAD_SLOT, BucketGraphs
 from blitzscale.engine.overlap import patch_pending
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.attention import AttentionMetadata
@@ -32,37 +32,19 @@ MAX_TOKENS = BUCKETS[-1]
 ALIGN = 2  # int64 elements in 16 bytes: each field of the buffer starts aligned
 
 
-class PrefillGraphs:
+class PrefillGraphs(BucketGraphs):
     def __init__(self, model: LlamaModel, kv_cache: KVCache, max_tokens: int, max_model_len: int) -> None:
         """Buckets up to `max_tokens` (a step's prompt-token budget) and MAX_TOKENS."""
-        self.model = model
-        self.kv_cache = kv_cache
-        self.max_model_len = max_model_len
         limit = min(max_tokens, max_model_len, MAX_TOKENS)
-        self.buckets = [b for b in BUCKETS if b <= limit]
-        mb = max(self.buckets, default=0)
+        buckets = [b for b in BUCKETS if b <= limit]
+        mb = max(buckets, default=0)
         self.width = -(-max_model_len // kv_cache.block_size)
         sizes = {"ids": mb, "positions": mb, "slots": mb, "seq_lens": 1, "qsl": 2, "prefill": 1}
         sizes |= {"decode": 0, "row": 1, "table": self.width}
-        padded = {k: n + -n % ALIGN for k, n in sizes.items()}
-        total = sum(padded.values())
-        device = model.weights.device
-        self.host = torch.zeros(total, dtype=torch.long, pin_memory=True)
-        self.static = torch.zeros(total, dtype=torch.long, device=device)
-        cuts = list(padded.values())
-        self.h = {k: v[: sizes[k]] for k, v in zip(padded, self.host.split(cuts), strict=True)}
-        self.d = {k: v[: sizes[k]] for k, v in zip(padded, self.static.split(cuts), strict=True)}
-        self.h["slots"].fill_(PAD_SLOT)
-        self.static.copy_(self.host)  # padding only: the warm-up and capture runs store nothing
-        self.copied = torch.cuda.Event()
-        self.copied.record()
+        super().__init__(model, kv_cache, max_model_len, buckets, sizes, ALIGN)
         self.table: list[int] = []  # what the host table holds
-        self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-
-    def bucket_for(self, n: int) -> int | None:
-        return next((b for b in self.buckets if b >= n), None)
+        self.h["slots"].fill_(PAD_SLOT)
+        self.upload(blocking=True)  # padding only: the warm-up and capture runs store nothing
 
     def _meta(self, b: int) -> AttentionMetadata:
         d = self.d
@@ -84,9 +66,6 @@ class PrefillGraphs:
         m = self.model
         hidden = m.run_layers(m.embed(self.d["ids"][:b]), self._meta(b), self.kv_cache)
         return m.logits(hidden.index_select(0, self.d["row"])).float()
-
-    def capture(self) -> None:
-        self.graphs, self.outputs = capture_buckets(self.model, self.buckets, self.pool, self._forward)
 
     def run(
         self,
@@ -118,8 +97,7 @@ class PrefillGraphs:
         if self.table != t:
             h["table"][: len(t)] = torch.tensor(t)
             self.table = t
-        self.static.copy_(self.host, non_blocking=True)
-        self.copied.record()
+        self.upload()
         if pending is not None:
             patch_pending(self.d["ids"], *pending)
         self.graphs[b].replay()
