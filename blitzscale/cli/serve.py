@@ -31,6 +31,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "default, [[models]] keep_alive_s overrides it)",
     )
     p.add_argument(
+        "--ttft-slo",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the time to first token to hold: the planner keeps each instance's queued prompt work "
+        "within half of it (default: none, a band of 0.5-0.7 s; every model's default, [[models]] "
+        "ttft_slo_s overrides it)",
+    )
+    p.add_argument(
         "--tokenizer",
         default=None,
         metavar="SOURCE",
@@ -95,6 +104,7 @@ def overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             name=values[0] if single else None,
             tp=args.tp,
             keep_alive_s=args.keep_alive,
+            ttft_slo_s=args.ttft_slo,
             tokenizer=args.tokenizer,
         ),
         "models": [] if single else entries,

@@ -34,6 +34,8 @@ CLI = [sys.executable, "-m", "blitzscale.cli.main"]
         ("[router]\nmax_queue_wait_s = 'long'\n", "[router] max_queue_wait_s must be a number, got 'long'"),
         ("[engine]\nblock_size = true\n", "[engine] block_size must be an integer, got True (bool)"),
         ("[cluster]\ndist_port = 70000\n", "[cluster] dist_port must be in [0, 65535], got 70000"),
+        ("[model]\nttft_slo_s = -1\n", "ttft_slo_s must be a number of seconds >= 0 (0: none), got -1"),
+        ("[[models]]\nname = 'a'\nttft_slo_s = nan\n", "model 'a': ttft_slo_s must be a number of seconds"),
         (
             "[policy]\nname = 'fixed'\nfixed_prefill = 2\nfixed_decode = 2\n[cluster]\nnum_workers = 3\n",
             "starts 4 instances ([policy] fixed_prefill + fixed_decode) but there are 3 workers",
@@ -77,6 +79,7 @@ def test_bad_bench_live_flag_is_named(flags: list[str], needle: str) -> None:
         (["--port", "99999"], "[server] port (--port) must be in [1, 65535], got 99999"),
         (["--port", "-1"], "must be in [1, 65535], got -1"),
         (["--models-per-rank", "-1"], "--models-per-rank must be >= 0 (0: as many as fit), got -1"),
+        (["--ttft-slo", "-0.5"], "ttft_slo_s must be a number of seconds >= 0 (0: none), got -0.5"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (
             ["--model", "random:tiny-llama3", "--tokenizer", "random:tiny-llama3", "--mode", "colocated"],
