@@ -135,3 +135,14 @@ def test_bad_model_flags_are_refused_before_any_worker_starts(flags: list[str], 
     r = subprocess.run([*CLI, "serve", *flags], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert needle in r.stderr, r.stderr
+
+
+def test_each_model_plans_for_its_ttft_slo_or_the_default_one() -> None:
+    """`[model] ttft_slo_s` (`--ttft-slo`) is every model's, a `[[models]]` entry's its own:
+    the scaler's view of the model carries it (the planner's band follows it)."""
+    from blitzscale.serve.server import _scaled_model
+
+    cfg = ServeConfig().with_overrides(model={"ttft_slo_s": 0.5})
+    assert _scaled_model(ModelEntry("a"), "f", cfg).ttft_slo_s == 0.5
+    assert _scaled_model(ModelEntry("b", ttft_slo_s=2.0), "f", cfg).ttft_slo_s == 2.0
+    assert _scaled_model(ModelEntry("c"), "f", ServeConfig()).ttft_slo_s == 0.0  # none: the default band
