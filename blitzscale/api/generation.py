@@ -95,9 +95,14 @@ class Generation:
             log.warning("closing request %s failed: %r", self.request_id, result)
 
     async def _pump(self, prompt_token_ids: list[int]) -> None:
-        outputs = self._backend.generate(self.request_id, prompt_token_ids, self.params, stream=self.stream)
+        """Every output, then what ended the request, into the queue: an exception too, even
+        one the backend raises when called (a reader waiting on the queue must never hang)."""
+        outputs: AsyncIterator[RequestOutput] | None = None
         needs_abort = True
         try:
+            outputs = self._backend.generate(
+                self.request_id, prompt_token_ids, self.params, stream=self.stream
+            )
             async for out in outputs:
                 self._note(out)
                 self._queue.put_nowait(out)
@@ -112,7 +117,8 @@ class Generation:
             self._queue.put_nowait(e)
         finally:
             self._is_reading = False
-            await _aclose(outputs)
+            if outputs is not None:
+                await _aclose(outputs)
             if needs_abort:
                 await self._backend.abort(self.request_id)
 

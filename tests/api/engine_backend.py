@@ -56,8 +56,9 @@ class EngineBackend:
         return 1
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[RequestOutput]:
+        """(`stream`: one engine in this process never runs a request again, whatever it is)"""
         self.engine.validate(prompt_token_ids, params)  # reads limits only: safe during a step
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._streams[request_id] = queue

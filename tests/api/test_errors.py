@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import anyio
 import httpx
 import pytest
 
@@ -143,7 +144,7 @@ async def test_unexpected_exception_is_a_500_json(fake: FakeBackend) -> None:
 
 
 async def test_backend_failure_before_the_first_output_is_a_500(fake: FakeBackend) -> None:
-    async def failing_generate(*args: object) -> object:
+    async def failing_generate(*args: object, **kwargs: object) -> object:
         raise RuntimeError("no instance")
         yield  # an async generator
 
@@ -152,6 +153,18 @@ async def test_backend_failure_before_the_first_output_is_a_500(fake: FakeBacken
     async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
         assert_error(await client.post("/v1/completions", json=GOOD | {"stream": True}), 500)
     assert len(fake.aborted) == 1  # an unexpected failure still frees what the request held
+
+
+async def test_a_backend_that_raises_when_called_is_a_500_not_a_hang(fake: FakeBackend) -> None:
+    def broken_generate(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("broken before any output")
+
+    fake.generate = broken_generate  # type: ignore[method-assign,assignment]
+    transport = httpx.ASGITransport(create_app(fake), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+        with anyio.fail_after(60):  # (the request's reader used to wait forever)
+            for body in (GOOD, GOOD | {"stream": True}):
+                assert_error(await client.post("/v1/completions", json=body), 500)
 
 
 async def test_failure_mid_stream_is_an_error_event(client: httpx.AsyncClient, fake: FakeBackend) -> None:
