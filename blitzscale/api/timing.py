@@ -35,6 +35,8 @@ class Timing:
             self.first_output = now
         if out.finished:
             self.finished = now
+        if out.restarted:  # it runs again from its prompt: the tokens so far are forgotten
+            self.num_tokens = 0
         k = len(out.new_token_ids)
         if k == 0:
             return []

@@ -225,3 +225,16 @@ async def test_tgi_knobs_we_lack_are_refused(client: httpx.AsyncClient, paramete
     assert_tgi_error(
         await client.post("/generate", json={"inputs": "a", "parameters": parameters}), 400, param=param
     )
+
+
+async def test_a_generate_run_again_reports_its_last_run_only(
+    client: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    """/generate reads only the whole answer: a backend that runs it again after two outputs
+    (an instance died) gives the last run's text, token count and timing length."""
+    fake.restart_after = 2
+    params = {"max_new_tokens": 3, "details": True}
+    r = await client.post("/generate", json={"inputs": "abc", "parameters": params})
+    body = r.json()
+    assert body["generated_text"] == "abc" and fake.calls[0].stream is False
+    assert body["details"]["generated_tokens"] == 3 and body["details"]["timings"]["output_length"] == 3
