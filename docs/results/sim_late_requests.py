@@ -6,7 +6,7 @@ prompt finishes" (the late requests sent to loading targets on 24B before the ch
 the 8B pd burst at 11-13 s), with the run's scale events.
 
 Run (repo root): `.venv/bin/python docs/results/sim_late_requests.py [--preset paper-a]
-[--model mistral-24b] [--mode pd] [--policy blitz]`. Prints JSON.
+[--model mistral-24b] [--mode pd] [--policy blitz] [--trace FILE --format FMT]`. Prints JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def main() -> None:
     p.add_argument("--model", default="mistral-24b")
     p.add_argument("--mode", default="pd", choices=["pd", "colocated"])
     p.add_argument("--policy", default="blitz")
+    p.add_argument("--trace", default="blitzscale/data/azure_code_2023_slice.csv")
+    p.add_argument("--format", default="azure")
     args = p.parse_args()
 
     from blitzscale.client.traces import load_trace, transform
@@ -46,7 +48,7 @@ def main() -> None:
     routing.Router._send = recording  # type: ignore[method-assign]
     preset, model = load_preset(args.preset), load_model(args.model)
     trace = transform(
-        load_trace("blitzscale/data/azure_code_2023_slice.csv", "azure"),
+        load_trace(args.trace, args.format),
         max_input=model.max_model_len // 2,
         max_output=model.max_model_len // 2,
     )
