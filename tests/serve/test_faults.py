@@ -67,7 +67,7 @@ def test_dead_instance_fails_its_requests_and_the_cluster_recovers() -> None:
             with pytest.raises(BlitzScaleError, match="died"):
                 await long
             failed_after = time.monotonic() - t0
-            quiet_tokens, restarts = await asyncio.wait_for(quiet, 120)
+            quiet_tokens, restarts = await asyncio.wait_for(quiet, 300)
             assert restarts == 1 and len(quiet_tokens) == 300
             k = min(len(streamed), 300)  # greedy, the same prompt: the same tokens
             assert k > 0 and quiet_tokens[:k] == streamed[:k]
@@ -82,7 +82,7 @@ def test_dead_instance_fails_its_requests_and_the_cluster_recovers() -> None:
             return failed_after, after + again
 
         failed_after, tokens = lt.run(scenario())
-        assert failed_after < 5
+        assert failed_after < 20  # at once, not after a link's 30 s timeout (generous: a busy machine)
         assert len(tokens) == 16 and tokens[:8] == tokens[8:]  # greedy: the same answer
         assert 0 in service.cluster.pool.gpu_holders(cfg.model.name)
         assert router.respawner.deaths == 2
