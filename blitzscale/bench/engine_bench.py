@@ -142,40 +142,50 @@ def _decode_ms(
     return 1000 * t / steps
 
 
-def _prefill_ms(engine: LLMEngine, cfg: EngineBenchConfig, device: torch.device) -> float:
-    """One prompt of `prefill_len` to its first token (after a warm-up on another prompt:
-    the same one again would come from the prefix cache), the best of PREFILL_REPS."""
-    vocab = engine.model_config.vocab_size
-    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    best = float("inf")
-    for rep in range(PREFILL_REPS):
-        engine.reset_prefix_cache()  # (nothing of an earlier call's prompts)
-        warm, prompt = _random_prompts(2, cfg.prefill_len, vocab, 7 + rep)
-        engine.generate([warm], params)
-        best = min(best, _timed(lambda p=prompt: engine.generate([p], params), device))
-    return 1000 * best
-
-
 PREFILL_REPS = 3
 CACHED_SHARE = 0.75  # of the prompt, the prefix a request before it left in the cache
 
 
+def _best_first_token_ms(
+    engine: LLMEngine, device: torch.device, pair: Callable[[int], tuple[list[int], list[int]]]
+) -> float:
+    """The best of PREFILL_REPS times to the first token: each time on an empty prefix cache,
+    `pair(rep)`'s first prompt run, then its second one timed."""
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    best = float("inf")
+    for rep in range(PREFILL_REPS):
+        engine.reset_prefix_cache()  # (nothing of an earlier call's prompts)
+        before, timed = pair(rep)
+        engine.generate([before], params)
+        best = min(best, _timed(lambda p=timed: engine.generate([p], params), device))
+    return 1000 * best
+
+
+def _prefill_ms(engine: LLMEngine, cfg: EngineBenchConfig, device: torch.device) -> float:
+    """One prompt of `prefill_len` to its first token, after a warm-up on another prompt (the
+    same one again would come from the prefix cache)."""
+    vocab = engine.model_config.vocab_size
+
+    def pair(rep: int) -> tuple[list[int], list[int]]:
+        warm, prompt = _random_prompts(2, cfg.prefill_len, vocab, 7 + rep)
+        return warm, prompt
+
+    return _best_first_token_ms(engine, device, pair)
+
+
 def _prefill_cached_ms(engine: LLMEngine, cfg: EngineBenchConfig, device: torch.device) -> float:
-    """The same length, with its first CACHED_SHARE already cached by another request; the
-    best of PREFILL_REPS."""
+    """The same length, with its first CACHED_SHARE already cached by another request."""
     if not engine.config.prefix_caching:
         return float("nan")
     vocab = engine.model_config.vocab_size
     head = int(cfg.prefill_len * CACHED_SHARE)
-    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    best = float("inf")
-    for rep in range(PREFILL_REPS):
-        engine.reset_prefix_cache()
+
+    def pair(rep: int) -> tuple[list[int], list[int]]:
         first, second = _random_prompts(2, cfg.prefill_len, vocab, 8 + rep)
         second[:head] = first[:head]
-        engine.generate([first], params)
-        best = min(best, _timed(lambda p=second: engine.generate([p], params), device))
-    return 1000 * best
+        return first, second
+
+    return _best_first_token_ms(engine, device, pair)
 
 
 def _hf_model(weights: ModelWeights) -> torch.nn.Module:

@@ -11,6 +11,7 @@ captures while its weights are still arriving and its first full decode pays no 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -83,6 +84,7 @@ class BucketGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.capture_s = 0.0  # how long `capture` took
 
     def bucket_for(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
@@ -93,7 +95,9 @@ class BucketGraphs:
     def capture(self) -> None:
         """Every bucket (the static inputs hold padding only, so the warm-up runs write
         nothing to the cache)."""
+        t = time.perf_counter()
         self.graphs, self.outputs = capture_buckets(self.model, self.buckets, self.pool, self._forward)
+        self.capture_s = time.perf_counter() - t
 
     def upload(self, blocking: bool = False) -> None:
         """The host buffer to the static inputs, in stream order; write the host buffer

@@ -9,7 +9,6 @@ steps of one prompt chunk of up to 512 tokens (engine/prefill_graphs.py).
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 
@@ -44,17 +43,18 @@ class ModelRunner:
         self.prefill_graphs: PrefillGraphs | None = None
         self.last_was_graph = False  # the last step replayed a captured graph
         usable = model.attn.name == "triton" and model.tp_group is None and GRAPHS_ENABLED
-        self.capture_s: dict[str, float] = {}  # seconds each kind of graph took to capture
         if usable and max_num_seqs > 0 and max_model_len > 0:
-            t = time.perf_counter()
             self.graphs = DecodeGraphs(model, kv_cache, max_num_seqs, max_model_len)
             self.graphs.capture()
-            self.capture_s["decode"] = time.perf_counter() - t
             if max_num_batched_tokens > 1:
-                t = time.perf_counter()
                 self.prefill_graphs = PrefillGraphs(model, kv_cache, max_num_batched_tokens, max_model_len)
                 self.prefill_graphs.capture()
-                self.capture_s["prefill"] = time.perf_counter() - t
+
+    @property
+    def capture_s(self) -> dict[str, float]:
+        """Seconds each kind of graph took to capture."""
+        kinds = {"decode": self.graphs, "prefill": self.prefill_graphs}
+        return {k: g.capture_s for k, g in kinds.items() if g is not None}
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, in_flight: InFlight | None = None) -> torch.Tensor:
