@@ -435,6 +435,15 @@ class RelayMsg(Msg):
     dst_rank: int
 
 
+class LiveSplitMsg(Msg):
+    """To a live target: the router's split of its queued tasks (control/live_split.py),
+    by request id: the layers each runs here while weights arrive before its partner takes
+    it (the model's layer count: all of it here). Tasks it does not name keep the greedy
+    rule; a later split replaces this one."""
+
+    layers: dict[str, int]
+
+
 class RelayedMsg(Msg):
     """From a live target: `request_id` stopped after `layer` layers and waits to be sent."""
 
@@ -638,6 +647,7 @@ Message = (
     | SendKVMsg
     | AdoptKVMsg
     | RelayMsg
+    | LiveSplitMsg
     | RelayedMsg
     | RelayInMsg
     | SendRelayMsg

@@ -80,6 +80,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="share of a new instance's KV cache its source's most reused cached prefixes may fill, "
         "shipped with the weights (default %(default)s; 0: new instances start empty)",
     )
+    p.add_argument(
+        "--live-split",
+        default="greedy",
+        help="how a loading live target's prompts are split with its partner: greedy (ZigZag's rule) "
+        "or ilp (an integer program plans each prompt's layers; default greedy)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_simulate)
 
@@ -194,10 +200,15 @@ def _planner_knobs(pairs: list[str]) -> dict[str, Any]:
 
 
 def _check(args: argparse.Namespace) -> list[str]:
+    from blitzscale.control.live_split import SPLIT_NAMES
     from blitzscale.sim.runner import SIM_POLICIES
 
     if args.format not in TRACE_FORMATS:
         raise InvalidRequestError(f"--format must be one of {', '.join(TRACE_FORMATS)}, got {args.format!r}")
+    if args.live_split not in SPLIT_NAMES:
+        raise InvalidRequestError(
+            f"--live-split must be one of {', '.join(SPLIT_NAMES)}, got {args.live_split!r}"
+        )
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     bad = [p for p in policies if p not in SIM_POLICIES]
     if bad or not policies:
@@ -239,6 +250,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     from blitzscale.client.traces import load_trace, transform
     from blitzscale.serve.config import SERVE_ENGINE
+    from blitzscale.serve.router import RouterConfig
     from blitzscale.sim.compare import run_policies
     from blitzscale.sim.config import load_model, load_preset
     from blitzscale.sim.runner import SimSetup
@@ -270,6 +282,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         engine=replace(SERVE_ENGINE, prefix_caching=not args.no_prefix_caching),
         prefix_routing=not args.no_prefix_routing,
         hot_prefix_share=args.hot_prefix_share,
+        router=RouterConfig(
+            mode=args.mode, max_queue_tokens=0, max_queue_wait_s=0, live_split=args.live_split
+        ),
     )
     trace_models = None
     if args.models > 1:

@@ -44,6 +44,9 @@ class LiveOrder:
         self.waiting: deque[Request] = deque()  # no KV blocks yet
         self.tasks: list[LiveTask] = []  # FCFS, blocks for the whole prompt allocated
         self.layers_run = 0  # (request, layer) pairs run while weights were incomplete
+        # the router's split (control/live_split.py), by request id: layers a task runs here
+        # while weights arrive (num_layers: all of it; none: the greedy rule decides)
+        self.caps: dict[str, int] = {}
         self.last_run: tuple[int, float] | None = None  # the last step's (tokens, share of layers)
 
     def __len__(self) -> int:
@@ -56,8 +59,26 @@ class LiveOrder:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
+    def plan(self, caps: dict[str, int]) -> None:
+        """The router's split for the tasks queued here (ids not here are ignored): a task
+        stops after its layers (its partner takes it from there) and one planned to stay
+        whole is not handed over while weights arrive."""
+        here = {r.request_id for r in self.waiting} | {t.request.request_id for t in self.tasks}
+        self.caps = {rid: min(max(k, 0), self.num_layers) for rid, k in caps.items() if rid in here}
+
+    def _parked(self, t: LiveTask) -> bool:
+        """`t` ran the layers its plan gives it here and waits for its partner."""
+        cap = self.caps.get(t.request.request_id)
+        if cap is None or cap >= self.num_layers or self.readiness.all_ready:
+            return False
+        return max(t.stage, 1) > cap
+
+    def _stays(self, req: Request) -> bool:
+        return self.caps.get(req.request_id) == self.num_layers and not self.readiness.all_ready
+
     def remove(self, req: Request) -> bool:
         """Drop a request (aborted; the caller frees its blocks). False if it is not here."""
+        self.caps.pop(req.request_id, None)
         if req in self.waiting:
             self.waiting.remove(req)
             return True
@@ -86,11 +107,12 @@ class LiveOrder:
     def _pick(self) -> list[LiveTask]:
         """The first task (FCFS) whose next segment has landed, with every other task at
         that stage (a batch runs one stage), up to the token budget."""
-        first = next((t for t in self.tasks if self.readiness.is_ready(t.stage)), None)
+        runnable = [t for t in self.tasks if not self._parked(t)]
+        first = next((t for t in runnable if self.readiness.is_ready(t.stage)), None)
         if first is None:
             return []
         batch, tokens = [], 0
-        for t in self.tasks:
+        for t in runnable:
             if t.stage == first.stage and (
                 not batch or tokens + t.request.num_tokens <= self.max_batched_tokens
             ):
@@ -116,6 +138,7 @@ class LiveOrder:
         if stage == self.head_stage:
             for t in batch:
                 self.tasks.remove(t)
+                self.caps.pop(t.request.request_id, None)
                 t.request.num_computed_tokens = t.request.num_tokens
             return [t.request for t in batch]
         start, end = layers
@@ -131,16 +154,33 @@ class LiveOrder:
     def relay_head(self, newest: bool = False) -> Request | None:
         """Take a task off the queue, stopped where it is (its `handoff` says where): the
         head (oldest), or with `newest` the last one (once loaded, the head is about to
-        finish here anyway)."""
-        if self.tasks and not (newest and self.waiting):
-            t = self.tasks.pop(-1 if newest else 0)
-            t.request.handoff = Handoff(t.layers_done, t.hidden if t.layers_done else None)
-            return t.request
-        if self.waiting:
-            req = self.waiting.pop() if newest else self.waiting.popleft()
-            req.handoff = Handoff(0)
-            return req
-        return None
+        finish here anyway). Under a split plan: the oldest task parked at its planned
+        layer, else the oldest not planned to stay here whole."""
+        if newest:
+            if self.tasks and not self.waiting:
+                return self._hand(self.tasks.pop())
+            return self._hand_waiting(self.waiting.pop()) if self.waiting else None
+        parked = next((t for t in self.tasks if self._parked(t)), None)
+        if parked is None:
+            parked = next((t for t in self.tasks if not self._stays(t.request)), None)
+        if parked is not None:
+            self.tasks.remove(parked)
+            return self._hand(parked)
+        req = next((r for r in self.waiting if not self._stays(r)), None)
+        if req is None:
+            return None
+        self.waiting.remove(req)
+        return self._hand_waiting(req)
+
+    def _hand(self, t: LiveTask) -> Request:
+        self.caps.pop(t.request.request_id, None)
+        t.request.handoff = Handoff(t.layers_done, t.hidden if t.layers_done else None)
+        return t.request
+
+    def _hand_waiting(self, req: Request) -> Request:
+        self.caps.pop(req.request_id, None)
+        req.handoff = Handoff(0)
+        return req
 
     def put_back(self, req: Request) -> None:
         """A relay that did not happen: the task is the head again, where it stopped."""

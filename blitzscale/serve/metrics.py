@@ -210,6 +210,22 @@ class _RouterCollector(Collector):
             "Partly prefilled tasks a live target handed to its source to finish",
             value=self.router.live.relays_total,
         )
+        live = self.router.live
+        yield CounterMetricFamily(
+            "blitzscale_live_split_solves",
+            "Planned live splits solved ([router] live_split = ilp), fallbacks included",
+            value=live.split_solves,
+        )
+        yield CounterMetricFamily(
+            "blitzscale_live_split_fallbacks",
+            "Planned live splits past their time limit (the greedy rule instead)",
+            value=live.split_fallbacks,
+        )
+        yield CounterMetricFamily(
+            "blitzscale_live_split_solve_seconds",
+            "Wall time the router spent solving live splits",
+            value=live.split_solve_total_s,
+        )
         yield CounterMetricFamily(
             "blitzscale_live_abandoned",
             "Live targets given up when their weight source died, their waiting prompts run again",

@@ -33,6 +33,7 @@ class ServedModel:
     # its engines' KV block size when they cache prompt prefixes (0: they do not, and the
     # router does not route by prefix; serve/prefixes.py)
     prefix_block_size: int = 0
+    ttft_slo_s: float = 0.0  # its time-to-first-token SLO (0: none), which live splits plan for
 
 
 @dataclass(frozen=True)

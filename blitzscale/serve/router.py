@@ -21,6 +21,7 @@ from blitzscale import clock
 from blitzscale.cluster.base import Cluster
 from blitzscale.cluster.slotted import free_slots
 from blitzscale.control.costmodel import Profile
+from blitzscale.control.live_split import DEFAULT_TIME_LIMIT_S, SPLIT_NAMES
 from blitzscale.control.routing import Option, finish_first
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.control.states import is_serving
@@ -96,10 +97,20 @@ class RouterConfig:
     # decode instance (0: no bound); they wait in the queue instead, where a request that
     # cannot be served in time is refused (429) before any work is spent on it.
     max_pending_migrations: int = 64
+    # How a loading live target's queued prompts are split with its partner: "greedy"
+    # (ZigZag: the target runs what has landed, the partner pulls the head when idle) or
+    # "ilp" (control/live_split.py: an integer program plans each task's layers, falling
+    # back to greedy past the time limit).
+    live_split: str = "greedy"
+    live_split_time_limit_s: float = DEFAULT_TIME_LIMIT_S
 
     def __post_init__(self) -> None:
         if self.mode not in ("pd", "colocated"):
             raise ValueError(f"mode must be 'pd' or 'colocated', got {self.mode!r}")
+        if self.live_split not in SPLIT_NAMES:
+            raise ValueError(f"live_split must be one of {', '.join(SPLIT_NAMES)}, got {self.live_split!r}")
+        if not self.live_split_time_limit_s > 0:
+            raise ValueError(f"live_split_time_limit_s must be > 0, got {self.live_split_time_limit_s}")
         if not self.prefill_budget_s > 0:
             raise ValueError(f"prefill_budget_s must be > 0 seconds, got {self.prefill_budget_s}")
         for name in (
@@ -152,7 +163,8 @@ class Router:
         self.on_rank_back: list[Callable[[int], None]] = []  # e.g. the scaler's backoff
         # a request came for a model no instance serves (e.g. at zero): the scaler's kick
         self.on_unserved: list[Callable[[str], None]] = []
-        self.live = LiveScaling(self, pd_mode=cfg.mode == "pd")  # ZigZag: live pairs, relays, live counters
+        # ZigZag: live pairs, relays, the split of a live target's tasks, live counters
+        self.live = LiveScaling(self, cfg.mode == "pd", cfg.live_split, cfg.live_split_time_limit_s)
         self.prefixes = PrefixIndex()  # which prompt prefixes each instance was sent
         self.num_prefix_routed = 0  # requests sent where a prefix of theirs was likely cached
         self.prefix_routed_tokens = 0  # prompt tokens those had cached there, by the index
@@ -345,6 +357,16 @@ class Router:
     def cost(self, model: str) -> Profile | None:
         backend = self._models.get(model)
         return backend.model.cost if backend is not None else None
+
+    def prefilling_on(self, rank: int) -> list[RouterRequest]:
+        """Requests whose prompt `rank` holds and has not prefilled, oldest dispatch first."""
+        mine = [r for r in self.reqs.values() if r.prefill_rank == rank and r.stage is Stage.PREFILL]
+        mine = [r for r in mine if not r.prefilled and r.relay_from is None]
+        return sorted(mine, key=lambda r: r.dispatched_at or 0.0)
+
+    def ttft_slo_s(self, model: str) -> float:
+        backend = self._models.get(model)
+        return backend.model.ttft_slo_s if backend is not None else 0.0
 
     def budget_tokens(self, model: str) -> int:
         """Prompt tokens one prefill instance of `model` may have outstanding."""
@@ -559,6 +581,7 @@ class Router:
             r.move(Stage.PREFILL)
             r.prefill_rank, r.dispatched_at = inst.rank, clock.now()
             self.state.assign(inst.rank, len(r.prompt))
+            self.live.dispatched(inst.rank)
             self._note_prefix(r, inst, prefix)
             hold = self.cfg.mode == "pd"
             await self._send(

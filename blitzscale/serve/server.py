@@ -62,6 +62,7 @@ def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig, cost: Profile | 
         cost=cost,
         max_num_seqs=cfg.engine.for_device(cfg.cluster.device).max_num_seqs,
         prefix_block_size=cfg.engine.block_size if cfg.engine.prefix_caching else 0,
+        ttft_slo_s=m.ttft_slo_s if m.ttft_slo_s is not None else cfg.model.ttft_slo_s,
     )
 
 

@@ -12,6 +12,7 @@ no noise to calibrate away.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from blitzscale.client.summary import Summary, summarize
 from blitzscale.demo.result import RunResult
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.events import events_json
+from blitzscale.sim.compare import split_stats
 from blitzscale.sim.config import SimConfigError, SimModel, SimPreset, load_model, load_preset
 from blitzscale.sim.runner import SimSetup, sim_report_info, simulate
 
@@ -71,6 +73,8 @@ def _setup(run: RunSpec, preset: SimPreset, model: SimModel) -> tuple[SimSetup, 
     base = SimSetup(preset=preset, model=model)
     shedding = {"max_queue_tokens": 0, "max_queue_wait_s": 0.0}  # off, unless the template sets it
     shedding.update({k: v for k, v in knobs["router"].items() if k in shedding})
+    # (the live split is the template's to choose)
+    shedding.update({k: v for k, v in knobs["router"].items() if k.startswith("live_split")})
     router = replace(cfg.router, **shedding)
     setup = replace(
         base,
@@ -91,6 +95,9 @@ def sim_executor(preset: SimPreset) -> Execute:
         summary = summarize(res.records, model.ttft_slo_s, model.tbt_slo_s)
         summary = replace(summary, gpu_seconds=res.gpu_seconds)
         write_records(run_dir / "requests.jsonl", res.records)
+        if res.relays or res.split_solve_s:  # live scaling: its relays (and planned splits)
+            stats = split_stats(res.split_solve_s, res.split_fallbacks) | {"relays": res.relays}
+            (run_dir / "live_split.json").write_text(json.dumps(stats, indent=2) + "\n")
         info = sim_report_info(run.policy, res.states)
         report = write_report(run_dir, res.records, summary, res.samples, events_json(res.events), info)
         return RunResult(run.policy, summary, res.records, res.samples, res.events, report)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -81,8 +82,25 @@ def run_policies(
                     "prefix_hit_rate": round(res.prefix_hits / max(res.prefix_queries, 1), 4),
                     "prefix_routed": res.prefix_routed,
                     "prefix_shipped_blocks": res.prefix_shipped,
+                    "relays": res.relays,
+                    **split_stats(res.split_solve_s, res.split_fallbacks),
                     "sim_wall_s": round(res.sim_wall_s, 2),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 }
             )
     return rows
+
+
+def split_stats(solve_s: Sequence[float], fallbacks: int) -> dict[str, Any]:
+    """The planned live split's solves (live_split = "ilp"): how many, how long, how many
+    fell back to greedy."""
+    if not solve_s:
+        return {"split_solves": 0}
+    ms = sorted(1000 * s for s in solve_s)
+    return {
+        "split_solves": len(ms),
+        "split_solve_ms_p50": round(ms[len(ms) // 2], 2),
+        "split_solve_ms_p99": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2),
+        "split_solve_ms_max": round(ms[-1], 2),
+        "split_fallbacks": fallbacks,
+    }

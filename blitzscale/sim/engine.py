@@ -43,6 +43,7 @@ from blitzscale.messages import (
     LiveDoneMsg,
     LiveLoadedMsg,
     LiveReadyMsg,
+    LiveSplitMsg,
     Message,
     OutputMsg,
     OutputsMsg,
@@ -234,6 +235,10 @@ class SimEngine:
 
     def reset_prefix_cache(self) -> None:
         self.pool.reset_prefix_cache()
+
+    def live_split(self, msg: LiveSplitMsg) -> None:
+        if self.live is not None:
+            self.live.plan(msg.layers)
 
     def abort(self, request_id: str) -> None:
         """As the real worker: a receive in flight gives its blocks back; a request the step

@@ -105,6 +105,8 @@ class SimResult:
     prefix_hits: int = 0  # of those, found cached (not computed)
     prefix_routed: int = 0  # requests the router sent where their prefix was likely cached
     prefix_shipped: int = 0  # hot prefix blocks new instances received with their weights
+    split_solve_s: tuple[float, ...] = ()  # live_split = "ilp": each plan's solve time (wall)
+    split_fallbacks: int = 0  # of those, plans past the time limit (greedy instead)
 
 
 def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
@@ -136,6 +138,7 @@ def _served(name: str, setup: SimSetup, profile: Profile, engine: EngineConfig) 
         cost=profile,
         max_num_seqs=engine.max_num_seqs,
         prefix_block_size=engine.block_size if engine.prefix_caching else 0,
+        ttft_slo_s=setup.model.ttft_slo_s,
     )
 
 
@@ -236,6 +239,8 @@ async def _run(
         prefix_hits=cluster.recorder.prefix_hits,
         prefix_routed=router.num_prefix_routed,
         prefix_shipped=cluster.prefix_blocks_shipped,
+        split_solve_s=tuple(router.live.split_solve_s),
+        split_fallbacks=router.live.split_fallbacks,
     )
 
 

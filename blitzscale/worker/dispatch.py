@@ -19,6 +19,7 @@ from blitzscale.messages import (
     AdoptKVMsg,
     GenerateMsg,
     KVFailedMsg,
+    LiveSplitMsg,
     LostMsg,
     Message,
     OutputMsg,
@@ -47,6 +48,7 @@ DATA_PLANE = (
     RelayInMsg,
     SendRelayMsg,
     ResetPrefixCacheMsg,
+    LiveSplitMsg,
 )
 
 
@@ -94,13 +96,20 @@ class DataPlaneWorker(Protocol):
 
     def reset_prefix_cache(self) -> None: ...
 
+    def live_split(self, msg: LiveSplitMsg) -> None:
+        """A live target: plan its queued tasks' layers (a worker not loading ignores it)."""
+        ...
+
 
 def dispatch(w: DataPlaneWorker, msg: Message) -> None:
     """Hand `msg` (one of DATA_PLANE) to `w`; tell the router what failed."""
     rid = getattr(msg, "request_id", "")
-    if isinstance(msg, ResetPrefixCacheMsg):  # (no request: nothing to tell the router)
+    if isinstance(msg, ResetPrefixCacheMsg | LiveSplitMsg):  # (no request: nothing to tell the router)
         if w.serving:
-            w.reset_prefix_cache()
+            if isinstance(msg, LiveSplitMsg):
+                w.live_split(msg)
+            else:
+                w.reset_prefix_cache()
         return
     if not w.serving:  # not the request's fault: it can run elsewhere
         w.send(LostMsg(rank=w.rank, request_id=rid, error=f"rank {w.rank} is not serving"))

@@ -33,6 +33,7 @@ from blitzscale.messages import (
     KVFailedMsg,
     KVReadyMsg,
     KVSentMsg,
+    LiveSplitMsg,
     Message,
     OutputMsg,
     OutputsMsg,
@@ -191,6 +192,11 @@ class ServingLoop:
 
     def cancel_relay(self, request_id: str) -> None:
         self._engine().handoffs.cancel_relay(request_id)
+
+    def live_split(self, msg: LiveSplitMsg) -> None:
+        live = self._engine().live
+        if live is not None:
+            live.plan(msg.layers)
 
     def reset_prefix_cache(self) -> None:
         n = self._engine().reset_prefix_cache()

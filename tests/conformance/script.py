@@ -19,6 +19,7 @@ from blitzscale.messages import (
     AdoptKVMsg,
     GenerateMsg,
     HelloMsg,
+    LiveSplitMsg,
     Message,
     OutputsMsg,
     RecvKVMsg,
@@ -124,7 +125,8 @@ def _gen(
 async def run_script(plane: Plane, live: LiveLoad, grace_s: float) -> Transcript:
     """The script: prompts, a KV hand-off, adopting and releasing held KV, aborts, a relayed
     prompt, what each worker answers to what it cannot do, then a live target (rank 2): its
-    events, a prompt it serves while its weights arrive, relayed to rank 0 mid-way."""
+    events, two prompts it serves while its weights arrive under a planned split, the
+    second relayed to rank 0 mid-way, the first finished there."""
     t = Transcript()
     step: Callable[[str, list[tuple[int, Message]], set[Event]], Awaitable[None]]
 
@@ -173,7 +175,10 @@ async def run_script(plane: Plane, live: LiveLoad, grace_s: float) -> Transcript
     )
     await live.begin()
     await step("live target", [], {("LiveReadyMsg", 2, "")})
-    await step("live prompt", [(2, _gen("l1"))], set())
+    # two prompts while its weights arrive; the router's split keeps the first (the head)
+    # whole there, so the relay takes the second
+    await step("live prompts", [(2, _gen("l0")), (2, _gen("l1"))], set())
+    await step("live split", [(2, LiveSplitMsg(layers={"l0": 1 << 20}))], set())
     await step("relay", [(2, RelayMsg(dst_rank=0))], {("RelayedMsg", 2, "l1")})
     relay = RelayInMsg(
         request_id="l1", src_rank=2, layer=t.relayed_at["l1"], prompt_token_ids=PROMPT, params=FIVE
@@ -184,7 +189,11 @@ async def run_script(plane: Plane, live: LiveLoad, grace_s: float) -> Transcript
         [(2, SendRelayMsg(request_id="l1", dst_rank=0))],
         {("RelaySentMsg", 2, "l1"), ("done", 0, "l1", "length", 5)},
     )
-    await step("loaded", [], {("LiveLoadedMsg", 2, ""), ("LiveDoneMsg", 2, "")})
+    await step(
+        "loaded",
+        [],
+        {("LiveLoadedMsg", 2, ""), ("LiveDoneMsg", 2, ""), ("done", 2, "l0", "length", 5)},
+    )
     await live.end()
     await step("settle", [], set())
     return t

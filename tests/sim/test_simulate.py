@@ -55,6 +55,27 @@ def test_fixed_provisioning_never_scales(setup: SimSetup, trace: list) -> None:
     assert not [e for e in res.events if e.direction == "down"]
 
 
+def test_a_planned_live_split_is_solved_and_sent_and_changes_the_run(setup: SimSetup) -> None:
+    """live_split = "ilp": each dispatch to a loading live target re-plans its tasks, every
+    request is served, and the run differs from greedy's. (That an engine follows a plan:
+    tests/engine/test_live_split_order.py and the worker conformance script; what the split
+    changes against greedy: docs/benchmarks.md.)"""
+    from dataclasses import replace
+
+    from blitzscale.serve.router import RouterConfig
+
+    mooncake = load_trace(TRACE.parent / "mooncake_synthetic_slice.jsonl", "mooncake")
+    trace = transform(mooncake, max_input=4096)
+    router = RouterConfig(mode="pd", max_queue_tokens=0, max_queue_wait_s=0, live_split="ilp")
+    res = simulate(replace(setup, router=router), trace, "blitz")
+    assert len(res.records) == len(trace) and all(r.is_ok for r in res.records)
+    assert res.split_solve_s and res.relays > 0
+    assert res.split_fallbacks < len(res.split_solve_s)  # (a busy machine may run past a limit)
+    greedy = simulate(setup, trace, "blitz")
+    assert not greedy.split_solve_s and greedy.split_fallbacks == 0
+    assert [r.ttft_s for r in res.records] != [r.ttft_s for r in greedy.records]
+
+
 def test_the_cli_writes_each_policy_and_a_comparison(tmp_path: Path) -> None:
     out = tmp_path / "sim"
     argv = ["simulate", "--trace", str(TRACE), "--duration", "10", "--policy", "blitz,sllm"]
@@ -76,6 +97,7 @@ def test_the_cli_writes_each_policy_and_a_comparison(tmp_path: Path) -> None:
         (["--rate-scale", "0"], "--rate-scale"),
         (["--preset", "no-such-cluster"], "no-such-cluster"),
         (["--model", "gpt-5"], "gpt-5"),
+        (["--live-split", "lp"], "--live-split"),
     ],
 )
 def test_bad_values_are_refused_by_name(
