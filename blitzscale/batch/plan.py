@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from blitzscale.batch.template import Template
+from blitzscale.batch.template import SIM_ONLY_POLICIES, Template
 from blitzscale.batch.traces import TraceSpec, check_trace
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.config import ServeConfig
@@ -102,7 +102,8 @@ def params_hash(params: dict[str, Any]) -> str:
 def _config(run_id: str, model: str, policy: str, settings: tuple[tuple[str, Any], ...]) -> ServeConfig:
     sections: dict[str, dict[str, Any]] = defaultdict(dict)
     sections["model"]["name"] = model
-    sections["policy"]["name"] = policy
+    # (fixed-peak / fixed-half: fixed, sized by the simulator from blitz's peak)
+    sections["policy"]["name"] = "fixed" if policy in SIM_ONLY_POLICIES else policy
     for name, value in settings:
         section, key = name.split(".", 1)
         sections[section][key] = value

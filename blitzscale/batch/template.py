@@ -4,6 +4,7 @@
     name = "blitz-vs-sllm"        # names the default output folder (default: the file's stem)
     models = ["smollm2-135m"]     # default: ["smollm2-135m"]; any name `blitzscale serve` takes
     policies = ["blitz", "sllm"]  # blitz, blitz-nolive, network, network-multicast, sllm, allcache, fixed
+                                  # (--simulate also: fixed-peak, fixed-half)
     traces = [                    # inline tables, or one [[experiment.traces]] table per trace
       { path = "demo", rate_scale = 0.05, max_input = 192, max_output = 24 },
       { path = "traces/code.csv", format = "azure", duration = 60.0, rate_scale = [0.02, 0.04] },
@@ -25,6 +26,11 @@ trace as `blitzscale.client.traces.transform` documents (left out: unchanged); `
 re-times the shaped requests, in order, with Gamma arrivals of that coefficient of variation
 at the same mean rate over the same span, drawn with `seed` (default 0): `seed = [0, 1, 2]`
 is three draws of one trace, three runs.
+
+Policies `fixed-peak` and `fixed-half` (simulated batches only) provision, never scaling,
+the most prefill and decode instances blitz served at once on the same model, trace and
+knobs, or half of them (the paper's DistServe "full" and "half"); `fixed` provisions the
+template's `[policy] fixed_prefill` / `fixed_decode`.
 
 Sections start from `ServeConfig()` defaults, as `blitzscale serve` does without a file;
 `[model] name` and `[policy] name` are not allowed because `models` and `policies` set them.
@@ -49,6 +55,7 @@ from blitzscale.serve.config import ServeConfig
 from blitzscale.tomlfile import read_toml
 
 EXPERIMENT_KEYS = ("name", "models", "traces", "policies")
+SIM_ONLY_POLICIES = ("fixed-peak", "fixed-half")  # sized from blitz's peak in the same batch
 ROUTER_MODES = ("pd", "colocated")  # RouterConfig takes any string; a typo would run colocated
 _SET_BY_EXPERIMENT = {("model", "name"): "models", ("policy", "name"): "policies"}
 
@@ -98,8 +105,8 @@ def parse_template(data: dict[str, Any], path: Path) -> Template:
             raise InvalidRequestError(f"[experiment] models: {model!r}: {e}") from e
     policies = _names("policies", experiment.get("policies"))
     for policy in policies:
-        if policy not in POLICY_NAMES:
-            known = ", ".join(POLICY_NAMES)
+        if policy not in POLICY_NAMES + SIM_ONLY_POLICIES:
+            known = ", ".join(POLICY_NAMES + SIM_ONLY_POLICIES)
             raise InvalidRequestError(f"[experiment] policies: unknown policy {policy!r}; known: {known}")
     traces = _traces(experiment.get("traces"), path.parent)
     axes = tuple(_axes(data))

@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from blitzscale.batch.plan import expand
     from blitzscale.batch.report import comparison_table, plan_table
     from blitzscale.batch.runner import live_executor, run_batch, write_plan
-    from blitzscale.batch.template import load_template
+    from blitzscale.batch.template import SIM_ONLY_POLICIES, load_template
+    from blitzscale.errors import InvalidRequestError
 
     plan = expand(load_template(args.template))  # every check happens here, before anything runs
     execute = None
@@ -42,6 +43,12 @@ def run(args: argparse.Namespace) -> int:
         from blitzscale.sim.batch import check_plan, sim_executor
 
         execute = sim_executor(check_plan(plan, args.simulate))
+    elif sized := sorted({r.policy for r in plan.runs if r.policy in SIM_ONLY_POLICIES}):
+        raise InvalidRequestError(
+            f"[experiment] policies: {', '.join(sized)} size themselves from blitz's peak in a "
+            "simulated batch only (--simulate PRESET); a live batch takes `fixed` with "
+            "[policy] fixed_prefill / fixed_decode"
+        )
     out = args.out or args.resume or Path("runs/batch") / plan.name
     console = Console()
     console.print(plan_table(plan))

@@ -5,9 +5,10 @@ knows (`random:llama3-8b` is read as `llama3-8b`), its `[router]`, `[planner]` a
 settings apply to the simulated control plane as they would to `serve`, and the preset
 replaces `[cluster]` (so a template that sets `[cluster]` or `[server]` knobs is refused:
 they would be ignored). Policy `fixed` runs the template's `[policy] fixed_prefill` /
-`fixed_decode` instances. SLO attainment is judged against the model's SLOs in the
-simulator's models.toml (the paper's), not against a reference run: a simulated run has
-no noise to calibrate away.
+`fixed_decode` instances; `fixed-peak` and `fixed-half` the most instances blitz served at
+once on the same model, trace and knobs (or half), as `simulate` sizes them. SLO attainment
+is judged against the model's SLOs in the simulator's models.toml (the paper's), not
+against a reference run: a simulated run has no noise to calibrate away.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from blitzscale.batch.plan import BatchPlan, RunSpec
 from blitzscale.batch.runner import Execute
+from blitzscale.batch.template import SIM_ONLY_POLICIES
 from blitzscale.batch.traces import load_requests
 from blitzscale.client.record import write_records
 from blitzscale.client.report import write_report
@@ -28,7 +30,7 @@ from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.events import events_json
 from blitzscale.sim.compare import split_stats
 from blitzscale.sim.config import SimConfigError, SimModel, SimPreset, load_model, load_preset
-from blitzscale.sim.runner import SimSetup, sim_report_info, simulate
+from blitzscale.sim.runner import SimSetup, fixed_counts, sim_report_info, simulate
 
 REFUSED_SECTIONS = ("cluster", "server", "model")  # the preset (or nothing) stands for them
 # engine knobs the simulator does not use: KV room comes from the profile (or num_kv_blocks),
@@ -73,8 +75,6 @@ def _setup(run: RunSpec, preset: SimPreset, model: SimModel) -> tuple[SimSetup, 
     base = SimSetup(preset=preset, model=model)
     shedding = {"max_queue_tokens": 0, "max_queue_wait_s": 0.0}  # off, unless the template sets it
     shedding.update({k: v for k, v in knobs["router"].items() if k in shedding})
-    # (the live split is the template's to choose)
-    shedding.update({k: v for k, v in knobs["router"].items() if k.startswith("live_split")})
     router = replace(cfg.router, **shedding)
     setup = replace(
         base,
@@ -88,10 +88,22 @@ def _setup(run: RunSpec, preset: SimPreset, model: SimModel) -> tuple[SimSetup, 
 
 
 def sim_executor(preset: SimPreset) -> Execute:
+    # blitz's peak (prefill-side, decode instances serving at once) per model, trace and
+    # knobs: what fixed-peak and fixed-half provision
+    peaks: dict[tuple[str, Any, tuple[tuple[str, Any], ...]], tuple[int, int]] = {}
+
     def execute(run: RunSpec, run_dir: Path, reference: Summary | None) -> RunResult:
         model = load_model(sim_model_name(run.model))
         setup, policy = _setup(run, preset, model)
-        res = simulate(setup, load_requests(run.trace), policy)
+        requests = load_requests(run.trace)
+        group = (run.model, run.trace, run.settings)
+        if run.policy in SIM_ONLY_POLICIES:
+            if group not in peaks:  # (blitz not run first in this batch, or run before a resume)
+                peaks[group] = simulate(setup, requests, "blitz").peak
+            setup, policy = replace(setup, fixed=fixed_counts(peaks[group], run.policy)), run.policy
+        res = simulate(setup, requests, policy)
+        if policy == "blitz":
+            peaks[group] = res.peak
         summary = summarize(res.records, model.ttft_slo_s, model.tbt_slo_s)
         summary = replace(summary, gpu_seconds=res.gpu_seconds)
         write_records(run_dir / "requests.jsonl", res.records)

@@ -92,3 +92,28 @@ def test_load_shedding_the_template_sets_is_simulated(tmp_path: Path) -> None:
     assert unbounded.summary is not None and bounded.summary is not None
     assert unbounded.summary.num_errors == 0
     assert 0 < bounded.summary.num_errors < bounded.summary.num_requests
+
+
+def test_fixed_peak_and_half_provision_what_blitz_served_at_most(tmp_path: Path) -> None:
+    """fixed-peak / fixed-half: the most prefill and decode instances blitz served at once on
+    the same model, trace and knobs (half, rounded up), loaded once and never scaled, as
+    `simulate` sizes them; found by running blitz when the batch has not (here: listed after)."""
+    text = TEMPLATE.replace('"blitz", "fixed"', '"fixed-peak", "fixed-half", "blitz"')
+    text = text.replace("prefill_lower = [0.3, 0.5]", "")
+    plan = plan_of(tmp_path, text)
+    outcomes = run_batch(plan, tmp_path / "out", sim_executor(check_plan(plan, "paper-a")))
+    assert [o.is_done for o in outcomes] == [True] * 3
+    by = {o.run.policy: o for o in outcomes}
+    assert len([e for e in by["blitz"].events if e["direction"] == "up"]) > 2  # (blitz scaled)
+    loaded = {p: sorted(r for e in by[p].events if e["direction"] == "up" for r in e["ranks"]) for p in by}
+    assert not [e for p in ("fixed-peak", "fixed-half") for e in by[p].events if e["direction"] == "down"]
+    peak, half = len(loaded["fixed-peak"]), len(loaded["fixed-half"])
+    assert peak >= 3 and half < peak and half >= peak / 2  # (prefill and decode each halved, rounded up)
+
+
+def test_a_live_batch_refuses_the_policies_sized_by_the_simulator(tmp_path: Path) -> None:
+    template = write(tmp_path / "b.toml", TEMPLATE.replace('"blitz", "fixed"', '"blitz", "fixed-peak"'))
+    args = parse(["batch", str(template), "--out", str(tmp_path / "out"), "--dry-run"])
+    with pytest.raises(InvalidRequestError, match=r"fixed-peak.*--simulate"):
+        args.func(args)
+    assert not (tmp_path / "out").exists()

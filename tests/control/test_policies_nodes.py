@@ -26,14 +26,18 @@ def _act(s: ClusterSnapshot, policy: str, prefill: int, decode: int) -> list[Loa
     return [a for a in out if isinstance(a, LoadAction)]
 
 
-def test_a_chain_stays_on_the_sources_node_then_crosses_once() -> None:
-    # The decode instance on rank 1 (node 1) is the source: free ranks on node 1 come first.
+def test_local_targets_get_their_own_chain_and_the_rest_cross_once() -> None:
+    # The decode instance on rank 1 (node 1) is the source: free ranks on node 1 come first,
+    # in a chain of their own (NVLink), so they do not wait at the pace of the chain that
+    # crosses to node 0 (a NIC), which crosses once.
     s = snap(
         inst(0, S.PREFILL, running=4), inst(1, S.DECODE, running=9), free=(2, 3, 4, 5), hosts=INTERLEAVED
     )
-    (a,) = _act(s, "blitz-nolive", 5, 1)
-    assert a == LoadAction((3, 5, 2, 4), "network", (1,), multicast=True)
-    crossings = sum(INTERLEAVED[x] != INTERLEAVED[y] for x, y in pairwise((1, *a.target_ranks)))
+    local, remote = _act(s, "blitz-nolive", 5, 1)
+    assert local == LoadAction((3, 5), "network", (1,), multicast=True)
+    assert remote == LoadAction((2, 4), "network", (1,), multicast=True)
+    assert all(INTERLEAVED[r] == INTERLEAVED[1] for r in local.target_ranks)
+    crossings = sum(INTERLEAVED[x] != INTERLEAVED[y] for x, y in pairwise((1, *remote.target_ranks)))
     assert crossings == 1
     # Fewer targets than free ranks: those on the source's node are taken.
     (b,) = _act(s, "blitz-nolive", 3, 1)
