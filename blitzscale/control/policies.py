@@ -18,7 +18,7 @@ The router executes the returned list in order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from blitzscale.control.config import PlannerConfig, PolicyConfig
@@ -323,16 +323,35 @@ def by_node(
     return sorted(slots, key=lambda s: order[host_of(snapshot, s[0])])
 
 
-def _local_first(
-    snapshot: ClusterSnapshot, slots: list[tuple[int, ...]], sources: Sequence[int]
-) -> list[list[tuple[int, ...]]]:
-    """A multicast's targets as two chains: those on the sources' nodes (NVLink), then the
-    rest (node by node over the network). One chain through both would hand the local
-    targets their weights at the rate of its slowest hop, a NIC: ~16x later than NVLink."""
-    local_hosts = {host_of(snapshot, r) for r in sources}
-    local = [s for s in slots if host_of(snapshot, s[0]) in local_hosts]
-    remote = [s for s in slots if host_of(snapshot, s[0]) not in local_hosts]
-    return [g for g in (local, remote) if g]
+def _chains(
+    snapshot: ClusterSnapshot,
+    slots: list[tuple[int, ...]],
+    chosen: tuple[int, ...],
+    nearby: list[InstanceView],
+) -> list[tuple[tuple[int, ...], list[tuple[int, ...]]]]:
+    """A multicast's targets as chains (sources, targets): those on the chosen sources'
+    nodes in one (NVLink); those on another node that holds the model, from the best
+    instance there (NVLink; any role: the rule that spares prefill instances' links is about
+    the network); the rest in one chain from the chosen sources, node by node over the
+    network. One chain through all of them would hand every target its weights at the pace
+    of the chain's slowest hop, a NIC: ~16x later than NVLink for those that need none."""
+    chosen_hosts = {host_of(snapshot, r) for r in chosen}
+    local = [s for s in slots if host_of(snapshot, s[0]) in chosen_hosts]
+    chains: list[tuple[tuple[int, ...], list[tuple[int, ...]]]] = [(chosen, local)] if local else []
+    remote: list[tuple[int, ...]] = []
+    by_host: dict[int, list[tuple[int, ...]]] = {}
+    for s in slots:
+        if host_of(snapshot, s[0]) not in chosen_hosts:
+            by_host.setdefault(host_of(snapshot, s[0]), []).append(s)
+    for host, group in by_host.items():
+        there = next((i for i in nearby if host_of(snapshot, i.ranks[0]) == host), None)
+        if there is not None:
+            chains.append((there.ranks, group))
+        else:
+            remote += group
+    if remote:
+        chains.append((chosen, remote))
+    return chains
 
 
 def _nearest(
@@ -368,9 +387,10 @@ def _loads(
     if sources and cfg.multicast:
         live = cfg.live
         partner = live_partner(snapshot, new_prefill | taken) if live else None
+        nearby = source_instances(snapshot, replace(cfg, sources_only_decode=False), new_prefill)
         return [
-            LoadAction(_flat(group), "network", chosen, multicast=True, live=live, partner=partner)
-            for group in _local_first(snapshot, slots, chosen)
+            LoadAction(_flat(group), "network", src, multicast=True, live=live, partner=partner)
+            for src, group in _chains(snapshot, slots, chosen, nearby)
         ]
     if sources:
         return [
