@@ -26,22 +26,32 @@ def _act(s: ClusterSnapshot, policy: str, prefill: int, decode: int) -> list[Loa
     return [a for a in out if isinstance(a, LoadAction)]
 
 
-def test_local_targets_get_their_own_chain_and_the_rest_cross_once() -> None:
-    # The decode instance on rank 1 (node 1) is the source: free ranks on node 1 come first,
-    # in a chain of their own (NVLink), so they do not wait at the pace of the chain that
-    # crosses to node 0 (a NIC), which crosses once.
+def test_each_node_gets_its_weights_over_nvlink_where_it_can() -> None:
+    # The decode instance on rank 1 (node 1) is the chosen source: free ranks on node 1 come
+    # first, in a chain of their own (NVLink), so they do not wait at the pace of a chain
+    # that crosses to another node (a NIC). Node 0 has a model holder too (the prefill
+    # instance on rank 0): its targets load from it, over NVLink, crossing no network.
     s = snap(
         inst(0, S.PREFILL, running=4), inst(1, S.DECODE, running=9), free=(2, 3, 4, 5), hosts=INTERLEAVED
     )
-    local, remote = _act(s, "blitz-nolive", 5, 1)
+    local, other = _act(s, "blitz-nolive", 5, 1)
     assert local == LoadAction((3, 5), "network", (1,), multicast=True)
-    assert remote == LoadAction((2, 4), "network", (1,), multicast=True)
-    assert all(INTERLEAVED[r] == INTERLEAVED[1] for r in local.target_ranks)
-    crossings = sum(INTERLEAVED[x] != INTERLEAVED[y] for x, y in pairwise((1, *remote.target_ranks)))
-    assert crossings == 1
+    assert other == LoadAction((2, 4), "network", (0,), multicast=True)
+    for a in (local, other):
+        assert {INTERLEAVED[r] for r in (*a.sources, *a.target_ranks)} == {INTERLEAVED[a.sources[0]]}
     # Fewer targets than free ranks: those on the source's node are taken.
     (b,) = _act(s, "blitz-nolive", 3, 1)
     assert b.target_ranks == (3, 5)
+
+
+def test_nodes_that_hold_no_copy_are_one_chain_crossing_once_per_node() -> None:
+    hosts = (0, 1, 1, 2, 2, 0)  # the source (rank 0) on node 0; nodes 1 and 2 hold nothing
+    s = snap(inst(0, S.DECODE, running=9), free=(1, 2, 3, 4, 5), hosts=hosts, pd_mode=True)
+    local, remote = _act(s, "blitz-nolive", 6, 1)
+    assert local == LoadAction((5,), "network", (0,), multicast=True)
+    assert remote.sources == (0,) and sorted(remote.target_ranks) == [1, 2, 3, 4]
+    crossings = sum(hosts[x] != hosts[y] for x, y in pairwise((0, *remote.target_ranks)))
+    assert crossings == 2  # into node 1, then into node 2
 
 
 def test_without_topology_the_order_is_the_ranks_own() -> None:
