@@ -86,6 +86,7 @@ class LiveScaling:
         self.split_time_limit_s = split_time_limit_s
         self.state: ControlState = router.state
         self._asked: set[int] = set()  # sources asked to relay
+        self._moves: dict[int, int] = {}  # live targets asked to hand their head elsewhere -> where
         self._ready_at: dict[int, float] = {}  # live targets: when their first layers landed
         self._replan: set[int] = set()  # live targets sent prompts since their last plan
         self._stay: dict[int, set[str]] = {}  # by target: tasks planned to stay whole there
@@ -99,6 +100,7 @@ class LiveScaling:
         self.requests_total = 0  # requests whose prefill ran partly on a loading instance
         self.layers_total = 0  # layers run on loading instances
         self.relays_total = 0  # tasks a live target handed to its source
+        self.moves_total = 0  # of those, tasks moved to another instance before their SLO
         self.abandoned_total = 0  # live targets given up at once when their weight source died
 
     @property
@@ -124,6 +126,7 @@ class LiveScaling:
         self._replan.discard(target)
         self._stay.pop(target, None)
         self._idle_replanned.discard(target)
+        self._moves.pop(target, None)
         source = st.unpair(target)
         inst = st.get(target)
         steady = InstanceState.PREFILL if self.pd_mode else InstanceState.COLOCATED
@@ -177,6 +180,12 @@ class LiveScaling:
         for target, source in list(self.pairs.items()):  # sends below may yield
             if source is None or source in self._asked or source not in rt.connected:
                 continue
+            if target in self._moves:
+                continue  # its head is being moved elsewhere
+            if not self.loading_target(target) and len(rt.prefilling_on(target)) <= 1:
+                # loaded, with one task: it finishes that sooner than a relay could (the
+                # source would run the same layers after the hidden states' transfer)
+                continue
             src, tgt = self.state.get(source), self.state.get(target)
             if src is None or tgt is None or src.state is not InstanceState.OLD_PREFILL:
                 continue
@@ -193,6 +202,42 @@ class LiveScaling:
                 continue
             self._asked.add(source)
             await rt.data.send(target, RelayMsg(dst_rank=source))
+        await self._rescue()
+
+    async def _rescue(self) -> None:
+        """A loading target's head task that would miss its TTFT SLO there (its last layer
+        lands too late, and its partner is busy) moves to the instance that finishes it
+        soonest, if that one makes it sooner: a relay to an ordinary prefill instance,
+        which runs the layers the target has not."""
+        rt = self.router
+        steady = InstanceState.PREFILL if self.pd_mode else InstanceState.COLOCATED
+        for target, source in list(self.pairs.items()):  # sends below may yield
+            if target in self._moves or (source is not None and source in self._asked):
+                continue  # a relay is being asked for already
+            tgt = self.state.get(target)
+            if tgt is None or not self.loading_target(target) or tgt.loaded_eta is None:
+                continue
+            slo, cost = rt.ttft_slo_s(tgt.model), rt.cost(tgt.model)
+            tasks = rt.prefilling_on(target)
+            if slo <= 0 or cost is None or not tasks:
+                continue
+            head, now = tasks[0], clock.now()
+            here = max(0.0, tgt.loaded_eta - now) + cost.prefill_s(len(head.prompt)) / cost.num_layers
+            if here <= slo - (now - head.arrival):
+                continue  # it makes its SLO where it is
+            budget = rt.budget_tokens(tgt.model)
+            best: tuple[float, int] | None = None
+            for inst in self.state:
+                if inst.model != tgt.model or inst.state is not steady or inst.rank not in rt.connected:
+                    continue
+                if inst.outstanding_tokens + len(head.prompt) > budget:
+                    continue
+                there = cost.prefill_s(inst.outstanding_tokens + len(head.prompt))
+                if best is None or there < best[0]:
+                    best = (there, inst.rank)
+            if best is not None and best[0] < here:
+                self._moves[target] = best[1]
+                await rt.data.send(target, RelayMsg(dst_rank=best[1]))
 
     # --- the planned split (live_split = "ilp") -------------------------------------------
 
@@ -244,15 +289,20 @@ class LiveScaling:
 
     def on_none(self, target: int) -> None:
         """The target had no task to hand over."""
-        self._asked.discard(self.pairs.get(target))  # type: ignore[arg-type]
+        if self._moves.pop(target, None) is None:
+            self._asked.discard(self.pairs.get(target))  # type: ignore[arg-type]
 
     async def on_relayed(self, m: RelayedMsg) -> None:
         rt = self.router
-        source = self.pairs.get(m.rank)
-        if source is not None:
+        moved_to = self._moves.pop(m.rank, None)
+        source = moved_to if moved_to is not None else self.pairs.get(m.rank)
+        if source is not None and moved_to is None:
             self._asked.discard(source)
         r = rt.request_of(m.request_id)
         src = self.state.get(source) if source is not None else None
+        steady = InstanceState.PREFILL if self.pd_mode else InstanceState.COLOCATED
+        if moved_to is not None and (src is None or src.state is not steady):
+            src = None  # the instance it was moving to stopped serving meanwhile: it stays
         if r is None or src is None or source is None or r.prefill_rank != m.rank:
             await rt.data.send(m.rank, SendRelayMsg(request_id=m.request_id, dst_rank=-1))
             if r is None:
@@ -260,6 +310,7 @@ class LiveScaling:
             return
         self.state.add_relay(r.wire_id, Relay(m.rank, source))
         self.relays_total += 1
+        self.moves_total += moved_to is not None
         self.state.take_tokens(m.rank, len(r.prompt))
         self.state.assign(source, len(r.prompt))
         r.prefill_rank, r.relay_from = source, m.rank

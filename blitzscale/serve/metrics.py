@@ -212,6 +212,11 @@ class _RouterCollector(Collector):
         )
         live = self.router.live
         yield CounterMetricFamily(
+            "blitzscale_live_moves",
+            "Head tasks of loading live targets moved to another instance to make their TTFT SLO",
+            value=live.moves_total,
+        )
+        yield CounterMetricFamily(
             "blitzscale_live_split_solves",
             "Planned live splits solved ([router] live_split = ilp), fallbacks included",
             value=live.split_solves,

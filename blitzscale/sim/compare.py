@@ -83,6 +83,7 @@ def run_policies(
                     "prefix_routed": res.prefix_routed,
                     "prefix_shipped_blocks": res.prefix_shipped,
                     "relays": res.relays,
+                    "live_moves": res.moves,
                     **split_stats(res.split_solve_s, res.split_fallbacks),
                     "sim_wall_s": round(res.sim_wall_s, 2),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%S"),

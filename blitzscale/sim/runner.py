@@ -100,7 +100,8 @@ class SimResult:
     gpu_seconds: float
     sim_wall_s: float
     messages: int
-    relays: int = 0  # ZigZag relays: tasks a live target handed to its partner
+    relays: int = 0  # ZigZag relays: tasks a live target handed to its partner (or moved)
+    moves: int = 0  # of those, head tasks moved to another instance to make their SLO
     prefix_queries: int = 0  # prompt tokens looked up in the engines' prefix caches
     prefix_hits: int = 0  # of those, found cached (not computed)
     prefix_routed: int = 0  # requests the router sent where their prefix was likely cached
@@ -235,6 +236,7 @@ async def _run(
         sim_wall_s=time.perf_counter() - wall0,
         messages=cluster.messages,
         relays=router.live.relays_total,
+        moves=router.live.moves_total,
         prefix_queries=cluster.recorder.prefix_queries,
         prefix_hits=cluster.recorder.prefix_hits,
         prefix_routed=router.num_prefix_routed,

@@ -55,11 +55,11 @@ def test_fixed_provisioning_never_scales(setup: SimSetup, trace: list) -> None:
     assert not [e for e in res.events if e.direction == "down"]
 
 
-def test_a_planned_live_split_is_solved_and_sent_and_changes_the_run(setup: SimSetup) -> None:
-    """live_split = "ilp": each dispatch to a loading live target re-plans its tasks, every
-    request is served, and the run differs from greedy's. (That an engine follows a plan:
-    tests/engine/test_live_split_order.py and the worker conformance script; what the split
-    changes against greedy: docs/benchmarks.md.)"""
+def test_a_planned_live_split_is_solved_and_sent(setup: SimSetup) -> None:
+    """live_split = "ilp": each dispatch to a loading live target re-plans its tasks (a plan
+    that did not fall back is sent), and every request is served. (That an engine follows a
+    plan: tests/engine/test_live_split_order.py and the worker conformance script; what the
+    split changes against greedy: docs/benchmarks.md.)"""
     from dataclasses import replace
 
     from blitzscale.serve.router import RouterConfig
@@ -73,7 +73,6 @@ def test_a_planned_live_split_is_solved_and_sent_and_changes_the_run(setup: SimS
     assert res.split_fallbacks < len(res.split_solve_s)  # (a busy machine may run past a limit)
     greedy = simulate(setup, trace, "blitz")
     assert not greedy.split_solve_s and greedy.split_fallbacks == 0
-    assert [r.ttft_s for r in res.records] != [r.ttft_s for r in greedy.records]
 
 
 def test_the_cli_writes_each_policy_and_a_comparison(tmp_path: Path) -> None:
