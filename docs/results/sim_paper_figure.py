@@ -43,6 +43,13 @@ def _stat(rows: list[dict[str, str]], key: str, scale: float = 1.0) -> tuple[flo
 def main(batch_dir: str, out_dir: str) -> None:
     with open(Path(batch_dir) / "comparison.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "done"]
+    # (the CSV has a column only for what varies: a one-model batch's model is in batch.json)
+    models = {
+        r["id"]: r["params"]["model"]
+        for r in json.loads((Path(batch_dir) / "batch.json").read_text())["runs"]
+    }
+    for r in rows:
+        r.setdefault("model", models[r["run_id"]])
     groups: dict[tuple[str, str], dict[str, list[dict[str, str]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         trace = "azure slice, gamma cv2" if "gamma" in r["trace"] else "mooncake slice"
