@@ -119,7 +119,13 @@ def main(batch_dir: str, out_dir: str) -> None:
             ax.set_xticks(range(len(pols)), pols, rotation=45, ha="right", fontsize=7)
             ax.set_ylabel(name)
             if row == 0:
-                ax.set_title(f"{case[0]}, {case[1]}", fontsize=9)
+                paper = PAPER["p99 blitz / sllm"]
+                note = f"p99 blitz/sllm {ours['p99 blitz / sllm']} (paper {paper})"
+                ax.set_title(f"{case[0]}, {case[1]}\n{note}", fontsize=8)
+            else:
+                paper = PAPER["GPU-s blitz / fixed-peak"]
+                note = f"GPU-s blitz/fixed-peak {ours['GPU-s blitz / fixed-peak']} (paper {paper})"
+                ax.set_title(note, fontsize=8)
     fig.suptitle(f"{Path(batch_dir).name}: simulated, means over seeds (bars: spread)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "figure.png", dpi=110)
