@@ -2,10 +2,9 @@
 
 Which live target pairs with which source, when an idle source pulls a task (a relay), how
 a relay's three steps are sequenced so that every stream between the two ranks is posted
-in the same order on both sides, the split of a target's queued tasks when the router
-plans it (`live_split = "ilp"`, control/live_split.py: re-planned after each dispatch to
-the target, solved in the router's task within its time limit), and the live counters
-`/metrics` exports. The pairs and
+in the same order on both sides, moves of a head task that would miss its SLO on a loading
+target, and the live counters `/metrics` exports; the planned split of a target's tasks
+(`live_split = "ilp"`) is `SplitPlanner`'s (serve/live_plan.py). The pairs and
 relays themselves are the control state's (`serve/state.py`); the router's one task is the
 only caller. It reaches the router through `LiveOwner`, the few operations it calls there,
 and the workers through the router's data plane.
@@ -13,14 +12,11 @@ and the workers through the router's data plane.
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
 
 from blitzscale import clock
 from blitzscale.control.costmodel import Profile
-from blitzscale.control.live_split import SplitProblem, SplitTask, even_arrivals, solve_split
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.messages import (
     AbortMsg,
@@ -29,7 +25,6 @@ from blitzscale.messages import (
     LiveFailedMsg,
     LiveLoadedMsg,
     LiveReadyMsg,
-    LiveSplitMsg,
     RelayedMsg,
     RelayEvent,
     RelayInMsg,
@@ -41,6 +36,7 @@ from blitzscale.messages import (
 )
 from blitzscale.serve.dataplane import DataPlane
 from blitzscale.serve.instances import Instance
+from blitzscale.serve.live_plan import SplitPlanner
 from blitzscale.serve.requests import RouterRequest
 from blitzscale.serve.state import ControlState, Relay
 
@@ -82,21 +78,11 @@ class LiveScaling:
         each loading target's tasks, within `split_time_limit_s` a solve)."""
         self.router = router
         self.pd_mode = pd_mode
-        self.split = split
-        self.split_time_limit_s = split_time_limit_s
         self.state: ControlState = router.state
         self._asked: set[int] = set()  # sources asked to relay
         self._moves: dict[int, int] = {}  # live targets asked to hand their head elsewhere -> where
-        self._ready_at: dict[int, float] = {}  # live targets: when their first layers landed
-        self._replan: set[int] = set()  # live targets sent prompts since their last plan
-        self._stay: dict[int, set[str]] = {}  # by target: tasks planned to stay whole there
-        self._idle_replanned: set[int] = set()  # targets re-planned since their partner went idle
-        self.split_solves = 0  # plans solved (fallbacks included)
-        self.split_solve_total_s = 0.0
-        self.split_solve_s: deque[float] = deque(maxlen=100_000)  # the latest solve times
-        self.split_fallbacks = 0  # plans that fell back to greedy (time limit)
-        if split == "ilp":
-            _warm_up()
+        # the planned split of targets' tasks (live_split = "ilp"; None: the greedy rule)
+        self.planner = SplitPlanner(router, self, split_time_limit_s) if split == "ilp" else None
         self.requests_total = 0  # requests whose prefill ran partly on a loading instance
         self.layers_total = 0  # layers run on loading instances
         self.relays_total = 0  # tasks a live target handed to its source
@@ -122,10 +108,8 @@ class LiveScaling:
         """`target` serves normally (or is gone); its source returns to normal when it has
         no other live target."""
         rt, st = self.router, self.state
-        self._ready_at.pop(target, None)
-        self._replan.discard(target)
-        self._stay.pop(target, None)
-        self._idle_replanned.discard(target)
+        if self.planner is not None:
+            self.planner.forget(target)
         self._moves.pop(target, None)
         source = st.unpair(target)
         inst = st.get(target)
@@ -169,14 +153,9 @@ class LiveScaling:
         """Planned splits are sent; then an idle source pulls a task from its live target
         (ZigZag): the target stops its head task where it is (or the first that reached
         its planned layer) and the source finishes the remaining layers."""
-        rt = self.router
-        for target in sorted(self._replan):
-            await self._plan(target)
-        self._replan.clear()
-        for target in list(self._idle_replanned):  # its partner got busy again
-            src = self.state.get(self.pairs.get(target))
-            if src is None or src.outstanding_tokens > 0:
-                self._idle_replanned.discard(target)
+        rt, planner = self.router, self.planner
+        if planner is not None:
+            await planner.round()
         for target, source in list(self.pairs.items()):  # sends below may yield
             if source is None or source in self._asked or source not in rt.connected:
                 continue
@@ -191,15 +170,8 @@ class LiveScaling:
                 continue
             if src.outstanding_tokens > 0 or tgt.outstanding_tokens <= 0:
                 continue  # the source has prompts of its own, or the target has none queued
-            stay = self._stay.get(target)
-            if stay and all(r.wire_id in stay for r in rt.prefilling_on(target)):
-                # every task there is planned to finish there: a partner idle sooner than
-                # planned has the target plan again (once each time it goes idle)
-                if target not in self._idle_replanned:
-                    self._idle_replanned.add(target)
-                    self._replan.add(target)
-                    rt.wake()
-                continue
+            if planner is not None and planner.all_stay(target):
+                continue  # every task there is planned to finish there
             self._asked.add(source)
             await rt.data.send(target, RelayMsg(dst_rank=source))
         await self._rescue()
@@ -239,53 +211,10 @@ class LiveScaling:
                 self._moves[target] = best[1]
                 await rt.data.send(target, RelayMsg(dst_rank=best[1]))
 
-    # --- the planned split (live_split = "ilp") -------------------------------------------
-
     def dispatched(self, rank: int) -> None:
-        """The router sent `rank` a prompt: a loading live target with a partner re-plans."""
-        if self.split == "ilp" and self.pairs.get(rank) is not None and self.loading_target(rank):
-            self._replan.add(rank)
-
-    async def _plan(self, target: int) -> None:
-        """Solve the split of `target`'s queued tasks and send it (control/live_split.py)."""
-        rt, tgt = self.router, self.state.get(target)
-        source = self.pairs.get(target)
-        src = self.state.get(source) if source is not None else None
-        if tgt is None or src is None or not self.loading_target(target) or tgt.loaded_eta is None:
-            return  # (no arrival schedule to plan by: greedy)
-        cost = rt.cost(tgt.model)
-        tasks = rt.prefilling_on(target)
-        if cost is None or not tasks:
-            return
-        now, layers = clock.now(), cost.num_layers
-        ready_at = self._ready_at.get(target, now)
-        # layers land evenly from the first's arrival to the last's (the worker's estimate)
-        span = max(0.0, tgt.loaded_eta - ready_at)
-        landed = min(layers - 1, int(layers * (now - ready_at) / span) + 1) if span > 0 else layers
-        arrivals = even_arrivals(layers, landed, max(0.0, tgt.loaded_eta - now))
-        slo = rt.ttft_slo_s(tgt.model)
-        problem = SplitProblem(
-            tuple(
-                SplitTask(
-                    deadline_s=slo - (now - r.arrival) if slo > 0 else math.inf,
-                    layer_s=cost.prefill_s(len(r.prompt)) / layers,
-                )
-                for r in tasks
-            ),
-            arrivals,
-            source_free_s=cost.prefill_s(src.outstanding_tokens) if src.outstanding_tokens else 0.0,
-        )
-        plan = solve_split(problem, self.split_time_limit_s)
-        self.split_solves += 1
-        self.split_solve_total_s += plan.solve_s
-        self.split_solve_s.append(plan.solve_s)
-        if plan.layers is None:
-            self.split_fallbacks += 1
-            self._stay.pop(target, None)
-            return
-        caps = {r.wire_id: k for r, k in zip(tasks, plan.layers, strict=False)}
-        self._stay[target] = {rid for rid, k in caps.items() if k >= layers}
-        await rt.data.send(target, LiveSplitMsg(layers=caps))
+        """The router sent `rank` a prompt (a loading target with a planned split re-plans)."""
+        if self.planner is not None:
+            self.planner.dispatched(rank)
 
     def on_none(self, target: int) -> None:
         """The target had no task to hand over."""
@@ -369,7 +298,8 @@ class LiveScaling:
             return
         if isinstance(ev, LiveReadyMsg):
             self.state.set_live_ready(ev.rank, clock.now() + ev.loaded_in_s if ev.loaded_in_s > 0 else None)
-            self._ready_at[ev.rank] = clock.now()
+            if self.planner is not None:
+                self.planner.ready(ev.rank)
         elif isinstance(ev, LiveLoadedMsg) and inst.state is InstanceState.NEW_PREFILL:
             self.state.move(ev.rank, InstanceState.REFRACTORY_PREFILL, "(fully loaded)")
         elif isinstance(ev, LiveDoneMsg):
@@ -405,9 +335,3 @@ class LiveScaling:
             if self.state.is_source(rank):  # its targets go on alone
                 self.state.orphan(rank)
                 self._asked.discard(rank)
-
-
-def _warm_up() -> None:
-    """Load the solver once, before the first scale event needs it (the first import and
-    solve take a few hundred milliseconds)."""
-    solve_split(SplitProblem((SplitTask(layer_s=1e-3),), (0.0, 0.01)), time_limit_s=10.0)

@@ -219,17 +219,17 @@ class _RouterCollector(Collector):
         yield CounterMetricFamily(
             "blitzscale_live_split_solves",
             "Planned live splits solved ([router] live_split = ilp), fallbacks included",
-            value=live.split_solves,
+            value=live.planner.solves if live.planner else 0,
         )
         yield CounterMetricFamily(
             "blitzscale_live_split_fallbacks",
             "Planned live splits past their time limit (the greedy rule instead)",
-            value=live.split_fallbacks,
+            value=live.planner.fallbacks if live.planner else 0,
         )
         yield CounterMetricFamily(
             "blitzscale_live_split_solve_seconds",
             "Wall time the router spent solving live splits",
-            value=live.split_solve_total_s,
+            value=live.planner.solve_total_s if live.planner else 0.0,
         )
         yield CounterMetricFamily(
             "blitzscale_live_abandoned",

@@ -224,6 +224,7 @@ async def _run(
     sampling.cancel()
     await control.stop()
     await cluster.stop()
+    planner = router.live.planner  # (live_split = "ilp")
     events = [e.shifted(t0) for e in scaler.events]
     return SimResult(
         policy=policy,
@@ -241,8 +242,8 @@ async def _run(
         prefix_hits=cluster.recorder.prefix_hits,
         prefix_routed=router.num_prefix_routed,
         prefix_shipped=cluster.prefix_blocks_shipped,
-        split_solve_s=tuple(router.live.split_solve_s),
-        split_fallbacks=router.live.split_fallbacks,
+        split_solve_s=tuple(planner.solve_s) if planner else (),
+        split_fallbacks=planner.fallbacks if planner else 0,
     )
 
 
