@@ -195,47 +195,51 @@ class _RouterCollector(Collector):
             "Dead workers respawned, links rebuilt, handed back to the planner",
             value=respawner.restarts,
         )
-        yield CounterMetricFamily(
-            "blitzscale_live_requests",
-            "Requests whose prefill ran partly on an instance still loading its weights",
-            value=self.router.live.requests_total,
-        )
-        yield CounterMetricFamily(
-            "blitzscale_live_layers",
-            "Layers run on instances still loading their weights",
-            value=self.router.live.layers_total,
-        )
-        yield CounterMetricFamily(
-            "blitzscale_live_relays",
-            "Partly prefilled tasks a live target handed to its source to finish",
-            value=self.router.live.relays_total,
-        )
         live = self.router.live
-        yield CounterMetricFamily(
-            "blitzscale_live_moves",
-            "Head tasks of loading live targets moved to another instance to make their TTFT SLO",
-            value=live.moves_total,
-        )
-        yield CounterMetricFamily(
-            "blitzscale_live_split_solves",
-            "Planned live splits solved ([router] live_split = ilp), fallbacks included",
-            value=live.planner.solves if live.planner else 0,
-        )
-        yield CounterMetricFamily(
-            "blitzscale_live_split_fallbacks",
-            "Planned live splits past their time limit (the greedy rule instead)",
-            value=live.planner.fallbacks if live.planner else 0,
-        )
-        yield CounterMetricFamily(
-            "blitzscale_live_split_solve_seconds",
-            "Wall time the router spent solving live splits",
-            value=live.planner.solve_total_s if live.planner else 0.0,
-        )
-        yield CounterMetricFamily(
-            "blitzscale_live_abandoned",
-            "Live targets given up when their weight source died, their waiting prompts run again",
-            value=self.router.live.abandoned_total,
-        )
+        plan = live.planner  # (live_split = "ilp")
+        for name, doc, value in (
+            (
+                "blitzscale_live_requests",
+                "Requests whose prefill ran partly on an instance still loading its weights",
+                live.requests_total,
+            ),
+            (
+                "blitzscale_live_layers",
+                "Layers run on instances still loading their weights",
+                live.layers_total,
+            ),
+            (
+                "blitzscale_live_relays",
+                "Partly prefilled tasks a live target handed to its source to finish",
+                live.relays_total,
+            ),
+            (
+                "blitzscale_live_moves",
+                "Head tasks of loading live targets moved to another instance to make their TTFT SLO",
+                live.moves_total,
+            ),
+            (
+                "blitzscale_live_split_solves",
+                "Planned live splits solved ([router] live_split = ilp), fallbacks included",
+                plan.solves if plan else 0,
+            ),
+            (
+                "blitzscale_live_split_fallbacks",
+                "Planned live splits past their time limit (the greedy rule instead)",
+                plan.fallbacks if plan else 0,
+            ),
+            (
+                "blitzscale_live_split_solve_seconds",
+                "Wall time the router spent solving live splits",
+                plan.solve_total_s if plan else 0.0,
+            ),
+            (
+                "blitzscale_live_abandoned",
+                "Live targets given up when their weight source died, their waiting prompts run again",
+                live.abandoned_total,
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
 
 
 # Seconds. A scale-up spans a GPU-to-GPU copy of a small model (ms) to a cold disk read of a
