@@ -22,7 +22,6 @@ from blitzscale.cluster.base import Cluster
 from blitzscale.cluster.slotted import free_slots
 from blitzscale.control.costmodel import Profile
 from blitzscale.control.live_split import DEFAULT_TIME_LIMIT_S, SPLIT_NAMES
-from blitzscale.control.routing import Option, finish_first
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.control.states import is_serving
 from blitzscale.core.outputs import RequestOutput
@@ -52,6 +51,7 @@ from blitzscale.serve.instances import Instance
 from blitzscale.serve.live import LiveScaling
 from blitzscale.serve.migration import KVMigrations
 from blitzscale.serve.models import ModelBackend, ServedModel
+from blitzscale.serve.placement import Placement
 from blitzscale.serve.prefixes import FALLBACK_CAPACITY_BLOCKS, PrefixIndex
 from blitzscale.serve.queue import RequestQueue
 from blitzscale.serve.requests import RouterRequest, Stage
@@ -165,6 +165,7 @@ class Router:
         self.on_unserved: list[Callable[[str], None]] = []
         # ZigZag: live pairs, relays, the split of a live target's tasks, live counters
         self.live = LiveScaling(self, cfg.mode == "pd", cfg.live_split, cfg.live_split_time_limit_s)
+        self.placement = Placement(self, self.live, colocated=cfg.mode == "colocated")
         self.prefixes = PrefixIndex()  # which prompt prefixes each instance was sent
         self.num_prefix_routed = 0  # requests sent where a prefix of theirs was likely cached
         self.prefix_routed_tokens = 0  # prompt tokens those had cached there, by the index
@@ -435,92 +436,17 @@ class Router:
             except Exception:  # one bad round must not stop dispatching for good
                 log.exception("dispatch round failed")
 
-    def _accepts(self, inst: Instance) -> str | None:
-        """The role `inst` takes work in now (live states serve the mode's first role).
-
-        ZigZag: a live target takes new prompts once its first layers have landed; from then
-        until it is fully loaded its source takes none from the queue: it finishes its own,
-        then pulls the target's partly run tasks (relays), so the two work as one pipeline
-        on the target's queue. Once loaded, both take prompts as usual."""
-        if inst.state is InstanceState.NEW_PREFILL and not inst.live_ready:
-            return None  # no layer has landed yet
-        if inst.state is InstanceState.OLD_PREFILL and self.live.has_live_target(inst.rank):
-            return None
-        role = inst.accepts
-        if role == "prefill" and self.cfg.mode == "colocated":
-            return "colocated"
-        return role
-
     def pick(
         self, role: Role, need_tokens: int = 0, model: str | None = None, prefix: list[bytes] | None = None
     ) -> Instance | None:
-        """The least loaded instance of `model` (None: the default one) taking `role` work.
-        `prefix`: the prompt's block hashes; an instance's likely cached share of them
-        counts as prompt work it need not do (`prefix_aware`)."""
-        want = model or self.model_name
-        fits = self._candidates(role, need_tokens, want)
-        if not fits:
-            return None
-        if any(self.live.loading_target(i.rank) for i in fits):
-            return self._finish_first(role, need_tokens, want, fits)
-        if not prefix:
-            return min(fits, key=lambda i: (i.outstanding_tokens, i.num_assigned))
-        block = self._models[want].model.prefix_block_size
-        near = min(i.num_assigned for i in fits) + max(1, self.max_requests(want) // 4)
+        """The instance of `model` (None: the default one) that takes this `role` work
+        (serve/placement.py). `prefix`: the prompt's block hashes (`prefix_aware`)."""
+        return self.placement.pick(role, need_tokens, model or self.model_name, prefix)
 
-        def cached(inst: Instance) -> int:
-            if inst.num_assigned > near:
-                return 0
-            return block * self.prefixes.cached_blocks(want, inst.rank, inst.loaded_at, prefix)
-
-        return min(fits, key=lambda i: (i.outstanding_tokens - cached(i), i.num_assigned))
-
-    def _candidates(
-        self, role: Role, need_tokens: int, want: str, over_budget: list[Instance] | None = None
-    ) -> list[Instance]:
-        """Instances of model `want` taking `role` work that have room for `need_tokens`
-        (`over_budget`, if given, gets those whose prompt tokens alone leave no room)."""
-        fits: list[Instance] = []
-        for inst in self.instances.values():
-            if inst.model != want or self._accepts(inst) != role or inst.rank not in self.connected:
-                continue
-            if inst.num_assigned >= self.max_requests(want):
-                continue
-            if (
-                role != "decode"
-                and inst.outstanding_tokens
-                and (inst.outstanding_tokens + need_tokens > self.live.budget(inst))
-            ):
-                if over_budget is not None:
-                    over_budget.append(inst)
-                continue
-            fits.append(inst)
-        return fits
-
-    def _finish_first(self, role: Role, need_tokens: int, want: str, fits: list[Instance]) -> Instance | None:
-        """With a loading live target among `fits`: the instance where the prompt is
-        prefilled first, or None if it finishes sooner by waiting for one whose prompt
-        budget is full (control/routing.py)."""
-        cost = self.cost(want)
-        if cost is None:  # (no rate to compare in: the least loaded, as for the rest)
-            return min(fits, key=lambda i: (i.outstanding_tokens, i.num_assigned))
-        full: list[Instance] = []
-        self._candidates(role, need_tokens, want, full)
-        now, live = clock.now(), self.live
-        options = []
-        for inst, room in [(i, True) for i in fits] + [(i, False) for i in full]:
-            loading = live.loading_target(inst.rank)
-            eta = inst.loaded_eta if loading else None
-            source = live.pairs.get(inst.rank) if loading else None
-            src = self.state.get(source) if source is not None else None
-            pipeline = None
-            if src is not None:  # its partner's own prompts and those of all its targets
-                targets = [self.state.get(t) for t, s in live.pairs.items() if s == source]
-                pipeline = src.outstanding_tokens + sum(t.outstanding_tokens for t in targets if t)
-            left = max(0.0, eta - now) if eta is not None else 0.0
-            options.append(Option(inst.rank, inst.outstanding_tokens, room, left, pipeline))
-        rank = finish_first(options, need_tokens, cost.prefill_rate())
-        return self.instances[rank] if rank is not None else None
+    def prefix_block_size(self, model: str) -> int:
+        """The KV block size `model`'s engines cache prefixes in (0: they do not)."""
+        backend = self._models.get(model)
+        return backend.model.prefix_block_size if backend is not None else 0
 
     def _prefix_of(self, r: RouterRequest) -> list[bytes] | None:
         """`r`'s prompt block hashes, if its model's instances cache prefixes (once per request)."""
