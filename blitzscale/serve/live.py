@@ -17,6 +17,7 @@ from typing import Protocol
 
 from blitzscale import clock
 from blitzscale.control.costmodel import Profile
+from blitzscale.control.live_split import DEFAULT_TIME_LIMIT_S
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.messages import (
     AbortMsg,
@@ -71,13 +72,19 @@ class LiveOwner(Protocol):
 
 class LiveScaling:
     def __init__(
-        self, router: LiveOwner, pd_mode: bool, split: str = "greedy", split_time_limit_s: float = 0.04
+        self,
+        router: LiveOwner,
+        pd_mode: bool,
+        split: str = "greedy",
+        split_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     ) -> None:
         """`pd_mode`: prefill/decode disaggregation (a relayed prompt holds its KV for a
         decode instance), else colocated. `split`: "greedy" or "ilp" (a planned split of
         each loading target's tasks, within `split_time_limit_s` a solve)."""
         self.router = router
         self.pd_mode = pd_mode
+        # the state a prefill-side instance serves in once loaded (pd: prefill)
+        self.steady = InstanceState.PREFILL if pd_mode else InstanceState.COLOCATED
         self.state: ControlState = router.state
         self._asked: set[int] = set()  # sources asked to relay
         self._moves: dict[int, int] = {}  # live targets asked to hand their head elsewhere -> where
@@ -113,14 +120,13 @@ class LiveScaling:
         self._moves.pop(target, None)
         source = st.unpair(target)
         inst = st.get(target)
-        steady = InstanceState.PREFILL if self.pd_mode else InstanceState.COLOCATED
         if inst is not None and inst.state in (InstanceState.NEW_PREFILL, InstanceState.REFRACTORY_PREFILL):
-            st.move(target, steady, "(live queue drained)")
+            st.move(target, self.steady, "(live queue drained)")
         src = st.get(source)
         if src is not None and source is not None and not st.is_source(source):
             self._asked.discard(source)
             if src.state is InstanceState.OLD_PREFILL:
-                st.move(source, steady, "(its live target is loaded)")
+                st.move(source, self.steady, "(its live target is loaded)")
         rt.wake()
 
     def loading_target(self, rank: int) -> bool:
@@ -182,7 +188,6 @@ class LiveScaling:
         soonest, if that one makes it sooner: a relay to an ordinary prefill instance,
         which runs the layers the target has not."""
         rt = self.router
-        steady = InstanceState.PREFILL if self.pd_mode else InstanceState.COLOCATED
         for target, source in list(self.pairs.items()):  # sends below may yield
             if target in self._moves or (source is not None and source in self._asked):
                 continue  # a relay is being asked for already
@@ -200,7 +205,7 @@ class LiveScaling:
             budget = rt.budget_tokens(tgt.model)
             best: tuple[float, int] | None = None
             for inst in self.state:
-                if inst.model != tgt.model or inst.state is not steady or inst.rank not in rt.connected:
+                if inst.model != tgt.model or inst.state is not self.steady or inst.rank not in rt.connected:
                     continue
                 if inst.outstanding_tokens + len(head.prompt) > budget:
                     continue
@@ -229,8 +234,7 @@ class LiveScaling:
             self._asked.discard(source)
         r = rt.request_of(m.request_id)
         src = self.state.get(source) if source is not None else None
-        steady = InstanceState.PREFILL if self.pd_mode else InstanceState.COLOCATED
-        if moved_to is not None and (src is None or src.state is not steady):
+        if moved_to is not None and (src is None or src.state is not self.steady):
             src = None  # the instance it was moving to stopped serving meanwhile: it stays
         if r is None or src is None or source is None or r.prefill_rank != m.rank:
             await rt.data.send(m.rank, SendRelayMsg(request_id=m.request_id, dst_rank=-1))

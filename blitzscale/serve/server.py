@@ -62,14 +62,20 @@ def _served_model(m: ModelEntry, folder: str, cfg: ServeConfig, cost: Profile | 
         cost=cost,
         max_num_seqs=cfg.engine.for_device(cfg.cluster.device).max_num_seqs,
         prefix_block_size=cfg.engine.block_size if cfg.engine.prefix_caching else 0,
-        ttft_slo_s=m.ttft_slo_s if m.ttft_slo_s is not None else cfg.model.ttft_slo_s,
+        ttft_slo_s=_ttft_slo_s(m, cfg),
     )
+
+
+def _ttft_slo_s(m: ModelEntry, cfg: ServeConfig) -> float:
+    """A model's TTFT SLO: its own, else `[model] ttft_slo_s` (the router plans live
+    splits and moves by it, the planner its band)."""
+    return m.ttft_slo_s if m.ttft_slo_s is not None else cfg.model.ttft_slo_s
 
 
 def _scaled_model(m: ModelEntry, folder: str, cfg: ServeConfig) -> ScaledModel:
     """What the scaler needs of a model: where workers load it from, its bounds."""
     keep = m.keep_alive_s if m.keep_alive_s is not None else cfg.model.keep_alive_s
-    slo = m.ttft_slo_s if m.ttft_slo_s is not None else cfg.model.ttft_slo_s
+    slo = _ttft_slo_s(m, cfg)
     return ScaledModel(m.name, folder, folder, m.min_instances, m.max_instances, keep, slo)
 
 
