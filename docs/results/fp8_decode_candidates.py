@@ -1,0 +1,207 @@
+"""Candidate FP8 decode kernels the sweeps measured (issue 32; Triton). Not the product's
+kernels (those are model/fp8_matmul.py): what was tried, so the sweeps' figures can be
+made again.
+
+- `gemv`: one row, FP8 weights widened to fp32 in registers (a [BLOCK_N, BLOCK_K] fp32
+  accumulator, or a per-iteration sum along K: ACC2D), optionally computing SiLU(gate) * up
+  of a gate_up row on the fly (ACT; each program recomputes it for all of K: slower);
+- `tc`: weights as the dot's first operand (widened in registers to bf16), the step's rows
+  as the second: out^T tiles, split along K (slow under Triton 3.6: 2.2x bf16 at 16 rows);
+- `w8a8`: FP8 x FP8 on the tensor cores with the per-token and per-channel scales after;
+- `tensorwise`: cuBLAS's FP8 GEMM with unit scales, then `scale_rows_cols` (what became
+  fp8_matmul.w8a8_matmul).
+`DOT` picks the dot's operand type: fp32 under Triton's CPU interpreter (whose bf16 dot is
+wrong with numpy 2.2), bf16 / e4m3 on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _act(x_ptr, offs, mask, K, ACT: tl.constexpr):
+    """The step's input at `offs`: x itself, or silu(gate) * up of a gate_up row (rounded as
+    triton_ops._silu_mul rounds), as fp32."""
+    if ACT:
+        g = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + offs + K, mask=mask, other=0.0).to(tl.float32)
+        a = libdevice.div_rn(g, 1.0 + libdevice.exp(-g)).to(tl.bfloat16).to(tl.float32)
+        return (a * u).to(tl.bfloat16)
+    else:
+        return tl.load(x_ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit(do_not_specialize=["stride_x"])
+def gemv(
+    x_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ACC2D: tl.constexpr, STAGES: tl.constexpr,
+    ACT: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
+    if ACC2D:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = _act(x_ptr, k0 + rk, rk < BLOCK_K, K, ACT).to(tl.float32)
+        w = tl.load(wp + k0, mask=n_ok[:, None], other=0.0).to(tl.float32)
+        if ACC2D:
+            acc2 += w * x[None, :]
+        else:
+            acc1 += tl.sum(w * x[None, :], axis=1)
+    s = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+    out = tl.sum(acc2, axis=1) * s if ACC2D else acc1 * s
+    tl.store(out_ptr + rn, out.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit(do_not_specialize=["M", "stride_x", "stride_o", "split"])
+def tc(
+    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_x, stride_o, split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    ACT: tl.constexpr, DOT: tl.constexpr = tl.bfloat16,
+):  # fmt: skip
+    """Weights as the dot's first operand ([BLOCK_N channels, BLOCK_K] widened in registers),
+    the step's rows as the second ([BLOCK_K, BLOCK_M]): out^T tiles [BLOCK_N, BLOCK_M]."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    k_len = K // split
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = pid_k * k_len + tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    xo = rm[None, :].to(tl.int64) * stride_x + rk[:, None]
+    wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, k_len, BLOCK_K):
+        x = _act(x_ptr, xo + k0, m_ok[None, :], K, ACT)
+        w = tl.load(wp + k0, mask=n_ok[:, None], other=0.0)
+        acc = tl.dot(w.to(DOT), x.to(DOT), acc)
+    s = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+    out = acc * s[:, None]
+    op = out_ptr + pid_k * M * N + rm[None, :].to(tl.int64) * stride_o + rn[:, None]
+    tl.store(op, out.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["total", "split"])
+def add_slices(part_ptr, out_ptr, total, split, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < total
+    acc = tl.load(part_ptr + i, mask=ok, other=0.0)
+    for j in range(1, split):
+        acc += tl.load(part_ptr + j * total + i, mask=ok, other=0.0)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def split_for(n: int, k: int, block_n: int, block_k: int, target: int) -> int:
+    """Fewest K slices (each a whole number of block_k) giving >= target programs; <= 16."""
+    strips = -(-n // block_n)
+    blocks = k // block_k
+    split = 1
+    for d in range(1, min(16, blocks) + 1):
+        if blocks % d == 0:
+            split = d
+            if strips * d >= target:
+                break
+    return split
+
+
+def run_gemv(x, w, s, cfg, act=False):
+    k = w.shape[1]
+    n = w.shape[0]
+    out = torch.empty((1, n), dtype=torch.bfloat16, device=x.device)
+    gemv[(triton.cdiv(n, cfg["bn"]),)](
+        x, w, s, out, n, k, x.stride(0),
+        BLOCK_N=cfg["bn"], BLOCK_K=cfg["bk"], ACC2D=cfg["acc2d"], STAGES=cfg["stages"], ACT=act,
+        num_warps=cfg["warps"], num_stages=cfg["stages"],
+    )  # fmt: skip
+    return out
+
+
+def run_tc(x, w, s, cfg, sms, act=False, dot=tl.bfloat16):
+    m = x.shape[0]
+    n, k = w.shape
+    bm = cfg["bm"]
+    split = split_for(n, k, cfg["bn"], cfg["bk"], cfg["pps"] * sms) if cfg["pps"] else 1
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    tc[(triton.cdiv(n, cfg["bn"]), split, triton.cdiv(m, bm))](
+        x, w, s, part, m, n, k, x.stride(0), n, split,
+        BLOCK_M=bm, BLOCK_N=cfg["bn"], BLOCK_K=cfg["bk"], STAGES=cfg["stages"], ACT=act, DOT=dot,
+        num_warps=cfg["warps"], num_stages=cfg["stages"],
+    )  # fmt: skip
+    if split > 1:
+        add_slices[(triton.cdiv(m * n, 1024),)](part, out, m * n, split, BLOCK=1024)
+    return out
+
+
+@triton.jit(do_not_specialize=["M", "stride_x", "stride_o", "split"])
+def w8a8(
+    xq_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_x, stride_o, split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """FP8 x FP8 on the tensor cores, per-token x per-channel scales after the sum."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    k_len = K // split
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = pid_k * k_len + tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    xp = xq_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :]
+    wp = w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_len, BLOCK_K):
+        a = tl.load(xp + k0, mask=m_ok[:, None], other=0.0)
+        b = tl.load(wp + k0, mask=n_ok[None, :], other=0.0)
+        acc = tl.dot(a.to(DOT), b.to(DOT), acc)
+    xs = tl.load(xs_ptr + rm, mask=m_ok, other=0.0)
+    ws = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+    out = acc * xs[:, None] * ws[None, :]
+    op = out_ptr + pid_k * M * N + rm[:, None].to(tl.int64) * stride_o + rn[None, :]
+    tl.store(op, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def run_w8a8(xq, xs, w, s, cfg, sms, dot=None):
+    m = xq.shape[0]
+    n, k = w.shape
+    bm = cfg["bm"]
+    split = split_for(n, k, cfg["bn"], cfg["bk"], cfg["pps"] * sms) if cfg["pps"] else 1
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=xq.device)
+    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=xq.device)
+    w8a8[(triton.cdiv(n, cfg["bn"]), split, triton.cdiv(m, bm))](
+        xq, xs, w, s, part, m, n, k, xq.stride(0), n, split,
+        BLOCK_M=bm, BLOCK_N=cfg["bn"], BLOCK_K=cfg["bk"], DOT=dot if dot is not None else tl.float8e4nv,
+        num_warps=cfg["warps"], num_stages=cfg["stages"],
+    )  # fmt: skip
+    if split > 1:
+        add_slices[(triton.cdiv(m * n, 1024),)](part, out, m * n, split, BLOCK=1024)
+    return out
+
+
+@triton.jit(do_not_specialize=["total", "n"])
+def scale_rows_cols(o_ptr, xs_ptr, ws_ptr, total, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < total
+    o = tl.load(o_ptr + i, mask=ok, other=0.0).to(tl.float32)
+    xs = tl.load(xs_ptr + i // n, mask=ok, other=0.0)
+    ws = tl.load(ws_ptr + i % n, mask=ok, other=0.0)
+    tl.store(o_ptr + i, (o * xs * ws).to(o_ptr.dtype.element_ty), mask=ok)
+
+
+def tensorwise(xq, xs, w, s, one):
+    out = torch._scaled_mm(xq, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    m, n = out.shape
+    scale_rows_cols[(triton.cdiv(m * n, 1024),)](out, xs, s, m * n, n, BLOCK=1024)
+    return out
