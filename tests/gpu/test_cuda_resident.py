@@ -25,6 +25,7 @@ def test_engines_of_resident_models_each_take_their_share_of_the_device() -> Non
     per_rank, util = 3, 0.3
     engine_cfg = EngineConfig(models_per_device=per_rank, gpu_memory_utilization=util, max_model_len=512)
     _, total = torch.cuda.mem_get_info()
+    before = torch.cuda.memory_allocated()  # (what earlier tests in this process still hold)
     engines = []
     for _ in range(per_rank):
         w = ModelWeights.empty(cfg, torch.bfloat16, "cuda")
@@ -34,5 +35,5 @@ def test_engines_of_resident_models_each_take_their_share_of_the_device() -> Non
     share = int(total * util) // per_rank
     want = (share - w.layout.nbytes) // per_block
     assert [e.counts()["total_blocks"] for e in engines] == [want] * per_rank
-    held = torch.cuda.memory_allocated()
-    assert held <= int(total * util) + (1 << 30), (held, total)  # (graphs and buffers aside)
+    held = torch.cuda.memory_allocated() - before
+    assert held <= int(total * util) + (1 << 30), (held, before, total)  # (graphs and buffers aside)
