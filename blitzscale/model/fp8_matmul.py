@@ -1,81 +1,40 @@
-"""FP8 weights times bf16 activations for steps of few tokens (Triton; imported on CUDA only).
+"""FP8 linears for decode steps (Triton and cuBLAS; imported on CUDA only).
 
 A decode step multiplies a handful of rows by every weight: it is bound by reading the
-weights, and FP8 should halve that. `torch._scaled_mm` does not get there at few rows (on
-an H200 its rowwise kernel read Llama-3-8B's weights at 0.5-1.8 TB/s where bf16's GEMM read
-them at 1.2-3.3 TB/s, `docs/results/fp8_gemm_shapes_h200.json`), and it needs the
-activations quantized first (one more launch per linear). Here each program streams a
-strip of FP8 weight rows, widens them to bf16 in registers (exact: every e4m3 value is a
-bf16 value), multiplies on the tensor cores with fp32 accumulation and applies the
-per-channel scales at the end. The activations stay bf16: the arithmetic of the CPU path
-(model/linear.py `DequantLinear`), with the scale applied once after the sum. A single
-row (batch-1 decode) skips the tensor cores: a GEMV on the CUDA cores reads faster there.
+weights, and FP8 should halve that. Two paths, chosen by the step's rows (model/linear.py
+`ScaledMMLinear`):
+
+- one row (batch-1 decode): `w8a16_matmul`, a GEMV on the CUDA cores; each program widens
+  a strip of FP8 weight rows to fp32 in registers (exact: every e4m3 value is one), multiplies
+  by the bf16 row and sums along K once at the end; the per-channel scales after. The
+  activations stay bf16: the arithmetic of the CPU path (`DequantLinear`).
+- 2..W8A8_MAX_ROWS rows: the activations quantized per token (as for prefill), then
+  `w8a8_matmul`: cuBLAS's FP8 GEMM with unit tensor scales and the per-token and per-channel
+  scales applied in one pass after. `torch._scaled_mm` with rowwise scales (a CUTLASS kernel)
+  read the weights at bf16's time or slower at these sizes; the weight-only tensor-core
+  kernel that took 2..16 rows before (FP8 widened to bf16 for the dot, split along K) took
+  1.45x bf16's time (docs/results/fp8_decode_paths_h200.py, docs/benchmarks.md).
+
+Every timing behind the choices here read each weight from HBM: eight copies of each linear
+cycled, so none is served from the H200's 50 MB L2 (sweeps that replayed one copy favoured
+shapes that the L2 flattered).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 16  # steps of up to this many tokens take this kernel; more go to _scaled_mm
-# (64 rows with 16 channels a program re-read the activations from L2 for every strip:
-# 3.2x bf16's decode step at batch 64, where _scaled_mm is at par)
-BLOCK_N = 32  # output channels a program computes (swept: 16-64, docs/results/fp8_w8a16_sweep_h200.json)
-BLOCK_K = 256  # weight bytes per row and iteration
-NUM_WARPS = 4
-NUM_STAGES = 3
-# Split-K: a linear with few strips of output channels (Llama-3-8B's down_proj: 128 strips
-# of 32 over K = 14336) kept one program per SM streaming a long row, at 0.9 TB/s. Each
-# strip's K is cut into as many slices as bring the programs to this many per SM; each
-# slice writes its fp32 sums, and a second kernel adds them in order and casts (no atomics:
-# the same step gives the same bits every time).
-# (swept 0-8 in docs/results/fp8_splitk_sweep_h200.json: 2 took 16 rows from 1.77x bf16's
-# time for a layer's four linears to 1.50x)
-PROGRAMS_PER_SM = 2
-MAX_SPLIT = 16
-# One row (batch-1 decode): no tensor cores; each program multiplies its strip of widened
-# weights by the row on the CUDA cores and sums along K once at the end (no split: it only
-# slowed this kernel down). Swept: 16 x 1024 with 4 warps read at 2.5-2.7 TB/s, a layer's
-# four linears in 0.73x bf16's time, where the tensor-core kernel took 1.27x.
-GEMV_BLOCK_N = 16
+MAX_ROWS = 1  # steps of this many tokens take the GEMV
+W8A8_MAX_ROWS = 64  # steps of up to this many that it does not take: `w8a8_matmul`; more
+# (prefill): rowwise `_scaled_mm`
+# The GEMV's strip: 8 output channels x 1024 weight bytes per iteration, 4 warps. A layer's
+# four linears of Llama-3-8B in 0.076 ms, 0.658x bf16's (16 x 1024: 0.728x; 2048 bytes:
+# 0.71-0.81x; 2 warps: 0.69x).
+GEMV_BLOCK_N = 8
 GEMV_BLOCK_K = 1024
 GEMV_WARPS = 4
-GEMV_ROWS = 1  # steps of up to this many rows take the GEMV (0: none)
-
-
-@triton.jit(do_not_specialize=["M", "stride_x", "stride_o"])
-def _w8a16(
-    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_x, stride_o,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-):  # fmt: skip
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    k_len = K // SPLIT_K  # (a multiple of BLOCK_K: `split_for`)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = pid_k * k_len + tl.arange(0, BLOCK_K)
-    m_ok = rm < M
-    n_ok = rn < N
-    xp = x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :]
-    # [BLOCK_N, BLOCK_K]: each row's bytes contiguous, so the loads are wide (a [K, N] tile
-    # of this row-major weight loaded byte by byte: 1 TB/s)
-    wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, k_len, BLOCK_K):
-        x = tl.load(xp, mask=m_ok[:, None], other=0.0)
-        w = tl.load(wp, mask=n_ok[:, None], other=0.0)
-        acc = tl.dot(x, tl.trans(w.to(tl.bfloat16)), acc)
-        xp += BLOCK_K
-        wp += BLOCK_K
-    s = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
-    out = acc * s[None, :]
-    # (split: slice pid_k's fp32 sums, at [pid_k, M, N] of the partials)
-    op = out_ptr + pid_k * M * N + rm[:, None].to(tl.int64) * stride_o + rn[None, :]
-    tl.store(op, out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["stride_x"])
@@ -101,68 +60,59 @@ def _w8a16_gemv(
     tl.store(out_ptr + row * N + rn, out.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
-@triton.jit(do_not_specialize=["total"])
-def _add_slices(part_ptr, out_ptr, total, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["total", "n"])
+def _scale_out(o_ptr, xs_ptr, ws_ptr, total, n, BLOCK: tl.constexpr):
+    """o[m, n] *= xs[m] * ws[n] in place (o: the unit-scale FP8 product, rounded once)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < total
-    acc = tl.load(part_ptr + i, mask=ok, other=0.0)
-    for j in tl.static_range(1, SPLIT_K):
-        acc += tl.load(part_ptr + j * total + i, mask=ok, other=0.0)
-    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    o = tl.load(o_ptr + i, mask=ok, other=0.0).to(tl.float32)
+    xs = tl.load(xs_ptr + i // n, mask=ok, other=0.0)
+    ws = tl.load(ws_ptr + i % n, mask=ok, other=0.0)
+    tl.store(o_ptr + i, (o * xs * ws).to(o_ptr.dtype.element_ty), mask=ok)
+
+
+def unit_scale(device: torch.device) -> torch.Tensor:
+    """The fp32 1.0 on `device` that `w8a8_matmul` passes as cuBLAS's tensor scales (made
+    once, outside any CUDA graph capture)."""
+    return torch.ones((), dtype=torch.float32, device=device)
+
+
+def w8a8_matmul(
+    xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, one: torch.Tensor
+) -> torch.Tensor:
+    """xq [M, K] e4m3 (per-token scales xs [M, 1]) times (weight [N, K] e4m3 * scale [N])^T
+    -> [M, N] bf16, for decode steps of a few dozen rows. `torch._scaled_mm` with tensor
+    scales of 1 (cuBLAS's FP8 GEMM: on an H200 it read Llama-3-8B's weights at 0.56-0.57x
+    bf16's time at 1-64 rows, where its rowwise-scaled kernel took 0.85-1.05x), then the
+    per-token and per-channel scales in one pass over the [M, N] product."""
+    out = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    m, n = out.shape
+    if m:
+        _scale_out[(triton.cdiv(m * n, 1024),)](out, xs, scale, m * n, n, BLOCK=1024)
+    return out
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether this kernel takes `x` [M, K] times `weight` [N, K] (FP8): few rows, bf16, and
-    K a multiple of BLOCK_K (every Llama shape, TP shards included)."""
+    """Whether the GEMV takes `x` [M, K] times `weight` [N, K] (FP8): one row, bf16, K a
+    multiple of GEMV_BLOCK_K (every Llama shape, TP shards included)."""
     return (
         0 < x.shape[0] <= MAX_ROWS
         and x.dtype == torch.bfloat16
-        and weight.shape[1] % BLOCK_K == 0
+        and weight.shape[1] % GEMV_BLOCK_K == 0
         and weight.is_contiguous()
     )
 
 
-@functools.cache
-def _sms(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def split_for(n: int, k: int, sms: int) -> int:
-    """How many slices each strip's K is cut into: the fewest that bring the programs to
-    PROGRAMS_PER_SM per SM, each slice a whole number of BLOCK_K (at most MAX_SPLIT)."""
-    strips = -(-n // BLOCK_N)
-    blocks = k // BLOCK_K
-    want = -(-PROGRAMS_PER_SM * sms // strips)
-    split = 1
-    for d in range(1, min(MAX_SPLIT, blocks) + 1):
-        if blocks % d == 0:
-            split = d
-            if d >= want:
-                break
-    return split
-
-
 def w8a16_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [M, K] bf16 times (weight [N, K] e4m3 * scale [N] fp32)^T -> [M, N] bf16 (M <=
-    MAX_ROWS). One program shape per linear, compiled by the first CUDA graph capture (M is
-    not specialized), so no step compiles while serving."""
+    MAX_ROWS: one program row per row of x). Compiled by the first CUDA graph capture, so
+    no step compiles while serving."""
     m, k = x.shape
     n = weight.shape[0]
     x = x if x.stride(1) == 1 else x.contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m <= GEMV_ROWS and k % GEMV_BLOCK_K == 0:
-        _w8a16_gemv[(triton.cdiv(n, GEMV_BLOCK_N), m)](
-            x, weight, scale, out, n, k, x.stride(0),
-            BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K, num_warps=GEMV_WARPS,
-        )  # fmt: skip
-        return out
-    split = split_for(n, k, _sms(x.device.index or 0))
-    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    _w8a16[(triton.cdiv(n, BLOCK_N), split, triton.cdiv(m, 16))](
-        x, weight, scale, part, m, n, k, x.stride(0), n,
-        BLOCK_M=16, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT_K=split,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    _w8a16_gemv[(triton.cdiv(n, GEMV_BLOCK_N), m)](
+        x, weight, scale, out, n, k, x.stride(0),
+        BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K, num_warps=GEMV_WARPS,
     )  # fmt: skip
-    if split > 1:
-        _add_slices[(triton.cdiv(m * n, 1024),)](part, out, m * n, SPLIT_K=split, BLOCK=1024)
     return out

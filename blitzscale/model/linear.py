@@ -13,8 +13,9 @@ per-output-channel fp32 scales (None for an unquantized model). The implementati
   (one fp32 scale a row, on the device: no host sync, static shapes, so it runs inside
   the decode CUDA graphs) and `torch._scaled_mm` with rowwise scaling (a [M, 1] and b
   [1, N] fp32 scales) on the fp8 weight as stored (`w.t()` is the column-major operand);
-  steps of at most 16 tokens (decode) through model/fp8_matmul.py instead: FP8 weights
-  widened in registers times bf16 activations, at the weights' read rate.
+  decode steps through model/fp8_matmul.py instead: one token by a GEMV of FP8 weights
+  widened in registers times bf16 activations, 2-64 tokens by cuBLAS's FP8 GEMM with the
+  scales applied after (at these sizes the rowwise kernel reads the weights slowly).
 
 `select_linear` picks one by device, activation dtype and the model's quantization, as
 `select_ops` picks the pointwise ops (model/ops.py).
@@ -97,10 +98,15 @@ class DequantLinear:
 
 @dataclass(frozen=True)
 class FewRows:
-    """A matmul for steps of few tokens: `supports(x, weight)`, `matmul(x, weight, scale)`."""
+    """Matmuls for steps of few tokens: `supports(x, weight)` says whether the weight-only
+    `matmul(x, weight, scale)` takes x (bf16 activations); steps of up to `quantized_rows`
+    rows that it does not take go, quantized per token, through `quantized(xq, xs, weight,
+    scale)`."""
 
     supports: Callable[[torch.Tensor, torch.Tensor], bool]
     matmul: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    quantized_rows: int = 0
+    quantized: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 class ScaledMMLinear:
@@ -129,11 +135,15 @@ class ScaledMMLinear:
         n = weight.shape[0]
         if x.shape[0] == 0:
             return x.new_empty((0, n))
-        if self.few_rows is not None and self.few_rows.supports(x, weight):
-            out = self.few_rows.matmul(x, weight, scale)
+        few = self.few_rows
+        if few is not None and few.supports(x, weight):
+            out = few.matmul(x, weight, scale)
             return out if bias is None else out + bias
         xq, xs = self.quantize(x.contiguous())
-        out = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n), out_dtype=x.dtype)
+        if few is not None and few.quantized is not None and x.shape[0] <= few.quantized_rows:
+            out = few.quantized(xq, xs, weight, scale)
+        else:
+            out = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n), out_dtype=x.dtype)
         return out if bias is None else out + bias
 
 
@@ -167,5 +177,14 @@ def select_linear(device: torch.device, dtype: torch.dtype, quant: str, name: st
         from blitzscale.model import fp8_matmul
         from blitzscale.model.triton_ops import quantize_tokens
 
-        return ScaledMMLinear(quantize_tokens, FewRows(fp8_matmul.supports, fp8_matmul.w8a16_matmul))
+        one = fp8_matmul.unit_scale(device)
+        return ScaledMMLinear(
+            quantize_tokens,
+            FewRows(
+                fp8_matmul.supports,
+                fp8_matmul.w8a16_matmul,
+                fp8_matmul.W8A8_MAX_ROWS,
+                lambda xq, xs, w, s: fp8_matmul.w8a8_matmul(xq, xs, w, s, one),
+            ),
+        )
     return ScaledMMLinear()

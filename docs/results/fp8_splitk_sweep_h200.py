@@ -12,6 +12,11 @@ variants since removed from the module for giving nothing: the GEMV split along 
 chose (the GEMV at the dot's split): the GEMV unsplit, as the module has it now, is faster.
 
 Run (GPU machine, repo root): `python3 docs/results/fp8_splitk_sweep_h200.py`.
+
+It ran against model/fp8_matmul.py as of commit 105fd10; the split-K tensor-core kernel and its constants
+are gone since (2-64 row steps take cuBLAS's FP8 GEMM: fp8_decode_paths_h200.py). To run
+it again:
+`git worktree add /tmp/fp8-105fd10 105fd10` and run it there.
 """
 
 from __future__ import annotations

@@ -1,7 +1,13 @@
 """Scratch measurement (issue 32): the FP8 weight-only kernel (model/fp8_matmul.py) over a
 few block shapes, each linear shape of Llama-3-8B replayed 20 times from a CUDA graph (no
 launch overhead, as in a decode step), against bf16 `F.linear` the same way; then the best
-shape set in the module and `bench engine --dtype fp8` run with it. Prints JSON."""
+shape set in the module and `bench engine --dtype fp8` run with it. Prints JSON.
+
+It ran against model/fp8_matmul.py as of commit 105fd10; the tensor-core weight-only kernel and its constants
+are gone since (2-64 row steps take cuBLAS's FP8 GEMM: fp8_decode_paths_h200.py). To run
+it again:
+`git worktree add /tmp/fp8-105fd10 105fd10` and run it there.
+"""
 
 from __future__ import annotations
 

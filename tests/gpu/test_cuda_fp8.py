@@ -192,31 +192,34 @@ def test_bench_engine_fp8_measures_both_and_their_ratios() -> None:
     assert r["fp8"]["prefill_ms"] > 0 and r["dense"]["prefill_ms"] > 0
 
 
-@pytest.mark.parametrize("m", [1, 5, 16, 17, 64, 300])
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 17, 64, 65, 300])
 @torch.inference_mode()
-def test_steps_of_few_tokens_take_the_weight_only_kernel_and_match_its_reference(m: int) -> None:
-    """Up to 16 rows: FP8 weights times bf16 activations (model/fp8_matmul.py: one row on
-    the GEMV, more on the tensor-core kernel, split along K where its strips are few),
-    against the same product in fp32 torch, and the same bits on a second call; more
-    rows: `_scaled_mm` on quantized activations."""
+def test_each_step_size_takes_its_fp8_path_and_matches_its_reference(m: int) -> None:
+    """One row: the weight-only GEMV (model/fp8_matmul.py), against the product of bf16
+    activations and the dequantized weights in fp32; 2..W8A8_MAX_ROWS rows: activations
+    quantized per token and cuBLAS's FP8 GEMM with the scales applied after; more: rowwise
+    `_scaled_mm`; both against the fp32 product of the same FP8 values. The same bits on a
+    second call, whatever the path."""
     from blitzscale.model import fp8_matmul
     from blitzscale.model.linear import select_linear
+    from blitzscale.model.triton_ops import quantize_tokens
 
     linear = select_linear(torch.device("cuda"), torch.bfloat16, "fp8")
     for n, k in ((6144, 4096), (4096, 14336), (48, 256), (40, 1024)):
         if n % 16 and m > fp8_matmul.MAX_ROWS:
-            continue  # (_scaled_mm takes multiples of 16; an odd strip is for the kernels' masks)
+            continue  # (FP8 GEMMs take multiples of 16; an odd strip is for the GEMV's masks)
         q, s = quantize_rows(torch.randn(n, k, device="cuda") * 0.02)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = linear(x, q, s)
         assert out.shape == (m, n) and out.dtype == torch.bfloat16
-        if m <= fp8_matmul.MAX_ROWS:
-            assert fp8_matmul.supports(x, q)
+        assert fp8_matmul.supports(x, q) == (m <= fp8_matmul.MAX_ROWS and k % fp8_matmul.GEMV_BLOCK_K == 0)
+        if fp8_matmul.supports(x, q):
             ref = x.float() @ (q.float() * s[:, None]).t()  # activations not quantized
-            err = (out.float() - ref).abs().max() / ref.abs().max()
-            assert float(err) < 0.01, (n, k, float(err))
-            assert torch.equal(out, linear(x, q, s)), "split-K sums added in another order"
         else:
-            assert not fp8_matmul.supports(x, q)
+            xq, xs = quantize_tokens(x)
+            ref = (xq.float() * xs) @ (q.float() * s[:, None]).t()
+        err = (out.float() - ref).abs().max() / ref.abs().max()
+        assert float(err) < 0.01, (n, k, float(err))
+        assert torch.equal(out, linear(x, q, s))
         cos = torch.nn.functional.cosine_similarity(out.float(), x.float() @ (q.float() * s[:, None]).t(), -1)
         assert float(cos.min()) > 0.99
