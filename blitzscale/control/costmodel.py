@@ -282,11 +282,17 @@ def _device_kind(name: str) -> str:
     return "cpu" if name.startswith("cpu") else name
 
 
+def shipped_profile_path(name: str) -> Path:
+    """Where the shipped profile `name` lives (a model's ":" is "-" in file names:
+    "llama3-8b:fp8-h200" -> llama3-8b-fp8-h200.json)."""
+    return PROFILES_DIR / f"{name.replace(':', '-')}.json"
+
+
 def load_profile(name_or_path: str) -> Profile:
     """A shipped profile by name (`blitzscale/data/profiles/<name>.json`) or a JSON file."""
     path = Path(name_or_path)
     if not path.suffix:
-        path = PROFILES_DIR / f"{name_or_path}.json"
+        path = shipped_profile_path(name_or_path)
     if not path.is_file():
         known = sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
         raise ProfileError(f"no profile {name_or_path!r}; shipped: {', '.join(known)}, or a .json path")

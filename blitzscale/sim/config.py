@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from blitzscale.control.costmodel import Profile, load_profile
+from blitzscale.control.costmodel import Profile, load_profile, shipped_profile_path
 from blitzscale.errors import BlitzScaleError
 from blitzscale.sim.links import Topology
 from blitzscale.tomlfile import read_toml
@@ -44,12 +44,14 @@ class SimPreset:
 
     def instance_profile(self, model: SimModel) -> Profile:
         """What one of `model`'s instances (one shard of it, at TP > 1) takes a step: its
-        own profile, or one scaled from `profile_from`'s, split `tp` ways over this
-        preset's link between GPUs of a node (sim/tp.py)."""
+        own profile on this preset's device where one is shipped (measured), else one scaled
+        from `profile_from`'s, split `tp` ways over this preset's link between GPUs of a node
+        (sim/tp.py)."""
         from blitzscale.sim import tp
 
-        p = self.profile(model.profile_from or model.name)
-        if model.profile_from:
+        own = not model.profile_from or shipped_profile_path(f"{model.name}-{self.device}").is_file()
+        p = self.profile(model.name if own else model.profile_from)
+        if not own:
             p = tp.scaled(p, model.name, tp.shape(model.name), tp.shape(model.profile_from))
         if model.tp > 1:
             t = self.topology
