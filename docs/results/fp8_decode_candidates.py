@@ -190,18 +190,38 @@ def run_w8a8(xq, xs, w, s, cfg, sms, dot=None):
     return out
 
 
-@triton.jit(do_not_specialize=["total", "n"])
-def scale_rows_cols(o_ptr, xs_ptr, ws_ptr, total, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < total
-    o = tl.load(o_ptr + i, mask=ok, other=0.0).to(tl.float32)
-    xs = tl.load(xs_ptr + i // n, mask=ok, other=0.0)
-    ws = tl.load(ws_ptr + i % n, mask=ok, other=0.0)
-    tl.store(o_ptr + i, (o * xs * ws).to(o_ptr.dtype.element_ty), mask=ok)
-
-
 def tensorwise(xq, xs, w, s, one):
-    out = torch._scaled_mm(xq, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    m, n = out.shape
-    scale_rows_cols[(triton.cdiv(m * n, 1024),)](out, xs, s, m * n, n, BLOCK=1024)
-    return out
+    """cuBLAS FP8 with unit scales, then the scales: the candidate that became
+    model/fp8_matmul.py `w8a8_matmul` (now that function)."""
+    from blitzscale.model import fp8_matmul
+
+    return fp8_matmul.w8a8_matmul(xq, xs, w, s, one)
+
+
+# --- what both sweeps set up: Llama-3-8B's linears, eight copies each, and their timing ----
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+COPIES = 8  # of each linear: 8 x 16.8 MB for the smallest in FP8, past the H200's 50 MB L2
+
+
+def sweep_weights() -> tuple[dict, dict]:
+    """(FP8 weights with scales, bf16 weights): COPIES of each shape, N(0, 0.02)."""
+    from blitzscale.model.linear import quantize_rows
+
+    torch.manual_seed(0)
+    w8 = {
+        s: [quantize_rows(torch.randn(n, k, device="cuda") * 0.02) for _ in range(COPIES)]
+        for s, (n, k) in SHAPES.items()
+    }
+    w16 = {
+        s: [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(COPIES)]
+        for s, (n, k) in SHAPES.items()
+    }
+    return w8, w16
+
+
+def per_call(fn_of_copy) -> float:  # type: ignore[no-untyped-def]
+    """ms of one call, every copy in turn, replayed from a CUDA graph (no L2 reuse)."""
+    from blitzscale.bench.limits import graph_replay_ms
+
+    return graph_replay_ms(lambda: [fn_of_copy(i) for i in range(COPIES)], reps=2) / COPIES

@@ -26,16 +26,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs" / "results"))
 import fp8_decode_candidates as cand  # noqa: E402
 
-from blitzscale.bench.limits import graph_replay_ms  # noqa: E402
 from blitzscale.model import fp8_matmul  # noqa: E402
-from blitzscale.model.linear import quantize_rows  # noqa: E402
 from blitzscale.model.triton_ops import TritonOps, quantize_tokens  # noqa: E402
 
 silu_mul = TritonOps().silu_mul
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-COPIES = 8
+SHAPES, COPIES = cand.SHAPES, cand.COPIES
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 T0 = time.time()
 res: dict = {"device": torch.cuda.get_device_name(), "sms": SMS, "rows": []}
@@ -46,15 +43,7 @@ def log(**kw):
     print(json.dumps(kw), flush=True)
 
 
-torch.manual_seed(0)
-W8 = {
-    s: [quantize_rows(torch.randn(n, k, device="cuda") * 0.02) for _ in range(COPIES)]
-    for s, (n, k) in SHAPES.items()
-}
-W16 = {
-    s: [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(COPIES)]
-    for s, (n, k) in SHAPES.items()
-}
+W8, W16 = cand.sweep_weights()
 MS = (1, 8, 16, 32, 64)
 X = {
     m: {s: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for s, (n, k) in SHAPES.items()} for m in MS
@@ -62,8 +51,7 @@ X = {
 XG = {m: torch.randn(m, 2 * 14336, device="cuda", dtype=torch.bfloat16) for m in MS}
 
 
-def per_call(fn_of_copy) -> float:
-    return graph_replay_ms(lambda: [fn_of_copy(i) for i in range(COPIES)], reps=2) / COPIES
+per_call = cand.per_call
 
 
 def shape_times(kernel, m) -> dict:
