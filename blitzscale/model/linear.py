@@ -105,8 +105,8 @@ class FewRows:
 
     supports: Callable[[torch.Tensor, torch.Tensor], bool]
     matmul: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-    quantized_rows: int = 0
-    quantized: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    quantized_rows: int
+    quantized: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class ScaledMMLinear:
@@ -140,7 +140,7 @@ class ScaledMMLinear:
             out = few.matmul(x, weight, scale)
             return out if bias is None else out + bias
         xq, xs = self.quantize(x.contiguous())
-        if few is not None and few.quantized is not None and x.shape[0] <= few.quantized_rows:
+        if few is not None and x.shape[0] <= few.quantized_rows:
             out = few.quantized(xq, xs, weight, scale)
         else:
             out = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n), out_dtype=x.dtype)
