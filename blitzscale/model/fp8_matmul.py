@@ -8,12 +8,15 @@ weights, and FP8 should halve that. Two paths, chosen by the step's rows (model/
   a strip of FP8 weight rows to fp32 in registers (exact: every e4m3 value is one), multiplies
   by the bf16 row and sums along K once at the end; the per-channel scales after. The
   activations stay bf16: the arithmetic of the CPU path (`DequantLinear`).
-- 2..W8A8_MAX_ROWS rows: the activations quantized per token (as for prefill), then
-  `w8a8_matmul`: cuBLAS's FP8 GEMM with unit tensor scales and the per-token and per-channel
-  scales applied in one pass after. `torch._scaled_mm` with rowwise scales (a CUTLASS kernel)
-  read the weights at bf16's time or slower at these sizes; the weight-only tensor-core
-  kernel that took 2..16 rows before (FP8 widened to bf16 for the dot, split along K) took
-  1.45x bf16's time (docs/results/fp8_decode_paths_h200.py, docs/benchmarks.md).
+- 2..W8A8_MAX_ROWS rows: the activations quantized per token (as for prefill; inside the
+  norm and SiLU kernels, model/triton_ops.py), then `w8a8_unscaled`: cuBLAS's FP8 GEMM with
+  unit tensor scales. The per-token and per-channel scales are applied by whoever reads the
+  product: the next norm or SiLU kernel (o, gate_up, down), or `apply_scales` (qkv; a
+  tensor-parallel shard's partial sums before their all-reduce). `torch._scaled_mm` with
+  rowwise scales (a CUTLASS kernel) read the weights at bf16's time or slower at these
+  sizes; the weight-only tensor-core kernel that took 2..16 rows before (FP8 widened to bf16
+  for the dot, split along K) took 1.45x bf16's time (docs/results/fp8_decode_paths_h200.py,
+  docs/benchmarks.md).
 
 Every timing behind the choices here read each weight from HBM: eight copies of each linear
 cycled, so none is served from the H200's 50 MB L2 (sweeps that replayed one copy favoured
@@ -77,19 +80,30 @@ def unit_scale(device: torch.device) -> torch.Tensor:
     return torch.ones((), dtype=torch.float32, device=device)
 
 
+def w8a8_unscaled(xq: torch.Tensor, weight: torch.Tensor, one: torch.Tensor) -> torch.Tensor:
+    """xq [M, K] e4m3 times weight [N, K] e4m3 transposed, unscaled -> [M, N] bf16, for
+    decode steps of a few dozen rows: `torch._scaled_mm` with tensor scales of 1 (cuBLAS's
+    FP8 GEMM: on an H200 it read Llama-3-8B's weights at 0.56-0.57x bf16's time at 1-64
+    rows, where its rowwise-scaled kernel took 0.85-1.05x). The per-token and per-channel
+    scales are for whoever reads the product: `apply_scales`, or a fused norm or SiLU
+    kernel (model/triton_ops.py)."""
+    return torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def apply_scales(out: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """out[m, n] * xs[m] * ws[n] in fp32, rounded once, in place; returns `out`."""
+    m, n = out.shape
+    if m:
+        _scale_out[(triton.cdiv(m * n, 1024),)](out, xs, ws, m * n, n, BLOCK=1024)
+    return out
+
+
 def w8a8_matmul(
     xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, one: torch.Tensor
 ) -> torch.Tensor:
     """xq [M, K] e4m3 (per-token scales xs [M, 1]) times (weight [N, K] e4m3 * scale [N])^T
-    -> [M, N] bf16, for decode steps of a few dozen rows. `torch._scaled_mm` with tensor
-    scales of 1 (cuBLAS's FP8 GEMM: on an H200 it read Llama-3-8B's weights at 0.56-0.57x
-    bf16's time at 1-64 rows, where its rowwise-scaled kernel took 0.85-1.05x), then the
-    per-token and per-channel scales in one pass over the [M, N] product."""
-    out = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    m, n = out.shape
-    if m:
-        _scale_out[(triton.cdiv(m * n, 1024),)](out, xs, scale, m * n, n, BLOCK=1024)
-    return out
+    -> [M, N] bf16: `w8a8_unscaled`, then its scales in one pass."""
+    return apply_scales(w8a8_unscaled(xq, weight, one), xs, scale)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -17,6 +17,11 @@ per-output-channel fp32 scales (None for an unquantized model). The implementati
   widened in registers times bf16 activations, 2-64 tokens by cuBLAS's FP8 GEMM with the
   scales applied after (at these sizes the rowwise kernel reads the weights slowly).
 
+Where a linear `takes_quantized` a step's rows, the model hands it `QuantRows` (quantized by
+the norm and SiLU kernels that produce them, model/ops.py) and may take its product
+`Unscaled` (`raw`): the kernel that reads the product applies the scales. A step of 2-64
+rows of Llama-3-8B loses six small kernels a layer that way (docs/benchmarks.md).
+
 `select_linear` picks one by device, activation dtype and the model's quantization, as
 `select_ops` picks the pointwise ops (model/ops.py).
 """
@@ -57,56 +62,103 @@ def quantize_tokens_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+@dataclass(frozen=True)
+class QuantRows:
+    """Activations quantized per token: e4m3 `q` [M, K] with fp32 scales `s` [M, 1]
+    (x ~= q * s). What the fused norm and SiLU kernels hand an FP8 linear (model/ops.py)."""
+
+    q: torch.Tensor
+    s: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Unscaled:
+    """An FP8 product whose scales are not applied yet: `out` [M, N] (the unit-scale
+    product, rounded once to the activation dtype), per-token `xs` [M, 1] and per-channel
+    `ws` [N]; the value is round(out * xs * ws). The op that consumes it applies them."""
+
+    out: torch.Tensor
+    xs: torch.Tensor
+    ws: torch.Tensor
+
+
+def scaled(x: torch.Tensor | Unscaled) -> torch.Tensor:
+    """The value of a linear's output, its scales applied (fp32 products, rounded once:
+    the arithmetic of the fused kernels)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    return (x.out.float() * x.xs * x.ws).to(x.out.dtype)
+
+
 class Linear(Protocol):
     name: str  # "dense" | "dequant" | "scaled_mm"
 
+    def takes_quantized(self, rows: int) -> bool:
+        """Whether steps of `rows` tokens quantize their activations per token: the model
+        then hands `QuantRows` (quantized inside its norm and SiLU kernels) and may ask for
+        `Unscaled` products (`raw`), whose scales those kernels apply."""
+        ...
+
     def __call__(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | QuantRows,
         weight: torch.Tensor,
         scale: torch.Tensor | None,
         bias: torch.Tensor | None = None,
-    ) -> torch.Tensor: ...
+        raw: bool = False,
+    ) -> torch.Tensor | Unscaled: ...
 
 
 class DenseLinear:
     name = "dense"
 
+    def takes_quantized(self, rows: int) -> bool:
+        return False
+
     def __call__(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | QuantRows,
         weight: torch.Tensor,
         scale: torch.Tensor | None,
         bias: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        raw: bool = False,
+    ) -> torch.Tensor | Unscaled:
+        assert isinstance(x, torch.Tensor), "an unquantized linear takes activations as they are"
         return F.linear(x, weight, bias)
 
 
 class DequantLinear:
     name = "dequant"
 
+    def takes_quantized(self, rows: int) -> bool:
+        return False
+
     def __call__(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | QuantRows,
         weight: torch.Tensor,
         scale: torch.Tensor | None,
         bias: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        raw: bool = False,
+    ) -> torch.Tensor | Unscaled:
         assert scale is not None, "a quantized weight comes with its scales"
+        assert isinstance(x, torch.Tensor), "a dequantizing linear takes activations as they are"
         return F.linear(x, dequantize_rows(weight, scale, x.dtype), bias)
 
 
 @dataclass(frozen=True)
 class FewRows:
-    """Matmuls for steps of few tokens: `supports(x, weight)` says whether the weight-only
-    `matmul(x, weight, scale)` takes x (bf16 activations); steps of up to `quantized_rows`
-    rows that it does not take go, quantized per token, through `quantized(xq, xs, weight,
-    scale)`."""
+    """Matmuls for steps of few tokens: steps of up to `matmul_rows` rows go, where
+    `supports(x, weight)` says so, through the weight-only `matmul(x, weight, scale)` (bf16
+    activations); steps of up to `quantized_rows` rows that it does not take, quantized per
+    token, through `quantized(xq, xs, weight, scale)`, which gives the product unscaled."""
 
+    matmul_rows: int
     supports: Callable[[torch.Tensor, torch.Tensor], bool]
     matmul: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     quantized_rows: int
-    quantized: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    quantized: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    apply_scales: Callable[[Unscaled], torch.Tensor]
 
 
 class ScaledMMLinear:
@@ -120,30 +172,44 @@ class ScaledMMLinear:
         self,
         quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
         few_rows: FewRows | None = None,
+        dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         self.quantize = quantize or quantize_tokens_torch
         self.few_rows = few_rows
+        self.dtype = dtype  # the activations' (and so the products') dtype
+
+    def takes_quantized(self, rows: int) -> bool:
+        return self.few_rows is None or rows > self.few_rows.matmul_rows
 
     def __call__(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | QuantRows,
         weight: torch.Tensor,
         scale: torch.Tensor | None,
         bias: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        raw: bool = False,
+    ) -> torch.Tensor | Unscaled:
+        """`raw`: the product may come back `Unscaled` (no bias then)."""
         assert scale is not None, "a quantized weight comes with its scales"
         n = weight.shape[0]
-        if x.shape[0] == 0:
-            return x.new_empty((0, n))
+        rows = x.q.shape[0] if isinstance(x, QuantRows) else x.shape[0]
+        if rows == 0:
+            return torch.empty((0, n), dtype=self.dtype, device=weight.device)
         few = self.few_rows
-        if few is not None and few.supports(x, weight):
-            out = few.matmul(x, weight, scale)
-            return out if bias is None else out + bias
-        xq, xs = self.quantize(x.contiguous())
-        if few is not None and x.shape[0] <= few.quantized_rows:
-            out = few.quantized(xq, xs, weight, scale)
+        if isinstance(x, torch.Tensor):
+            if few is not None and few.supports(x, weight):
+                out = few.matmul(x, weight, scale)
+                return out if bias is None else out + bias
+            x = QuantRows(*self.quantize(x.contiguous()))
+        if few is not None and rows <= few.quantized_rows:
+            product = Unscaled(few.quantized(x.q, weight, scale), x.s, scale)
+            if raw and bias is None:
+                return product
+            out = few.apply_scales(product)
         else:
-            out = torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=scale.view(1, n), out_dtype=x.dtype)
+            out = torch._scaled_mm(
+                x.q, weight.t(), scale_a=x.s, scale_b=scale.view(1, n), out_dtype=self.dtype
+            )
         return out if bias is None else out + bias
 
 
@@ -181,10 +247,12 @@ def select_linear(device: torch.device, dtype: torch.dtype, quant: str, name: st
         return ScaledMMLinear(
             quantize_tokens,
             FewRows(
+                fp8_matmul.MAX_ROWS,
                 fp8_matmul.supports,
                 fp8_matmul.w8a16_matmul,
                 fp8_matmul.W8A8_MAX_ROWS,
-                lambda xq, xs, w, s: fp8_matmul.w8a8_matmul(xq, xs, w, s, one),
+                lambda xq, w, s: fp8_matmul.w8a8_unscaled(xq, w, one),
+                lambda u: fp8_matmul.apply_scales(u.out, u.xs, u.ws),
             ),
         )
-    return ScaledMMLinear()
+    return ScaledMMLinear(dtype=dtype)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from blitzscale.model.attention import AttentionMetadata, select_backend
-from blitzscale.model.linear import select_linear
+from blitzscale.model.linear import Unscaled, scaled, select_linear
 from blitzscale.model.ops import rms_norm, select_ops
 from blitzscale.model.rope import RotaryEmbedding
 from blitzscale.model.tp import TensorParallel
@@ -103,7 +103,7 @@ class LlamaModel:
         residual, delta = hidden, None
         for i in range(start, end):
             residual, delta = self._layer(i, residual, delta, rot, meta, kv_cache)
-        return residual if delta is None else residual + delta
+        return residual if delta is None else residual + scaled(delta)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         w = self.weights
@@ -120,21 +120,27 @@ class LlamaModel:
         self,
         i: int,
         residual: torch.Tensor,
-        delta: torch.Tensor | None,
+        delta: torch.Tensor | Unscaled | None,
         rot: Any,
         meta: AttentionMetadata,
         kv_cache: KVCache,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | Unscaled]:
         """Layer i on the residual stream `residual + delta` (delta: the last layer's MLP
         output, not yet added); returns the new (residual, delta)."""
         w, ops, linear = self._weights(i), self.ops, self.linear
         eps = self.config.rms_norm_eps
         n, d = residual.shape[0], self.config.head_dim
-        if delta is None:
+        # an FP8 step whose activations are quantized per token: the norms and the SiLU
+        # quantize them, and (one GPU) apply the o and down products' scales as they read them
+        quant = linear.takes_quantized(n)
+        raw = quant and self.tp_group is None
+        if quant:
+            x, residual = ops.add_rms_norm_quant(delta, residual, w.input_norm, eps)
+        elif delta is None:
             x = ops.rms_norm(residual, w.input_norm, eps)
         else:
-            x, residual = ops.add_rms_norm(delta, residual, w.input_norm, eps)
-        qkv = linear(x, w.qkv, w.qkv_scale, w.qkv_bias)
+            x, residual = ops.add_rms_norm(scaled(delta), residual, w.input_norm, eps)
+        qkv = scaled(linear(x, w.qkv, w.qkv_scale, w.qkv_bias))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
         q = q.view(n, self.num_heads, d)
         k, v = k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
@@ -143,10 +149,14 @@ class LlamaModel:
         else:
             q, k = ops.rotary(q, k, rot)
             attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale)
-        out = self._reduce(linear(attn.reshape(n, self.q_size), w.o, w.o_scale))
-        x, residual = ops.add_rms_norm(out, residual, w.post_norm, eps)
-        act = ops.silu_mul(linear(x, w.gate_up, w.gate_up_scale))
-        return residual, self._reduce(linear(act, w.down, w.down_scale))
+        out = self._reduce(linear(attn.reshape(n, self.q_size), w.o, w.o_scale, raw=raw))
+        if quant:
+            x, residual = ops.add_rms_norm_quant(out, residual, w.post_norm, eps)
+            act = ops.silu_mul_quant(linear(x, w.gate_up, w.gate_up_scale, raw=raw))
+        else:
+            x, residual = ops.add_rms_norm(scaled(out), residual, w.post_norm, eps)
+            act = ops.silu_mul(scaled(linear(x, w.gate_up, w.gate_up_scale)))
+        return residual, self._reduce(linear(act, w.down, w.down_scale, raw=raw))
 
     @torch.inference_mode()
     def warm_up_attention(self, kv_cache: KVCache) -> None:
@@ -186,8 +196,10 @@ class LlamaModel:
             else:
                 self.attn.forward(*self.ops.rotary(q, k, rot), v, *kv_cache.layer(0), meta, self.scale)
 
-    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        """Row-parallel outputs are partial sums across TP ranks."""
+    def _reduce(self, partial: torch.Tensor | Unscaled) -> torch.Tensor | Unscaled:
+        """Row-parallel outputs are partial sums across TP ranks (each rank's own scales
+        applied before: `_layer` asks a TP shard's linears for scaled products)."""
         if self.tp_group is not None:
+            assert isinstance(partial, torch.Tensor)
             dist.all_reduce(partial, group=self.tp_group)
         return partial

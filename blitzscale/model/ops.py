@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from blitzscale.model.linear import QuantRows, Unscaled, quantize_tokens_torch, scaled
 from blitzscale.model.rope import RotaryEmbedding, apply_rotary
 
 
@@ -37,6 +38,17 @@ class Ops(Protocol):
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
+    def add_rms_norm_quant(
+        self, x: torch.Tensor | Unscaled | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[QuantRows, torch.Tensor]:
+        """An FP8 linear's input: `add_rms_norm` (`rms_norm` of the residual where x is None;
+        an `Unscaled` x gets its scales first), quantized per token."""
+        ...
+
+    def silu_mul_quant(self, gate_up: torch.Tensor | Unscaled) -> QuantRows:
+        """`silu_mul` of the (scaled) product, quantized per token."""
+        ...
+
     def rotary_tables(self, rope: RotaryEmbedding, positions: torch.Tensor) -> Any:
         """Whatever `rotary` needs, made once per step."""
         ...
@@ -60,6 +72,18 @@ class TorchOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def add_rms_norm_quant(
+        self, x: torch.Tensor | Unscaled | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[QuantRows, torch.Tensor]:
+        if x is None:
+            out = rms_norm(residual, weight, eps)
+        else:
+            out, residual = self.add_rms_norm(scaled(x), residual, weight, eps)
+        return QuantRows(*quantize_tokens_torch(out)), residual
+
+    def silu_mul_quant(self, gate_up: torch.Tensor | Unscaled) -> QuantRows:
+        return QuantRows(*quantize_tokens_torch(self.silu_mul(scaled(gate_up))))
 
     def rotary_tables(self, rope: RotaryEmbedding, positions: torch.Tensor) -> Any:
         """Whatever `rotary` needs, made once per step."""

@@ -85,7 +85,10 @@ class ActivationFakeQuant:
 
     name = "fakequant"
 
-    def __call__(self, x, weight, scale, bias=None):  # type: ignore[no-untyped-def]
+    def takes_quantized(self, rows: int) -> bool:
+        return False
+
+    def __call__(self, x, weight, scale, bias=None, raw=False):  # type: ignore[no-untyped-def]
         xq, xs = quantize_tokens_torch(x.contiguous())
         w = dequantize_rows(weight, scale, torch.float32)
         out = ((xq.float() * xs) @ w.t()).to(x.dtype)
@@ -189,6 +192,7 @@ def test_bench_engine_fp8_measures_both_and_their_ratios() -> None:
     assert 0.5 < r["fp8_over_dense"]["weight_bytes"] < 0.6
     assert r["fp8_logits_vs_dense_dequantized"]["cosine_mean"] >= 0.8  # 32 random layers: ~0.9
     assert set(r["fp8_over_dense"]["decode_ms_per_step"]) == {"1", "64"}
+    assert set(r["fp8_over_dense"]["decode_graph_ms"]) == {"1", "64"}  # both steps are graphs
     assert r["fp8"]["prefill_ms"] > 0 and r["dense"]["prefill_ms"] > 0
 
 
@@ -223,3 +227,67 @@ def test_each_step_size_takes_its_fp8_path_and_matches_its_reference(m: int) -> 
         assert torch.equal(out, linear(x, q, s))
         cos = torch.nn.functional.cosine_similarity(out.float(), x.float() @ (q.float() * s[:, None]).t(), -1)
         assert float(cos.min()) > 0.99
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@torch.inference_mode()
+def test_fused_norm_and_silu_quantize_as_the_torch_reference_does(rows: int) -> None:
+    """The Triton norm and SiLU kernels that quantize their output (and apply an FP8
+    product's scales as they read it) against the torch reference ops: the same scales and
+    the same e4m3 bits, the same residual sum."""
+    from blitzscale.model.linear import Unscaled
+    from blitzscale.model.ops import TorchOps
+    from blitzscale.model.triton_ops import TritonOps
+
+    fused, ref = TritonOps(), TorchOps()
+    g = torch.Generator(device="cuda").manual_seed(3)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def unscaled(n: int) -> Unscaled:
+        xs = torch.rand(rows, 1, device="cuda", generator=g) * 0.01
+        return Unscaled(randn(rows, n) * 30, xs, torch.rand(n, device="cuda", generator=g) * 0.01)
+
+    def same(a, b) -> bool:  # type: ignore[no-untyped-def]
+        return torch.equal(a.s, b.s) and torch.equal(a.q.view(torch.uint8), b.q.view(torch.uint8))
+
+    h, inter = 4096, 14336
+    residual, weight = randn(rows, h), randn(h)
+    for delta in (None, randn(rows, h), unscaled(h)):
+        (qa, ra), (qb, rb) = (ops.add_rms_norm_quant(delta, residual, weight, 1e-5) for ops in (fused, ref))
+        assert same(qa, qb) and torch.equal(ra, rb), type(delta).__name__
+    for gate_up in (randn(rows, 2 * inter), unscaled(2 * inter)):
+        assert same(fused.silu_mul_quant(gate_up), ref.silu_mul_quant(gate_up)), type(gate_up).__name__
+
+
+class Unfused:
+    """An FP8 model's linears without the fused quantization: each quantizes its own input and
+    applies its own scales (what the model ran before the norms and SiLU did it)."""
+
+    name = "unfused"
+
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        self.inner = inner
+
+    def takes_quantized(self, rows: int) -> bool:
+        return False
+
+    def __call__(self, x, weight, scale, bias=None, raw=False):  # type: ignore[no-untyped-def]
+        return self.inner(x, weight, scale, bias)
+
+
+@pytest.mark.parametrize("rows", [2, 24, 64, 128])
+@torch.inference_mode()
+def test_fused_quantization_gives_the_logits_of_the_unfused_linears(rows: int) -> None:
+    """A step of `rows` tokens through the fused path (quantized by the norms and the SiLU,
+    o and down products scaled by their readers) and through linears that quantize and
+    scale on their own: the same logits, bit for bit."""
+    w8 = fp8_model(4)
+    ids = torch.randint(0, w8.config.vocab_size, (rows,), generator=torch.Generator().manual_seed(4)).cuda()
+    model = LlamaModel(w8, max_positions=1024)
+    assert model.linear.takes_quantized(rows) and not model.linear.takes_quantized(1)
+    fused, _ = _logits(w8, ids)
+    plain, name = _logits(w8, ids, Unfused(model.linear))
+    assert name == "unfused"
+    assert torch.equal(fused, plain)
