@@ -30,7 +30,7 @@ from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.events import events_json
 from blitzscale.sim.compare import split_stats
 from blitzscale.sim.config import SimConfigError, SimModel, SimPreset, load_model, load_preset
-from blitzscale.sim.runner import SimSetup, fixed_counts, sim_report_info, simulate
+from blitzscale.sim.runner import SimSetup, sim_report_info, simulate, sized_fixed
 
 REFUSED_SECTIONS = ("cluster", "server", "model")  # the preset (or nothing) stands for them
 # engine knobs the simulator does not use: KV room comes from the profile (or num_kv_blocks),
@@ -100,7 +100,7 @@ def sim_executor(preset: SimPreset) -> Execute:
         if run.policy in SIM_ONLY_POLICIES:
             if group not in peaks:  # (blitz not run first in this batch, or run before a resume)
                 peaks[group] = simulate(setup, requests, "blitz").peak
-            setup, policy = replace(setup, fixed=fixed_counts(peaks[group], run.policy)), run.policy
+            setup, policy = sized_fixed(setup, peaks[group], run.policy), run.policy
         res = simulate(setup, requests, policy)
         if policy == "blitz":
             peaks[group] = res.peak

@@ -17,7 +17,7 @@ from blitzscale.client.report import write_report
 from blitzscale.client.summary import summarize
 from blitzscale.client.traces import TraceRequest
 from blitzscale.serve.events import events_json
-from blitzscale.sim.runner import SimSetup, fixed_counts, sim_report_info, simulate
+from blitzscale.sim.runner import SimSetup, sim_report_info, simulate, sized_fixed
 
 
 def run_policies(
@@ -40,7 +40,7 @@ def run_policies(
     with Progress(disable=not show_progress, transient=True) as bar:
         for policy in order:
             task = bar.add_task(f"simulating {policy}", total=span)
-            s = replace(setup, fixed=fixed_counts(peak, policy)) if policy.startswith("fixed") else setup
+            s = sized_fixed(setup, peak, policy) if policy.startswith("fixed") else setup
             res = simulate(
                 s,
                 trace,

@@ -312,11 +312,25 @@ def simulate(
     return sim_clock.run(_run(setup, trace, policy, progress, trace_models))
 
 
-def fixed_counts(peak: tuple[int, int], policy: str) -> tuple[int, int]:
-    """fixed-peak provisions the most instances blitz served at once; fixed-half half that."""
+def fixed_counts(peak: tuple[int, int], policy: str, capacity: int) -> tuple[int, int]:
+    """fixed-peak provisions the most instances blitz served at once; fixed-half half that.
+    Blitz's prefill and decode peaks need not fall at the same moment, and at a heavy rate
+    their sum can pass the cluster's `capacity` (instances): then both are cut to it, in
+    proportion (one each at least)."""
     if policy == "fixed-half":
-        return (max(1, math.ceil(peak[0] / 2)), max(1, math.ceil(peak[1] / 2)))
-    return (max(1, peak[0]), max(1, peak[1]))
+        pre, dec = max(1, math.ceil(peak[0] / 2)), max(1, math.ceil(peak[1] / 2))
+    else:
+        pre, dec = max(1, peak[0]), max(1, peak[1])
+    if pre + dec <= capacity or capacity < 2:
+        return pre, dec
+    pre = min(capacity - 1, max(1, round(capacity * pre / (pre + dec))))
+    return pre, capacity - pre
+
+
+def sized_fixed(setup: SimSetup, peak: tuple[int, int], policy: str) -> SimSetup:
+    """`setup` with fixed-peak's or fixed-half's instances (`fixed_counts`) on its cluster."""
+    t = setup.preset.topology
+    return replace(setup, fixed=fixed_counts(peak, policy, t.nodes * t.gpus_per_node // setup.model.tp))
 
 
 def sim_report_info(policy: str, states: list[tuple[float, dict[str, int]]]) -> ReportInfo:

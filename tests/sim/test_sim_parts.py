@@ -84,3 +84,18 @@ def test_cpu_workers_sharing_cores_take_longer_per_step() -> None:
         assert cores.stretch(1) == 1.0  # two engines, two cores
         assert cores.stretch(2) == 1.5  # a third one shares them
     assert cores.busy == set() and HostCores(0).stretch(5) == 1.0
+
+
+def test_fixed_provisioning_from_blitz_peak_fits_the_cluster() -> None:
+    """fixed-peak takes blitz's prefill and decode peaks, fixed-half half of each; when the
+    two peaks (reached at different moments) add up past the cluster, both are cut to it in
+    proportion, one instance each at least."""
+    from blitzscale.sim.runner import fixed_counts
+
+    assert fixed_counts((12, 4), "fixed-peak", 32) == (12, 4)
+    assert fixed_counts((12, 5), "fixed-half", 32) == (6, 3)
+    assert fixed_counts((0, 0), "fixed-peak", 32) == (1, 1)
+    assert fixed_counts((30, 3), "fixed-peak", 32) == (29, 3)  # 33 instances on 32 GPUs
+    assert fixed_counts((20, 20), "fixed-peak", 16) == (8, 8)
+    assert fixed_counts((31, 1), "fixed-peak", 16) == (15, 1)
+    assert sum(fixed_counts((40, 30), "fixed-half", 32)) == 32
