@@ -40,20 +40,28 @@ def _stat(rows: list[dict[str, str]], key: str, scale: float = 1.0) -> tuple[flo
     return statistics.mean(vals), min(vals), max(vals)
 
 
+def _trace_label(trace: dict[str, object]) -> str:
+    """A run's trace as the tables name it (its seeds averaged together)."""
+    path = str(trace["path"])
+    if "cv" in trace:
+        return f"azure slice, gamma cv{float(trace['cv']):g}"  # type: ignore[arg-type]
+    if "mooncake" in path:
+        return "mooncake slice"
+    name = "azure code, whole hour" if path.endswith("azure_code_2023.csv") else Path(path).name
+    rate = float(trace.get("rate_scale", 1.0))  # type: ignore[arg-type]
+    return name if rate == 1.0 else f"{name} x{rate:g}"
+
+
 def main(batch_dir: str, out_dir: str) -> None:
     with open(Path(batch_dir) / "comparison.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "done"]
     # (the CSV has a column only for what varies: a one-model batch's model is in batch.json)
-    models = {
-        r["id"]: r["params"]["model"]
-        for r in json.loads((Path(batch_dir) / "batch.json").read_text())["runs"]
-    }
+    params = {r["id"]: r["params"] for r in json.loads((Path(batch_dir) / "batch.json").read_text())["runs"]}
     for r in rows:
-        r.setdefault("model", models[r["run_id"]])
+        r.setdefault("model", params[r["run_id"]]["model"])
     groups: dict[tuple[str, str], dict[str, list[dict[str, str]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        trace = "azure slice, gamma cv2" if "gamma" in r["trace"] else "mooncake slice"
-        groups[(r["model"].split(":")[-1], trace)][r["policy"]].append(r)
+        groups[(r["model"].split(":")[-1], _trace_label(params[r["run_id"]]["trace"]))][r["policy"]].append(r)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lines = [
