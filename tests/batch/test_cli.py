@@ -78,3 +78,17 @@ def test_the_shipped_example_expands(tmp_path: Path, monkeypatch: pytest.MonkeyP
     args = parse(["batch", str(example), "--dry-run", "--out", str(tmp_path / "ex")])
     assert args.func(args) == 0
     assert len(json.loads((tmp_path / "ex" / "batch.json").read_text())["runs"]) == 4
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("batch.*.toml"))
+)
+def test_every_shipped_template_expands(name: str) -> None:
+    """Each batch template in configs/ loads (its sections, keys, policies and models
+    checked) and reads its traces, so the commands in their headers run from a fresh clone."""
+    from blitzscale.batch.plan import expand
+    from blitzscale.batch.template import load_template
+
+    path = Path(__file__).parents[2] / "configs" / name
+    plan = expand(load_template(path))
+    assert plan.runs and all(run.num_requests > 0 for run in plan.runs)  # (each trace was read)
