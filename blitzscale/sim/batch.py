@@ -37,6 +37,7 @@ REFUSED_SECTIONS = ("cluster", "server", "model")  # the preset (or nothing) sta
 # the context from models.toml, and a simulated step has no host work to overlap
 REFUSED_ENGINE = ("kv_cache_bytes", "gpu_memory_utilization", "max_model_len", "overlap")
 RANDOM = "random:"
+FIXED_COUNTS = ("fixed_prefill", "fixed_decode")  # [policy] knobs that size `fixed` runs
 
 
 def sim_model_name(model: str) -> str:
@@ -67,7 +68,7 @@ def _setup(run: RunSpec, preset: SimPreset, model: SimModel) -> tuple[SimSetup, 
     """Only what the template sets moves off the simulator's defaults (its planner rates
     come from the profile, its engine is a GPU's, load shedding is off)."""
     cfg = run.cfg
-    knobs: dict[str, dict[str, Any]] = {"planner": {}, "engine": {}, "router": {}}
+    knobs: dict[str, dict[str, Any]] = {"planner": {}, "engine": {}, "router": {}, "policy": {}}
     for name, v in run.settings:
         section, key = name.split(".", 1)
         if section in knobs:
@@ -83,6 +84,8 @@ def _setup(run: RunSpec, preset: SimPreset, model: SimModel) -> tuple[SimSetup, 
         engine=replace(base.engine, **knobs["engine"]),
         router=router,
         fixed=(cfg.policy.fixed_prefill, cfg.policy.fixed_decode),
+        # the rest of [policy] (fixed's counts are `fixed`; the scaling policies take these)
+        policy_overrides={k: v for k, v in knobs["policy"].items() if k not in FIXED_COUNTS},
     )
     return setup, "fixed-peak" if run.policy == "fixed" else run.policy
 

@@ -69,6 +69,7 @@ class SimSetup:
     host_memory_bytes: int = 0
     prefix_routing: bool = True  # the router weighs cached prefixes (off: load alone)
     hot_prefix_share: float = 0.1  # [policy] hot_prefix_share (0: new instances start empty)
+    policy_overrides: dict[str, Any] = field(default_factory=dict)  # other [policy] knobs (a template's)
     models_per_rank: int = 0  # models resident on a GPU at once (cluster/slotted.py); 0: as many as fit
 
     @property
@@ -121,10 +122,11 @@ def planner_for(setup: SimSetup, cluster: SimCluster) -> PlannerConfig:
     return PlannerConfig.from_dict({**rates, **setup.planner_overrides})
 
 
-def _policy(name: str, fixed: tuple[int, int], hot_prefix_share: float) -> PolicyConfig:
+def _policy(name: str, setup: SimSetup) -> PolicyConfig:
     if name.startswith("fixed"):
-        return PolicyConfig(name="fixed", fixed_prefill=fixed[0], fixed_decode=fixed[1])
-    return PolicyConfig(name=name, hot_prefix_share=hot_prefix_share)
+        return PolicyConfig(name="fixed", fixed_prefill=setup.fixed[0], fixed_decode=setup.fixed[1])
+    knobs = {"name": name, "hot_prefix_share": setup.hot_prefix_share, **setup.policy_overrides}
+    return PolicyConfig.from_dict(knobs)
 
 
 def _served(name: str, setup: SimSetup, profile: Profile, engine: EngineConfig) -> ServedModel:
@@ -164,7 +166,7 @@ async def _run(
         topo, profile, cfg, local_host_cache=policy in ("sllm", "allcache"), tp=model.tp, slots=per_rank
     )
     slots = slotted(cluster, per_rank)  # (the control plane's ranks: the slots)
-    pcfg = _policy(policy, setup.fixed, setup.hot_prefix_share)
+    pcfg = _policy(policy, setup)
     rcfg = setup.router or RouterConfig(mode=setup.mode, max_queue_tokens=0, max_queue_wait_s=0)
     rcfg = replace(rcfg, prefix_aware=rcfg.prefix_aware and setup.prefix_routing)
     device = "cpu" if preset.device.startswith("cpu") else "cuda"

@@ -117,3 +117,15 @@ def test_a_live_batch_refuses_the_policies_sized_by_the_simulator(tmp_path: Path
     with pytest.raises(InvalidRequestError, match=r"fixed-peak.*--simulate"):
         args.func(args)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_templates_policy_knobs_reach_the_simulated_policy(tmp_path: Path) -> None:
+    """A [policy] knob of a scaling policy (here sllm's host keep-alive) is simulated, not
+    dropped: sllm with a 0 s TTL reloads from disk where 30 s keeps host copies."""
+    base = TEMPLATE.replace('"blitz", "fixed"', '"sllm"').replace("prefill_lower = [0.3, 0.5]", "")
+    plan = plan_of(tmp_path, base + "sllm_ttl_s = [0.0, 30.0]\n")
+    outcomes = run_batch(plan, tmp_path / "out", sim_executor(check_plan(plan, "paper-a")))
+    assert [o.is_done for o in outcomes] == [True, True]
+    disk = {dict(o.run.settings)["policy.sllm_ttl_s"]: o for o in outcomes}
+    loads = {ttl: [e["path"] for e in o.events if e["direction"] == "up"] for ttl, o in disk.items()}
+    assert loads[0.0].count("disk") > loads[30.0].count("disk"), loads
