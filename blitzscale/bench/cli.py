@@ -69,6 +69,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--readers", type=int, default=8, help="parallel disk readers")
     t.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "blitzscale-bench")
     t.add_argument("--limits", action="store_true", help="also measure raw NCCL / host copy / disk limits")
+    t.add_argument(
+        "--dtype",
+        choices=["dense", "fp8"],
+        default="dense",
+        help="fp8: every path for a random:NAME model and for NAME:fp8 in one run, with their ratios",
+    )
     t.add_argument("--json", action="store_true", help="(output is always JSON)")
     t.set_defaults(func=_run_transfer)
 
@@ -259,10 +265,18 @@ def _run_soak(args: argparse.Namespace) -> int:
 def _run_transfer(args: argparse.Namespace) -> int:
     from blitzscale.bench.transfer_bench import MODES, TransferBenchConfig, run_transfer_bench
     from blitzscale.cli.common import check_device
-    from blitzscale.errors import InvalidRequestError
+    from blitzscale.errors import BlitzScaleError, InvalidRequestError
 
     check_device(args.device)
     modes = MODES if args.mode == "all" else tuple(m for m in args.mode.split(",") if m)
+    if args.dtype == "fp8":
+        from blitzscale.bench.transfer_bench import FP8_MODES, fp8_model
+
+        modes = FP8_MODES if args.mode == "all" else modes
+        try:
+            fp8_model(args.model)
+        except BlitzScaleError as e:
+            raise InvalidRequestError(str(e)) from e
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise InvalidRequestError(f"--mode: unknown mode {bad or args.mode!r}; use {', '.join(MODES)} or all")
@@ -277,6 +291,7 @@ def _run_transfer(args: argparse.Namespace) -> int:
         piece_bytes=args.piece_bytes,
         readers=args.readers,
         limits=args.limits,
+        dtype=args.dtype,
     )
     print(json.dumps(run_transfer_bench(cfg), indent=2))
     return 0

@@ -2,7 +2,10 @@
 
 Every target's weights are checksummed next to the source's, so each figure comes with a
 proof that the copy is bit-identical. With `--limits`, the raw hardware limits (NCCL
-send/recv, pinned host-to-device copy, raw disk reads) are measured in the same run.
+send/recv, pinned host-to-device copy, raw disk reads) are measured in the same run. With
+`--dtype fp8`, every path runs twice in one run, for the model as named (dense) and for its
+FP8 form (`random:NAME:fp8`), and `fp8_over_dense` gives each path's bytes and GB/s ratios:
+FP8 should move about half the bytes at the same rate.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class TransferBenchConfig:
     piece_bytes: int = 0
     readers: int = 8
     limits: bool = False
+    dtype: str = "dense"  # "dense": the model as named; "fp8": it and its FP8 form, side by side
 
 
 def _checked(c: Blocking, ranks: list[int], report: dict[int, TransferResult], ref: str) -> list[dict]:
@@ -104,7 +108,7 @@ def _write_model(cfg: TransferBenchConfig, kind: str) -> tuple[Path, str]:
     """Our format or an HF folder of the model, written once (from the GPU if there is one)."""
     dev = "cuda:0" if cfg.device == "cuda" else "cpu"
     dtype = torch.bfloat16 if cfg.device == "cuda" else torch.float32
-    out = cfg.workdir / f"bench-{kind}"
+    out = cfg.workdir / f"bench-{kind}-{cfg.model.replace(':', '-').replace('/', '-')}"
     if (out / ("blitzscale.json" if kind == "native" else "config.json")).exists():
         return out, "reused"
     out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +195,56 @@ def _run_mode(c: Blocking, cfg: TransferBenchConfig, mode: str) -> dict[str, Any
     return _from_disk(c, cfg, "native" if mode == "disk" else "hf")
 
 
+FP8_MODES = ("p2p", "chain", "striped", "host", "disk")  # (hf: an HF folder of FP8 is not ours to write)
+DTYPES = ("dense", "fp8")
+
+
+def fp8_model(model: str) -> str:
+    """The FP8 form of a `random:NAME` model; refuses anything else by name."""
+    if not model.startswith("random:") or model.endswith(":fp8"):
+        raise BlitzScaleError(
+            f"--dtype fp8 compares a random:NAME model with its FP8 form, got {model!r} "
+            "(for a checkpoint, run the bench on it and on its `convert --dtype fp8` folder)"
+        )
+    return f"{model}:fp8"
+
+
 def run_transfer_bench(cfg: TransferBenchConfig) -> dict[str, Any]:
+    if cfg.dtype not in DTYPES:
+        raise BlitzScaleError(f"--dtype: unknown {cfg.dtype!r}; use {', '.join(DTYPES)}")
+    if cfg.dtype == "dense":
+        return _bench(cfg)
+    fp8 = dataclasses.replace(cfg, model=fp8_model(cfg.model), dtype="dense")
+    bad = [m for m in cfg.modes if m not in FP8_MODES]
+    if bad:
+        raise BlitzScaleError(f"--dtype fp8: mode {', '.join(bad)} is not measured for FP8; use {FP8_MODES}")
+    dense = dataclasses.replace(cfg, dtype="dense")
+    result: dict[str, Any] = {"dense": _bench(dense), "fp8": _bench(fp8)}
+    result["fp8_over_dense"] = {
+        mode: _ratios(result["dense"][mode], result["fp8"][mode]) for mode in cfg.modes
+    }
+    return result
+
+
+def _path_figures(res: dict[str, Any]) -> tuple[float, float] | None:
+    """(bytes, GB/s) of one path's result: its targets' means (network, host), or the warm
+    read's (disk); None where the mode failed."""
+    if "targets" in res:
+        rows = res["targets"]
+        return sum(r["bytes"] for r in rows) / len(rows), sum(r["GBps"] for r in rows) / len(rows)
+    if "warm" in res:
+        return res["warm"]["bytes"], res["warm"]["GBps"]
+    return None
+
+
+def _ratios(dense: dict[str, Any], fp8: dict[str, Any]) -> dict[str, float] | str:
+    a, b = _path_figures(dense), _path_figures(fp8)
+    if a is None or b is None:
+        return "not measured (see the errors above)"
+    return {"bytes": round(b[0] / a[0], 3), "GBps": round(b[1] / a[1], 3) if a[1] else 0.0}
+
+
+def _bench(cfg: TransferBenchConfig) -> dict[str, Any]:
     result: dict[str, Any] = {
         "model": cfg.model,
         "device": cfg.device,
