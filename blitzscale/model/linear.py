@@ -35,6 +35,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from blitzscale.model.fp8_values import QuantRows, Unscaled
 from blitzscale.model.quant import FP8_MAX, MIN_SCALE
 
 FP8 = torch.float8_e4m3fn
@@ -60,34 +61,6 @@ def quantize_tokens_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = x.float()
     scale = (xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
-@dataclass(frozen=True)
-class QuantRows:
-    """Activations quantized per token: e4m3 `q` [M, K] with fp32 scales `s` [M, 1]
-    (x ~= q * s). What the fused norm and SiLU kernels hand an FP8 linear (model/ops.py)."""
-
-    q: torch.Tensor
-    s: torch.Tensor
-
-
-@dataclass(frozen=True)
-class Unscaled:
-    """An FP8 product whose scales are not applied yet: `out` [M, N] (the unit-scale
-    product, rounded once to the activation dtype), per-token `xs` [M, 1] and per-channel
-    `ws` [N]; the value is round(out * xs * ws). The op that consumes it applies them."""
-
-    out: torch.Tensor
-    xs: torch.Tensor
-    ws: torch.Tensor
-
-
-def scaled(x: torch.Tensor | Unscaled) -> torch.Tensor:
-    """The value of a linear's output, its scales applied (fp32 products, rounded once:
-    the arithmetic of the fused kernels)."""
-    if isinstance(x, torch.Tensor):
-        return x
-    return (x.out.float() * x.xs * x.ws).to(x.out.dtype)
 
 
 class Linear(Protocol):

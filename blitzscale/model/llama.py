@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from blitzscale.model.attention import AttentionMetadata, select_backend
-from blitzscale.model.linear import Unscaled, scaled, select_linear
+from blitzscale.model.fp8_values import Unscaled, scaled
+from blitzscale.model.linear import select_linear
 from blitzscale.model.ops import rms_norm, select_ops
 from blitzscale.model.rope import RotaryEmbedding
 from blitzscale.model.tp import TensorParallel

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from blitzscale.model.linear import QuantRows, Unscaled, quantize_tokens_torch, scaled
+from blitzscale.model.fp8_values import QuantRows, Unscaled, scaled
+from blitzscale.model.linear import quantize_tokens_torch
 from blitzscale.model.rope import RotaryEmbedding, apply_rotary
 
 

@@ -26,7 +26,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from blitzscale.model.attention.triton_kernels import rope_pair
-from blitzscale.model.linear import QuantRows, Unscaled
+from blitzscale.model.fp8_values import QuantRows, Unscaled
 from blitzscale.model.quant import FP8_MAX, MIN_SCALE
 from blitzscale.model.rope import RotaryEmbedding
 

@@ -24,7 +24,7 @@ from fp8_decode_candidates import COPIES, SHAPES, per_call, sweep_weights
 
 from blitzscale.bench.limits import graph_replay_ms
 from blitzscale.model import fp8_matmul
-from blitzscale.model.linear import Unscaled
+from blitzscale.model.fp8_values import Unscaled
 from blitzscale.model.triton_ops import TritonOps, quantize_tokens
 
 ops = TritonOps()

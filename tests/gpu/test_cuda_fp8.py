@@ -235,7 +235,7 @@ def test_fused_norm_and_silu_quantize_as_the_torch_reference_does(rows: int) -> 
     """The Triton norm and SiLU kernels that quantize their output (and apply an FP8
     product's scales as they read it) against the torch reference ops: the same scales and
     the same e4m3 bits, the same residual sum."""
-    from blitzscale.model.linear import Unscaled
+    from blitzscale.model.fp8_values import Unscaled
     from blitzscale.model.ops import TorchOps
     from blitzscale.model.triton_ops import TritonOps
 
