@@ -124,13 +124,14 @@ class FewRows:
     """Matmuls for steps of few tokens: steps of up to `matmul_rows` rows go, where
     `supports(x, weight)` says so, through the weight-only `matmul(x, weight, scale)` (bf16
     activations); steps of up to `quantized_rows` rows that it does not take, quantized per
-    token, through `quantized(xq, xs, weight, scale)`, which gives the product unscaled."""
+    token, through `quantized(xq, weight)`, which gives the product unscaled (`apply_scales`
+    applies the per-token and per-channel scales)."""
 
     matmul_rows: int
     supports: Callable[[torch.Tensor, torch.Tensor], bool]
     matmul: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     quantized_rows: int
-    quantized: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    quantized: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     apply_scales: Callable[[Unscaled], torch.Tensor]
 
 
@@ -175,7 +176,7 @@ class ScaledMMLinear:
                 return out if bias is None else out + bias
             x = QuantRows(*self.quantize(x.contiguous()))
         if few is not None and rows <= few.quantized_rows:
-            product = Unscaled(few.quantized(x.q, weight, scale), x.s, scale)
+            product = Unscaled(few.quantized(x.q, weight), x.s, scale)
             if raw and bias is None:
                 return product
             out = few.apply_scales(product)
@@ -224,7 +225,7 @@ def select_linear(device: torch.device, dtype: torch.dtype, quant: str, name: st
                 fp8_matmul.supports,
                 fp8_matmul.w8a16_matmul,
                 fp8_matmul.W8A8_MAX_ROWS,
-                lambda xq, w, s: fp8_matmul.w8a8_unscaled(xq, w, one),
+                lambda xq, w: fp8_matmul.w8a8_unscaled(xq, w, one),
                 lambda u: fp8_matmul.apply_scales(u.out, u.xs, u.ws),
             ),
         )
