@@ -28,6 +28,19 @@ def test_fp8_beside_dense_on_every_path(tmp_path: Path, capsys: pytest.CaptureFi
     assert all(ratios[m]["GBps"] > 0 for m in ratios)
 
 
+def test_one_worker_measures_host_and_disk_and_says_why_not_p2p(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One GPU is enough for the host and disk paths; a network mode there is an error in its
+    own entry (it once sent to a rank that did not exist and took the whole bench down)."""
+    argv = ["bench", "transfer", "--model", "random:tiny-llama3", "--workers", "1", "--mode", "p2p,host"]
+    assert main([*argv, "--dtype", "fp8", "--workdir", str(tmp_path)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert "2 workers" in r["fp8"]["p2p"]["error"] and "2 workers" in r["dense"]["p2p"]["error"]
+    assert isinstance(r["fp8_over_dense"]["p2p"], str)
+    assert 0.3 < r["fp8_over_dense"]["host"]["bytes"] < 0.5
+
+
 @pytest.mark.parametrize(
     ("extra", "named"),
     [
