@@ -220,6 +220,33 @@ def sweep_weights() -> tuple[dict, dict]:
     return w8, w16
 
 
+def sweep_inputs(ms: tuple[int, ...]) -> dict:
+    """Random bf16 activations per step size and linear: {m: {shape: [m, K]}}."""
+    return {
+        m: {s: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for s, (n, k) in SHAPES.items()}
+        for m in ms
+    }
+
+
+class SweepLog:
+    """A sweep's JSON result (`res`: device, SM count, rows) and its progress lines (`log`),
+    each line stamped with the seconds since the sweep began."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.t0 = time.time()
+        self.sms = torch.cuda.get_device_properties(0).multi_processor_count
+        self.res: dict = {"device": torch.cuda.get_device_name(), "sms": self.sms, "rows": []}
+
+    def log(self, **kw) -> None:  # type: ignore[no-untyped-def]
+        import json
+        import time
+
+        kw["t"] = round(time.time() - self.t0, 1)
+        print(json.dumps(kw), flush=True)
+
+
 def per_call(fn_of_copy) -> float:  # type: ignore[no-untyped-def]
     """ms of one call, every copy in turn, replayed from a CUDA graph (no L2 reuse)."""
     from blitzscale.bench.limits import graph_replay_ms

@@ -1,12 +1,13 @@
 """FP8 decode paths swept on one H200 (issue 32), second run: per-token quantization,
-`torch._scaled_mm` rowwise and tensorwise (cuBLAS), the GEMV's wider strips, the unswapped
-weight-only tensor-core kernel at 64 rows, the Triton FP8 x FP8 kernel; bf16 `F.linear` in
-the same run, eight copies of each linear cycled. Writes $OUT/fp8_decode_sweep2_h200.json.
+`torch._scaled_mm` rowwise and tensorwise (cuBLAS), the GEMV's wider strips, the Triton
+FP8 x FP8 kernel; bf16 `F.linear` in the same run, eight copies of each linear cycled.
+Writes $OUT/fp8_decode_sweep2_h200.json.
 
 The JSON beside it (device `nvidia-h200`, 2026-12-05) came from an earlier form of this
 script, which also timed the quantization and both `_scaled_mm` forms alone (the rows
 `quantize_tokens`, `scaled_mm_rowwise_only`, `scaled_mm_tensorwise_only`, under `if
-TIMED_ALONE`), the GEMV at 2 and 8 warps and 2,048-byte strips, and the unswapped kernel;
+TIMED_ALONE`), the GEMV at 2 and 8 warps and 2,048-byte strips, and the unswapped kernel
+(its `w8a16_unswapped` rows; that kernel left model/fp8_matmul.py since, and its loop here);
 its Triton FP8 x FP8 rows are all errors: the kernel was launched with a torch dtype for
 its `DOT` parameter (fixed in fp8_decode_candidates.py; that kernel has not run since).
 
@@ -24,33 +25,23 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs" / "results"))
 import fp8_decode_candidates as cand  # noqa: E402
 
-from blitzscale.model import fp8_matmul  # noqa: E402
 from blitzscale.model.triton_ops import quantize_tokens  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
 SHAPES, COPIES = cand.SHAPES, cand.COPIES
-SMS = torch.cuda.get_device_properties(0).multi_processor_count
-T0 = time.time()
-res: dict = {"device": torch.cuda.get_device_name(), "sms": SMS, "rows": []}
-
-
-def log(**kw):
-    kw["t"] = round(time.time() - T0, 1)
-    print(json.dumps(kw), flush=True)
+SWEEP = cand.SweepLog()
+SMS, T0, res, log = SWEEP.sms, SWEEP.t0, SWEEP.res, SWEEP.log
 
 
 W8, W16 = cand.sweep_weights()
 MS = (1, 16, 64)
-X = {
-    m: {s: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for s, (n, k) in SHAPES.items()} for m in MS
-}
+X = cand.sweep_inputs(MS)
 XQ = {m: {s: quantize_tokens(X[m][s]) for s in SHAPES} for m in MS}
 
 
@@ -114,41 +105,6 @@ for bn, bk, warps in itertools.product((8,), (512, 1024), (4,)):
     except Exception as e:
         log(kind="gemv", cfg=cfg, error=str(e)[:150])
 
-# the unswapped W8A16 (module kernel) at 64 rows, wider strips
-for bn, bk, warps, stages in ():
-    cfg = dict(bm=64, bn=bn, bk=bk, warps=warps, stages=stages)
-
-    def unswapped(m, s, i, cfg=cfg):
-        x = X[m][s]
-        q, sc = W8[s][i]
-        n, k = q.shape
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        fp8_matmul._w8a16[(triton.cdiv(n, cfg["bn"]), 1, triton.cdiv(m, cfg["bm"]))](
-            x,
-            q,
-            sc,
-            out,
-            m,
-            n,
-            k,
-            x.stride(0),
-            n,
-            BLOCK_M=cfg["bm"],
-            BLOCK_N=cfg["bn"],
-            BLOCK_K=cfg["bk"],
-            SPLIT_K=1,
-            num_warps=cfg["warps"],
-            num_stages=cfg["stages"],
-        )
-        return out
-
-    try:
-        record("w8a16_unswapped", cfg, 64, times(unswapped, 64))
-    except Exception as e:
-        log(kind="w8a16_unswapped", cfg=cfg, error=str(e)[:150])
-    if time.time() - T0 > 200:
-        break
-
 # Triton FP8 x FP8
 for m in MS:
     record(
@@ -208,10 +164,7 @@ def best(kind, m):
     return min(rows, key=lambda r: r["ms"]["layer"]) if rows else None
 
 
-res["best"] = {
-    f"{k}_{m}": best(k, m)
-    for k, m in (("gemv", 1), ("w8a8", 1), ("w8a8", 16), ("w8a8", 64), ("w8a16_unswapped", 64))
-}
+res["best"] = {f"{k}_{m}": best(k, m) for k, m in (("gemv", 1), ("w8a8", 1), ("w8a8", 16), ("w8a8", 64))}
 chk = res.get("check", {})
 for key in ("w8a8_16", "w8a8_64"):
     r = res["best"][key]

@@ -33,21 +33,13 @@ silu_mul = TritonOps().silu_mul
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
 SHAPES, COPIES = cand.SHAPES, cand.COPIES
-SMS = torch.cuda.get_device_properties(0).multi_processor_count
-T0 = time.time()
-res: dict = {"device": torch.cuda.get_device_name(), "sms": SMS, "rows": []}
-
-
-def log(**kw):
-    kw["t"] = round(time.time() - T0, 1)
-    print(json.dumps(kw), flush=True)
+SWEEP = cand.SweepLog()
+SMS, T0, res, log = SWEEP.sms, SWEEP.t0, SWEEP.res, SWEEP.log
 
 
 W8, W16 = cand.sweep_weights()
 MS = (1, 8, 16, 32, 64)
-X = {
-    m: {s: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for s, (n, k) in SHAPES.items()} for m in MS
-}
+X = cand.sweep_inputs(MS)
 XG = {m: torch.randn(m, 2 * 14336, device="cuda", dtype=torch.bfloat16) for m in MS}
 
 
