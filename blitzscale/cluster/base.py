@@ -65,9 +65,12 @@ class Cluster(Protocol):
         from_host: bool = False,
         live: dict[int, Activation] | None = None,
         on_live: Callable[[LiveStart], None] | None = None,
+        may_join: bool = True,
     ) -> dict[int, TransferResult]:
         """One result per receiving rank. `live`: engines started on targets right behind
-        the transfer, serving while the weights arrive; `on_live` sees each start."""
+        the transfer, serving while the weights arrive; `on_live` sees each start.
+        `may_join`: while the sources send an earlier load of the model, join its chain
+        (cluster/flights.py) rather than wait for them."""
         ...
 
     async def cache_on_host(self, model: str, rank: int) -> HostCopyResult: ...

@@ -14,26 +14,33 @@ class RankLines:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.asynccontextmanager
-    async def holding(self, ranks: list[int] | list[str]) -> AsyncIterator[None]:
+    async def holding(
+        self, ranks: list[int] | list[str], sharing: list[int] | tuple[int, ...] = ()
+    ) -> AsyncIterator[None]:
         """Operations on one rank run in the order they were called; on different ranks,
         side by side. An operation takes its place in every one of its ranks' lines at
         once, when it is called, and waits for the operation ahead of it in each (those
-        were called earlier, so no two operations ever wait on each other)."""
+        were called earlier, so no two operations ever wait on each other).
+
+        `sharing`: ranks whose current operation this one runs beside (a load joining the
+        chain in flight through that chain's last target): it takes its place in their
+        lines without waiting, and those behind it there wait for both."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a blocking caller runs each call on a loop of its own
             self._loop, self._lines = loop, {}
         mine: asyncio.Future[None] = loop.create_future()
-        ahead = []
-        for key in set(ranks):
+        ahead, beside = [], []
+        keys = set(ranks) | set(sharing)
+        for key in keys:
             line = self._lines.setdefault(key, [])
             if line:
-                ahead.append(line[-1])
+                (beside if key in sharing and key not in ranks else ahead).append(line[-1])
             line.append(mine)
         lines = self._lines
 
         def release(*_: object) -> None:
             mine.set_result(None)
-            for key in set(ranks):
+            for key in keys:
                 lines[key].remove(mine)
 
         try:
@@ -41,7 +48,9 @@ class RankLines:
                 await asyncio.shield(f)
             yield
         finally:
-            waiting = [f for f in ahead if not f.done()]  # cancelled while it waited
+            # cancelled while it waited, or ran beside ones still going: those behind it
+            # must still wait for them
+            waiting = [f for f in ahead + beside if not f.done()]
             if waiting:  # those behind it must still wait for the ones ahead of it
                 asyncio.gather(*waiting).add_done_callback(release)
             else:

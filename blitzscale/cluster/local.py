@@ -34,6 +34,7 @@ from blitzscale.cluster.blocking import Blocking
 from blitzscale.cluster.calls import Calls, ClusterOpError, result_of
 from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.flights import Flight, Flights
 from blitzscale.cluster.lines import RankLines
 from blitzscale.cluster.mailbox import Mailbox
 from blitzscale.cluster.pool import ParameterPool
@@ -128,6 +129,7 @@ class LocalCluster:
         self._dist_port = 0
         self._control_port = 0
         self._holding = RankLines().holding  # per rank (and "respawn"): operations in call order
+        self._flights = Flights()  # GPU-to-GPU loads under way, which a new one may join
 
     @property
     def world_size(self) -> int:
@@ -449,6 +451,7 @@ class LocalCluster:
         piece_bytes: int | None = None,
         live: dict[int, Activation] | None = None,
         on_live: Callable[[LiveStart], None] | None = None,
+        may_join: bool = True,
     ) -> dict[int, TransferResult]:
         """Stream a model from `sources` (device copies, or the one host copy) to `targets`.
 
@@ -474,9 +477,12 @@ class LocalCluster:
                 piece_bytes=piece_bytes,
                 live=live,
                 on_live=on_live,
+                may_join=may_join,
             )
         shard = ShardPlan(sources, targets, 0)
-        return await self._transfer([shard], model, source, 1, from_host, rate, piece_bytes, live, on_live)
+        return await self._transfer(
+            [shard], model, source, 1, from_host, rate, piece_bytes, live, on_live, may_join
+        )
 
     async def transfer_instances(
         self,
@@ -490,6 +496,7 @@ class LocalCluster:
         piece_bytes: int | None = None,
         live: dict[int, Activation] | None = None,
         on_live: Callable[[LiveStart], None] | None = None,
+        may_join: bool = True,
     ) -> dict[int, TransferResult]:
         """Tensor-parallel instances: shard k streams from the sources' rank k to the targets'
         rank k (from the host copy's shard k with `from_host`); all shards move at once,
@@ -500,7 +507,9 @@ class LocalCluster:
             raise BlitzScaleError(f"all instances must have tp={tp}: {sources} -> {targets}")
         shards = [ShardPlan([s[k] for s in sources], [t[k] for t in targets], k) for k in range(tp)]
         rate = max_bytes_per_s or (0.0 if from_host else self.cfg.transfer_bytes_per_s)
-        return await self._transfer(shards, model, source, tp, from_host, rate, piece_bytes, live, on_live)
+        return await self._transfer(
+            shards, model, source, tp, from_host, rate, piece_bytes, live, on_live, may_join
+        )
 
     async def _transfer(
         self,
@@ -513,8 +522,14 @@ class LocalCluster:
         piece_bytes: int | None,
         live: dict[int, Activation] | None,
         on_live: Callable[[LiveStart], None] | None,
+        may_join: bool = True,
     ) -> dict[int, TransferResult]:
         receivers = [t for s in shards for t in s.targets]
+        sources = [r for s in shards for r in s.sources]
+        join = self._flights.joinable(model, sources, len(shards)) if may_join and not from_host else None
+        if join is not None:  # its sources are busy sending: their chain's tails forward it
+            shards = [ShardPlan([join.tails[k]], s.targets, s.tp_rank) for k, s in enumerate(shards)]
+            log.info("transfer %s to %s joins the chain in flight at %s", model, receivers, list(join.tails))
         msgs: dict[int, Message] = {}
         chains_of: dict[int, list[list[int]]] = {}
         every_chain: list[list[int]] = []
@@ -549,10 +564,18 @@ class LocalCluster:
             if reply.op_id in live_ops and on_live is not None:
                 on_live(LiveStart.of_reply(reply))
 
-        async with self._holding(list(msgs)):
+        tails = list(join.tails) if join is not None else []
+        own = [r for r in msgs if r not in tails]
+        flight = (
+            join.joined_by([s.chains()[0][-1] for s in shards])
+            if join is not None
+            else Flight.of(model, sources, [s.chains()[0][-1] for s in shards])
+        )
+        async with self._holding(own, sharing=tails):
             self.pool.begin_load(model, receivers)
             try:
-                by_op = await self.calls.ops([*msgs.items(), *extra], f"transfer {model}", on_reply=seen)
+                with self._flights.flying(flight) if not from_host else contextlib.nullcontext():
+                    by_op = await self.calls.ops([*msgs.items(), *extra], f"transfer {model}", on_reply=seen)
             except BaseException:
                 self.pool.abort_load(model, receivers)
                 raise

@@ -20,7 +20,9 @@ class TransferResult:
     the link): to completion (`seconds`), to its first usable layer (`first_layer_s`);
     `alloc_s` is its own preparation, `ready_order` its segments in the order they landed.
     `senders_done_s`: when the chain heads saw their last send complete, `replied_s`: when
-    the controller had every reply (both from the earliest start among the ranks)."""
+    the controller had every reply (both from the earliest start among the ranks).
+    `sources`: the ranks its chains started from (for a load that joined a chain in
+    flight, that chain's last target)."""
 
     seconds: float
     first_layer_s: float
@@ -29,6 +31,7 @@ class TransferResult:
     ready_order: tuple[int, ...] = ()
     senders_done_s: float = 0.0
     replied_s: float = 0.0
+    sources: tuple[int, ...] = ()
 
     @property
     def GBps(self) -> float:

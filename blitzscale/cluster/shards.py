@@ -53,5 +53,6 @@ def transfer_report(
             ready_order=tuple(res.ready_order),
             senders_done_s=senders_done,
             replied_s=replied_at - t_first,
+            sources=tuple(sorted({c[0] for c in chains_of[r] if r in c})),
         )
     return out

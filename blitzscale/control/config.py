@@ -123,6 +123,10 @@ class PolicyConfig:
     # Network scale-ups: the source's most reused cached prefixes follow the weights, up to
     # this share of the new instance's KV blocks (0: the new instance starts with none).
     hot_prefix_share: float = 0.1
+    # Multicast policies: a GPU-to-GPU load whose source is still sending the same model
+    # joins that chain (its last target forwards each layer as it lands) instead of
+    # waiting for the source (cluster/flights.py).
+    join_chains: bool = True
 
     def __post_init__(self) -> None:
         if self.name not in POLICY_NAMES:
@@ -144,6 +148,10 @@ class PolicyConfig:
     @property
     def multicast(self) -> bool:
         return self.name in ("blitz", "blitz-nolive", "network-multicast")
+
+    @property
+    def joins_chains(self) -> bool:
+        return self.multicast and self.join_chains
 
     @property
     def live(self) -> bool:

@@ -35,6 +35,7 @@ class SegmentReadiness:
         self._count = [0] * num_segments
         self._ready_at: list[float | None] = [None] * num_segments
         self._reset_at = time.perf_counter()
+        self._failed = ""  # why the load filling these segments stopped, if it did
 
     @property
     def num_segments(self) -> int:
@@ -71,6 +72,17 @@ class SegmentReadiness:
             self._count = [0] * len(self._count)
             self._ready_at = [None] * len(self._count)
             self._reset_at = time.perf_counter()
+            self._failed = ""
+
+    def fail(self, why: str) -> None:
+        """The load filling these segments stopped: whoever waits on one stops waiting."""
+        with self._cond:
+            self._failed = why or "the load stopped"
+            self._cond.notify_all()
+
+    @property
+    def failed(self) -> str:
+        return self._failed
 
     def remaining_s(self) -> float:
         """Seconds until every piece has landed, at the rate they came since the last
@@ -105,5 +117,8 @@ class SegmentReadiness:
         return n
 
     def wait(self, segment: int, timeout: float | None = None) -> bool:
+        """Whether `segment` is ready, once it is, or the load failed, or `timeout` passed."""
         with self._cond:
-            return self._cond.wait_for(lambda: self.is_ready(segment), timeout)
+            return self._cond.wait_for(lambda: self.is_ready(segment) or bool(self._failed), timeout) and (
+                self.is_ready(segment)
+            )

@@ -207,6 +207,7 @@ class Loads:
                 list(a.target_ranks),
                 live=live,
                 on_live=on_live,
+                may_join=self.scaler.policy.joins_chains,
             )
         except BlitzScaleError as e:
             self._load_failed(a.target_ranks, e, model)
@@ -287,7 +288,9 @@ class Loads:
         groups = [targets] if multicast else [self._ranks(i) for i in ids]
         for group in groups:
             t0 = clock.now()
-            report = await self.cluster.transfer(name, source, list(sources), list(group))
+            report = await self.cluster.transfer(
+                name, source, list(sources), list(group), may_join=self.scaler.policy.joins_chains
+            )
             nbytes = transfer_bytes(report)
             self.scaler.record(
                 "up", "network", list(group), clock.now() - t0, nbytes, list(sources), report, model=name

@@ -176,6 +176,9 @@ def run_transfer(
     chan = _Channel(links, device, msg.timeout_s, msg.max_bytes_per_s)
     recvs: dict[int, dist.Work] = {}
     from_host = msg.host_source and not loads_from_host
+    # Only sending, from weights still arriving here (the last target of a chain in flight,
+    # which this load joined): each piece leaves once its segment has landed.
+    forwarding = not stats.is_target and readiness is not None and not readiness.all_ready
     try:
         for i, p in enumerate(pieces):
             if p.stripe in role.recv_from:
@@ -191,11 +194,16 @@ def run_transfer(
                 if from_host and p.stripe in heads:
                     src = chan.stage(_view(host_buffer, p))
                 else:
+                    if forwarding:
+                        assert readiness is not None
+                        _await_landed(readiness, p.segment, msg.timeout_s)
                     src = _view(buffer, p)
                 chan.isend(src, role.send_to[p.stripe])
                 stats.bytes_sent += p.numel * layout.itemsize
         chan.wait_sends()
-    except BaseException:
+    except BaseException as e:
+        if stats.is_target and readiness is not None:  # a load forwarding from here stops too
+            readiness.fail(f"{type(e).__name__}: {e}")
         # Break this rank's weights links to its neighbours in the plan: a neighbour still
         # waiting on this rank fails now instead of at its timeout (and so on down the
         # chain), and no receive left posted here can take a later transfer's data. The
@@ -219,6 +227,12 @@ _ORPHANED: list[torch.Tensor | None] = []
 def _view(buf: torch.Tensor | None, p: Piece) -> torch.Tensor:
     assert buf is not None
     return buf[p.offset : p.offset + p.numel]
+
+
+def _await_landed(readiness: SegmentReadiness, segment: int, timeout_s: float) -> None:
+    if not readiness.wait(segment, timeout_s):
+        why = readiness.failed or f"nothing landed in {timeout_s:.1f} s"
+        raise TransferError(f"segment {segment} never landed here to be forwarded: {why}")
 
 
 def _landed(stats: TransferStats, readiness: SegmentReadiness | None, p: Piece, layout: WeightLayout) -> None:

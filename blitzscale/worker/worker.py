@@ -118,10 +118,15 @@ class Worker:
         if cfg.tokenizer_source:  # a live activation must not spend seconds on it
             self._tokenizer(cfg.tokenizer_source)
         self._transfer_thread: threading.Thread | None = None
-        self._in_transfer = False  # the main thread's: set when one starts, cleared in _settle
-        # Transfers that ended: (model, error or ""), put by the transfer thread before it
-        # replies; only the main thread changes `models` / `loading` (in `_settle`).
-        self._ended: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        # The main thread's: transfers under way (counted when one starts, down in _settle),
+        # and whether one of them fills `loading` here. Any number may only send (a chain's
+        # last target forwards to a load that joined it while it still receives).
+        self._transfers = 0
+        self._receiving = False
+        # Transfers that ended: (model, error or "", whether this rank received), put by the
+        # transfer thread before it replies; only the main thread changes `models` /
+        # `loading` (in `_settle`).
+        self._ended: queue.SimpleQueue[tuple[str, str, bool]] = queue.SimpleQueue()
         self.loops: dict[int, ServingLoop] = {}  # by slot; slot 0 always exists
         self._retired: tuple[str, LLMEngine] | None = None  # the last deactivated engine
         self._init_device()
@@ -283,7 +288,7 @@ class Worker:
                 if current is not None:
                     poller.register(current, zmq.POLLIN)
                 inbox = current
-            wait = BUSY_TRANSFER_POLL_MS if self._in_transfer or self.follower is not None else IDLE_POLL_MS
+            wait = BUSY_TRANSFER_POLL_MS if self._transfers or self.follower is not None else IDLE_POLL_MS
             events = dict(poller.poll(0 if busy else wait))
             self._settle()
             self.host_copies.settle()
@@ -354,22 +359,31 @@ class Worker:
         """Weights move on their own thread so a source keeps serving while it sends, and a
         live target serves from the layers that have landed (the receive buffer exists
         before this returns, so an ActivateMsg right behind this one finds it)."""
-        if self._in_transfer:
-            raise BlitzScaleError(f"rank {self.rank} is already in a transfer")
+        receives = self._receives(msg)
+        if receives and self._receiving:
+            raise BlitzScaleError(f"rank {self.rank} is already receiving a transfer")
         if msg.host_source:  # (a host copy still being made is waited for)
             self.host_copies.finish(msg.model)
-        self._prepare_receive(msg)
-        self._in_transfer = True
+        if receives:
+            self._prepare_receive(msg)
+        # What it sends from or fills, chosen here: `_settle` moves `loading` to `models`
+        # on this thread, and a chain's tail may be asked to forward while it receives.
+        weights = self.loading.get(msg.model) or self.models.get(msg.model)
+        host = self.host_copies.held(msg.model)  # (one being made was waited for above)
+        if weights is None and host is None:
+            raise ValueError(f"rank {self.rank} holds no copy of {msg.model}")
+        self._transfers += 1
+        self._receiving = self._receiving or receives
 
         def run() -> None:
             result: ReplyResult
             try:
-                result, ok, err = self._transfer(msg), True, ""
+                result, ok, err = self._transfer(msg, weights, host), True, ""
             except Exception as e:  # any failure is the transfer's, answered, never a dead thread
                 result, ok, err = NoResult(), False, f"{type(e).__name__}: {e}"
             # Before the reply leaves: the controller may send the next command (activate,
             # the next transfer) the moment it has it, and the main thread settles first.
-            self._ended.put((msg.model, err))
+            self._ended.put((msg.model, err, receives))
             reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
             self._reply_from_thread(reply)
 
@@ -381,13 +395,16 @@ class Worker:
         `models` (or drops them, and a live target serving them stops)."""
         while True:
             try:
-                model, err = self._ended.get_nowait()
+                model, err, received = self._ended.get_nowait()
             except queue.Empty:
                 return
-            self._in_transfer = False
+            self._transfers -= 1
+            if not received:
+                continue  # this rank only sent (what it still receives, if any, stays loading)
+            self._receiving = False
             weights = self.loading.pop(model, None)
             if weights is None:
-                continue  # this rank only sent
+                continue
             if not err:
                 self.models[model] = weights
                 continue
@@ -462,12 +479,12 @@ class Worker:
         finally:
             sock.close()  # lingers until the reply is out
 
-    def _prepare_receive(self, msg: TransferMsg) -> None:
-        is_receiver = any(self.rank in c[1:] for c in msg.chains) or (
+    def _receives(self, msg: TransferMsg) -> bool:
+        return any(self.rank in c[1:] for c in msg.chains) or (
             msg.head_is_target and any(c[0] == self.rank for c in msg.chains)
         )
-        if not is_receiver:
-            return
+
+    def _prepare_receive(self, msg: TransferMsg) -> None:
         if msg.model in self.models or msg.model in self.loading:
             raise ValueError(f"rank {self.rank} already holds {msg.model}")
         cfg, dtype = load_config(resolve_model(msg.source)), parse_dtype(msg.dtype)
@@ -550,14 +567,12 @@ class Worker:
         self.models[msg.model] = weights
         return msgspec.structs.replace(stats, seconds=time.perf_counter() - t, bytes=weights.layout.nbytes)
 
-    def _transfer(self, msg: TransferMsg) -> TransferRankResult:
+    def _transfer(
+        self, msg: TransferMsg, weights: ModelWeights | None, host: ModelWeights | None
+    ) -> TransferRankResult:
         received_at = time.time()
-        fresh = self.loading.get(msg.model)
-        weights = fresh or self.models.get(msg.model)
-        host = self.host_copies.held(msg.model)  # (one being made was waited for on starting)
         layout_src = weights or host
-        if layout_src is None:
-            raise ValueError(f"rank {self.rank} holds no copy of {msg.model}")
+        assert layout_src is not None
         stats = run_transfer(
             self.rank,
             self.links,
