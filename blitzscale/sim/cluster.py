@@ -16,6 +16,7 @@ worker's steps take turns).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from contextlib import AsyncExitStack
 from blitzscale import clock
 from blitzscale.cluster.commands import Activation, CostQuery, LiveStart
 from blitzscale.cluster.config import ClusterConfig
+from blitzscale.cluster.flights import Flight, Flights
 from blitzscale.cluster.pool import ParameterPool
 from blitzscale.cluster.results import ClusterStatus, PrefixShipResult, RespawnResult, TransferResult
 from blitzscale.control.costmodel import CostReport, Profile
@@ -96,6 +98,11 @@ class SimCluster:
         self._held_since: dict[int, float] = {}
         self._held: Counter[int] = Counter()  # models each rank holds or loads
         self.messages = 0  # data-plane messages, for the simulator's own report
+        # GPU-to-GPU loads under way (a new one may join: cluster/flights.py), and when
+        # each one's first layers and last land on its tails (simulated clock)
+        self.flights = Flights()
+        self._landing: dict[Flight, tuple[float, float]] = {}
+        self.joins = 0  # loads that joined a chain in flight
         self.prefix_blocks_shipped = 0  # hot prefix blocks new instances received
         for rank in range(topo.world_size * slots):  # every worker (slot) is up
             self._emit(HelloMsg(rank=rank, pid=0, device=f"sim:{rank % topo.world_size}"))
@@ -176,15 +183,19 @@ class SimCluster:
         from_host: bool = False,
         live: dict[int, Activation] | None = None,
         on_live: Callable[[LiveStart], None] | None = None,
+        may_join: bool = True,
     ) -> dict[int, TransferResult]:
         if any(t in self.pool.gpu_holders(model) for t in targets):
             raise BlitzScaleError(f"a target of {targets} already holds {model}")
-        async with AsyncExitStack() as stack:
-            await self._hold(stack, [*targets, *([] if from_host else sources)])
+        join = self.flights.joinable(model, sources, self.tp) if may_join and not from_host else None
+        if join is not None:  # its sources are busy sending: their chain's tails forward it
+            self.joins += 1
+        async with AsyncExitStack() as stack:  # (a join runs beside the chain it joins)
+            await self._hold(stack, [*targets, *([] if from_host or join is not None else sources)])
             self.pool.begin_load(model, targets)
             self._gained(targets)
             try:
-                report = await self._move(model, sources, targets, from_host, live, on_live)
+                report = await self._move(model, sources, targets, from_host, live, on_live, join)
             except BaseException:
                 self.pool.abort_load(model, targets)
                 for t in targets:
@@ -201,8 +212,10 @@ class SimCluster:
         from_host: bool,
         live: dict[int, Activation] | None,
         on_live: Callable[[LiveStart], None] | None,
+        join: Flight | None = None,
     ) -> dict[int, TransferResult]:
         nbytes = self.profile.weight_bytes
+        flight = None
         if from_host:
             holder = sources[0] if sources else 0
             links = [lk for t in targets for lk in self.links.host_links(holder, t, self.local_host_cache)]
@@ -210,19 +223,42 @@ class SimCluster:
             seconds = nbytes / self.links.rate(links, own) + self.topo.latency_s
             first = self.piece_bytes / self.links.rate(links, own)
         else:  # shard k of the sources feeds shard k of the targets, all shards at once
-            groups = [(sources[k :: self.tp], targets[k :: self.tp]) for k in range(self.tp)]
-            links = [lk for s, t in groups for lk in self.links.chain_links(self.links.chains(s, t))]
+            heads = list(join.tails) if join is not None else sources  # (a join: shard k's tail)
+            groups = [(heads[k :: self.tp], targets[k :: self.tp]) for k in range(self.tp)]
+            chains = [self.links.chains(s, t) for s, t in groups]
+            links = [lk for c in chains for lk in self.links.chain_links(c)]
             seconds = max(self.links.multicast_seconds(s, t, nbytes, self.piece_bytes) for s, t in groups)
-            first = 2 * self.piece_bytes / self.links.rate(links) + self.topo.latency_s
+            hop = self.piece_bytes / self.links.rate(links) + self.topo.latency_s
+            first = hop + self.piece_bytes / self.links.rate(links)
+            tails = [c[0][-1] for c in chains]
+            if join is None:
+                flight = Flight.of(model, sources, tails)
+            else:  # never before the tails have a piece, never faster than the hop from them
+                first_at, last_at = self._landing.get(join, (0.0, 0.0))  # (ended: all landed)
+                seconds = max(seconds, last_at - clock.now() + hop)
+                first = max(first_at - clock.now(), 0.0) + first
+                flight = join.joined_by(tails)
         t0 = clock.now()
         for rank, act in (live or {}).items():  # ZigZag: engines start before weights land
             self._start_engine(rank, act, loaded_at=t0 + seconds, first_layers_at=t0 + first)
             if on_live is not None:
                 on_live(LiveStart(rank, self._engine_info(act)))
-        with self.links.using(links):
-            await asyncio.sleep(seconds)
+        if flight is not None:
+            self._landing[flight] = (t0 + first, t0 + seconds)
+        try:
+            with self.links.using(links), self.flights.flying(flight) if flight else contextlib.nullcontext():
+                await asyncio.sleep(seconds)
+        finally:
+            if flight is not None:
+                del self._landing[flight]
+        froms = tuple(sorted(join.tails if join is not None else sources))
         done = TransferResult(
-            seconds=seconds, first_layer_s=first, bytes=nbytes, senders_done_s=seconds, replied_s=seconds
+            seconds=seconds,
+            first_layer_s=first,
+            bytes=nbytes,
+            senders_done_s=seconds,
+            replied_s=seconds,
+            sources=froms,
         )
         return dict.fromkeys(targets, done)
 

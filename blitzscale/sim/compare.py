@@ -76,6 +76,7 @@ def run_policies(
                     "gpu_seconds": round(res.gpu_seconds, 1),
                     "scale_ups": sum(1 for e in res.events if e.is_up),
                     "disk_loads": sum(1 for e in res.events if e.is_up and e.path == "disk"),
+                    "chain_joins": res.chain_joins,
                     "peak_instances": list(res.peak),
                     "models_per_rank": setup.resident_per_rank,
                     "prompt_tokens_computed": sum(r.input_tokens for r in res.records) - res.prefix_hits,

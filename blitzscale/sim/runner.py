@@ -107,6 +107,7 @@ class SimResult:
     prefix_hits: int = 0  # of those, found cached (not computed)
     prefix_routed: int = 0  # requests the router sent where their prefix was likely cached
     prefix_shipped: int = 0  # hot prefix blocks new instances received with their weights
+    chain_joins: int = 0  # GPU-to-GPU loads that joined a chain in flight (cluster/flights.py)
     split_solve_s: tuple[float, ...] = ()  # live_split = "ilp": each plan's solve time (wall)
     split_fallbacks: int = 0  # of those, plans past the time limit (greedy instead)
 
@@ -244,6 +245,7 @@ async def _run(
         prefix_hits=cluster.recorder.prefix_hits,
         prefix_routed=router.num_prefix_routed,
         prefix_shipped=cluster.prefix_blocks_shipped,
+        chain_joins=cluster.joins,
         split_solve_s=tuple(planner.solve_s) if planner else (),
         split_fallbacks=planner.fallbacks if planner else 0,
     )

@@ -99,3 +99,40 @@ def test_fixed_provisioning_from_blitz_peak_fits_the_cluster() -> None:
     assert fixed_counts((20, 20), "fixed-peak", 16) == (8, 8)
     assert fixed_counts((31, 1), "fixed-peak", 16) == (15, 1)
     assert sum(fixed_counts((40, 30), "fixed-half", 32)) == 32
+
+
+def test_a_simulated_load_from_a_busy_source_joins_its_chain_instead_of_queueing() -> None:
+    """As on the real parameter plane (cluster/flights.py): 0 -> 1 takes 10 s; a load
+    0 -> 2 called 4 s in takes the weights from rank 1 instead of waiting for rank 0, and
+    a third, called at 6 s, extends the chain from rank 2."""
+    from blitzscale.cluster.config import ClusterConfig
+    from blitzscale.sim.cluster import SimCluster
+    from tests.serve.test_budgets import profile
+
+    topo = Topology(
+        nodes=1, gpus_per_node=4, nvlink_bytes_per_s=1000.0, nic_bytes_per_s=1000.0,
+        pcie_bytes_per_s=1000.0, ssd_bytes_per_s=1e9, latency_s=0.0,
+    )  # fmt: skip
+
+    async def main() -> list[tuple[tuple[int, ...], float]]:
+        from blitzscale import clock
+
+        cluster = SimCluster(topo, profile(1000.0), ClusterConfig(num_workers=4))  # 10,000 bytes: 10 s
+        await cluster.load("m", 0, "src")
+        t0 = clock.now()
+        ended: list[tuple[tuple[int, ...], float]] = []
+
+        async def load(target: int, after: float) -> None:
+            await asyncio.sleep(after)
+            report = await cluster.transfer("m", "src", [0], [target])
+            ended.append((report[target].sources, clock.now() - t0))
+
+        await asyncio.gather(load(1, 0.0), load(2, 4.0), load(3, 6.0))
+        assert cluster.joins == 2
+        await cluster.stop()
+        return sorted(ended, key=lambda e: e[1])
+
+    (s1, e1), (s2, e2), (s3, e3) = run(main())
+    assert (s1, s2, s3) == ((0,), (1,), (2,))
+    # each on its own link, at its rate from when it was called (queued: 20 s and 30 s)
+    assert (e1, e2, e3) == (10.0, 14.0, 16.0)
