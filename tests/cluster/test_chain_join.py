@@ -25,7 +25,7 @@ SLOW_S = 4.0  # what the first, capped transfer takes (long beside the rest)
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(ClusterConfig(num_workers=4, transfer_timeout_s=60)) as c:
+    with LocalCluster(ClusterConfig(num_workers=6, transfer_timeout_s=60)) as c:
         yield c
 
 
@@ -65,6 +65,35 @@ def test_a_load_from_an_idle_source_takes_it_from_the_source(cluster: LocalClust
     assert report[2].sources == (0,)
     for r in range(3):
         asyncio.run(cluster.release(M, r))
+
+
+def test_tensor_parallel_instances_join_shard_by_shard(cluster: LocalCluster) -> None:
+    """Instance [0, 1] sends to [2, 3], slowly; a load of [4, 5] from it joins: shard k
+    comes from rank 2 + k, the first load's shard k."""
+    model = "tiny-tp2"
+    rate = _slow_rate(cluster) / 2  # (a shard is about half the model)
+    asyncio.run(cluster.release(M, 0))
+    asyncio.run(cluster.load_instance(model, [0, 1], SRC))
+
+    async def scenario() -> dict[int, TransferResult]:
+        first = asyncio.ensure_future(
+            cluster.transfer_instances(
+                model, SRC, [[0, 1]], [[2, 3]], max_bytes_per_s=rate, piece_bytes=1 << 14
+            )
+        )
+        await asyncio.sleep(0.5)
+        joined = await cluster.transfer_instances(model, SRC, [[0, 1]], [[4, 5]])
+        await first
+        return joined
+
+    joined = asyncio.run(scenario())
+    assert (joined[4].sources, joined[5].sources) == ((2,), (3,))
+    refs = [asyncio.run(cluster.checksum(model, r)) for r in (0, 1)]
+    assert refs[0] != refs[1]  # two different shards
+    for k in (0, 1):
+        assert [asyncio.run(cluster.checksum(model, r)) for r in (2 + k, 4 + k)] == [refs[k]] * 2
+    for r in range(6):
+        asyncio.run(cluster.release(model, r))
 
 
 def test_a_failed_chain_fails_the_load_that_joined_it_at_once() -> None:
