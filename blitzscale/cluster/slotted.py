@@ -213,7 +213,10 @@ class SlottedCluster:
             )
         finally:
             self._done(model, tgt)
-        return self._ranks(model, out)
+        return {  # (where each came from, in slot ranks too)
+            r: dataclasses.replace(v, sources=tuple(self.rank_of(model, w) for w in v.sources))
+            for r, v in self._ranks(model, out).items()
+        }
 
     async def cache_on_host(self, model: str, rank: int) -> HostCopyResult:
         return await self.inner.cache_on_host(model, self.split(rank)[0])

@@ -453,6 +453,9 @@ class Scaler:
                 self.metrics.swapped(name, "in", seconds)  # (from zero: its host copy or disk)
         self.count_held(name)
         per = list((report or {}).values())
+        # where the weights came from: a load that joined a chain in flight took them from
+        # that chain's last target, not from the sources it was asked to use
+        sources = sorted({s for v in per for s in v.sources}) or sources
         event = ScaleEvent(
             model=name,
             time=clock.now(),
