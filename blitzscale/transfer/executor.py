@@ -214,14 +214,21 @@ def run_transfer(
         traceback.clear_frames(sys.exc_info()[2])  # (the failed wait's frame holds its op)
         if device.type == "cuda":  # an aborted NCCL kernel may not have left the buffer yet
             _ORPHANED.append(buffer)
-        for peer in {*role.recv_from.values(), *role.send_to.values()}:
-            links.break_plane(peer, "weights")
+        break_neighbours(rank, links, msg)
         raise
     stats.done_at = time.time()
     return stats
 
 
 _ORPHANED: list[torch.Tensor | None] = []
+
+
+def break_neighbours(rank: int, links: Links, msg: TransferMsg) -> None:
+    """Break this rank's weights links to its neighbours in `msg`'s plan, after its part
+    failed or could not start: whoever waits on it there fails now, not at the timeout."""
+    role = role_of(rank, msg.chains)
+    for peer in {*role.recv_from.values(), *role.send_to.values()}:
+        links.break_plane(peer, "weights")
 
 
 def _view(buf: torch.Tensor | None, p: Piece) -> torch.Tensor:

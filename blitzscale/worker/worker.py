@@ -61,7 +61,7 @@ from blitzscale.messages import (
 from blitzscale.model.config import ModelConfig
 from blitzscale.model.weights import ModelWeights, layout_of
 from blitzscale.transfer.checksum import buffer_checksum
-from blitzscale.transfer.executor import run_transfer
+from blitzscale.transfer.executor import break_neighbours, run_transfer
 from blitzscale.worker import costprobe
 from blitzscale.worker.cost_report import cost_report
 from blitzscale.worker.disk_source import disk_shape, load_local
@@ -370,7 +370,8 @@ class Worker:
         # on this thread, and a chain's tail may be asked to forward while it receives.
         weights = self.loading.get(msg.model) or self.models.get(msg.model)
         host = self.host_copies.held(msg.model)  # (one being made was waited for above)
-        if weights is None and host is None:
+        if weights is None and host is None:  # (a chain's tail whose own load failed)
+            break_neighbours(self.rank, self.links, msg)  # they would wait out the timeout
             raise ValueError(f"rank {self.rank} holds no copy of {msg.model}")
         self._transfers += 1
         self._receiving = self._receiving or receives

@@ -174,3 +174,21 @@ def test_an_operation_sharing_a_rank_runs_beside_it_and_holds_back_those_after_b
         return order
 
     assert asyncio.run(scenario()) == ["shared", "first", "after"]
+
+
+def test_a_source_that_holds_nothing_fails_its_receivers_at_once(cluster: LocalCluster) -> None:
+    """What a joined load meets when the chain's tail lost its weights before the join
+    reached it: the tail refuses, and breaks its links so its receivers do not wait out
+    the transfer timeout (60 s here)."""
+    t = time.monotonic()
+    with pytest.raises(ClusterOpError) as err:
+        asyncio.run(cluster.transfer(M, SRC, [3], [2]))
+    assert "holds no copy" in err.value.replies[3].error
+    assert not err.value.replies[2].ok
+    assert time.monotonic() - t < 30
+    assert cluster.pool.models_on(2) == []
+    asyncio.run(cluster.load(M, 3, SRC))  # the rebuilt link carries the next transfer
+    asyncio.run(cluster.transfer(M, SRC, [3], [2]))
+    assert asyncio.run(cluster.checksum(M, 2)) == asyncio.run(cluster.checksum(M, 3))
+    for r in (2, 3):
+        asyncio.run(cluster.release(M, r))
