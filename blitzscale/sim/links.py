@@ -21,7 +21,7 @@ class Topology:
     gpus_per_node: int
     nvlink_bytes_per_s: float  # one GPU's NVLink bandwidth to a peer in its node (0: none)
     nic_bytes_per_s: float  # one GPU's RDMA NIC (each direction)
-    pcie_bytes_per_s: float  # one GPU's PCIe link to host memory (and to peers without NVLink)
+    pcie_bytes_per_s: float  # one GPU's PCIe link to host memory and to peers without NVLink (each direction)
     ssd_bytes_per_s: float  # one node's SSD read bandwidth
     latency_s: float = 10e-6  # per message on any link
     # CPU workers share their node's cores: with more engines busy at once than cores, each
@@ -59,7 +59,9 @@ class Topology:
                     (("nvlink-out", a), self.nvlink_bytes_per_s),
                     (("nvlink-in", b), self.nvlink_bytes_per_s),
                 ]
-            return [(("pcie", a), self.pcie_bytes_per_s), (("pcie", b), self.pcie_bytes_per_s)]
+            # PCIe is full duplex, as NVLink and the NIC are: a chain's relay receives and
+            # forwards at the link's rate both ways
+            return [(("pcie-out", a), self.pcie_bytes_per_s), (("pcie-in", b), self.pcie_bytes_per_s)]
         return [(("nic-out", a), self.nic_bytes_per_s), (("nic-in", b), self.nic_bytes_per_s)]
 
 
@@ -118,11 +120,11 @@ class Links:
         """Host memory -> `target`: its own host over PCIe (`local`, a per-host cache), or
         the holder's host across the network (the one host copy)."""
         t = self.topo
-        links = [(("pcie", target), t.pcie_bytes_per_s)]
+        links = [(("pcie-in", target), t.pcie_bytes_per_s)]
         if not local and t.node_of(holder) != t.node_of(target):
             links += [(("nic-out", holder), t.nic_bytes_per_s), (("nic-in", target), t.nic_bytes_per_s)]
         return links
 
     def disk_links(self, target: int) -> list[tuple[tuple[str, int], float]]:
         t = self.topo
-        return [(("ssd", t.node_of(target)), t.ssd_bytes_per_s), (("pcie", target), t.pcie_bytes_per_s)]
+        return [(("ssd", t.node_of(target)), t.ssd_bytes_per_s), (("pcie-in", target), t.pcie_bytes_per_s)]
