@@ -35,7 +35,8 @@ def test_a_second_live_load_joins_the_first_and_both_serve() -> None:
 
         async def scenario() -> list[list[int]]:
             scaler._launch(LoadAction((1,), "network", (0,), multicast=True, live=True, partner=0))
-            await _until(lambda: router.instances[1].live_ready, "rank 1's first layers", 120)
+            # (under way once the pool counts rank 1 as loading; it takes ~9 s from there)
+            await _until(lambda: 1 in cluster.pool.ranks_of(model), "the first load to start", 120)
             assert cluster.pool.gpu_holders(model) == [0], "the first load ended before the second began"
             scaler._launch(LoadAction((2,), "network", (0,), multicast=True, live=True))
             outs = await asyncio.gather(*(_one(svc, f"b{i}", ids, PARAMS) for i in range(12)))
