@@ -99,6 +99,10 @@ def load_native(
     path = native.rank_file(folder, rank)
     device = torch.device(device)
     header, weights = native.open_rank(path, device, into)
+    # each segment lands once here; a reused buffer (`into`) may still expect a striped
+    # transfer's several pieces per segment, and would never count as all ready
+    weights.readiness.reset()
+    weights.readiness.set_expected(1)
     t0 = time.perf_counter()
     chunks = _chunks(weights, chunk_bytes)
     last_of_segment = {si: i for i, (si, _, _) in enumerate(chunks)}
