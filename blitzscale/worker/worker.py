@@ -368,7 +368,8 @@ class Worker:
             self._prepare_receive(msg)
         # What it sends from or fills, chosen here: `_settle` moves `loading` to `models`
         # on this thread, and a chain's tail may be asked to forward while it receives.
-        weights = self.loading.get(msg.model) or self.models.get(msg.model)
+        arriving = self.loading.get(msg.model)  # (filled now: what is sent from it waits)
+        weights = arriving or self.models.get(msg.model)
         host = self.host_copies.held(msg.model)  # (one being made was waited for above)
         if weights is None and host is None:  # (a chain's tail whose own load failed)
             break_neighbours(self.rank, self.links, msg)  # they would wait out the timeout
@@ -379,7 +380,7 @@ class Worker:
         def run() -> None:
             result: ReplyResult
             try:
-                result, ok, err = self._transfer(msg, weights, host), True, ""
+                result, ok, err = self._transfer(msg, weights, host, arriving is not None), True, ""
             except Exception as e:  # any failure is the transfer's, answered, never a dead thread
                 result, ok, err = NoResult(), False, f"{type(e).__name__}: {e}"
             # Before the reply leaves: the controller may send the next command (activate,
@@ -569,8 +570,11 @@ class Worker:
         return msgspec.structs.replace(stats, seconds=time.perf_counter() - t, bytes=weights.layout.nbytes)
 
     def _transfer(
-        self, msg: TransferMsg, weights: ModelWeights | None, host: ModelWeights | None
+        self, msg: TransferMsg, weights: ModelWeights | None, host: ModelWeights | None, arriving: bool
     ) -> TransferRankResult:
+        """`arriving`: `weights` are still being filled (this rank receives them, here or in
+        the transfer a chain joined): their readiness says what may be sent. A full copy
+        sends every piece at once."""
         received_at = time.time()
         layout_src = weights or host
         assert layout_src is not None
@@ -581,7 +585,7 @@ class Worker:
             layout_src.layout,
             self.device,
             weights.buffer if weights is not None else None,
-            weights.readiness if weights is not None else None,
+            weights.readiness if weights is not None and arriving else None,
             host.buffer if host is not None else None,
         )
         # No device-wide synchronize here: every piece's completion was observed on its own
