@@ -117,7 +117,6 @@ class Worker:
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         if cfg.tokenizer_source:  # a live activation must not spend seconds on it
             self._tokenizer(cfg.tokenizer_source)
-        self._transfer_thread: threading.Thread | None = None
         # The main thread's: transfers under way (counted when one starts, down in _settle),
         # and whether one of them fills `loading` here. Any number may only send (a chain's
         # last target forwards to a load that joined it while it still receives).
@@ -389,8 +388,7 @@ class Worker:
             reply = ReplyMsg(op_id=msg.op_id, rank=self.rank, ok=ok, error=err, result=result)
             self._reply_from_thread(reply)
 
-        self._transfer_thread = threading.Thread(target=run, name="transfer", daemon=True)
-        self._transfer_thread.start()
+        threading.Thread(target=run, name="transfer", daemon=True).start()  # (several may run)
 
     def _settle(self) -> None:
         """On the main thread: a transfer that ended moves its weights from `loading` to
