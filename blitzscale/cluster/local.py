@@ -533,9 +533,11 @@ class LocalCluster:
         msgs: dict[int, Message] = {}
         chains_of: dict[int, list[list[int]]] = {}
         every_chain: list[list[int]] = []
+        last: list[int] = []  # per shard, the rank that receives last (a later load's join)
         for s in shards:
             chains = s.chains()
             every_chain += chains
+            last.append(chains[0][-1])
             msg = TransferMsg(
                 op_id=self.next_op(),
                 model=model,
@@ -566,15 +568,13 @@ class LocalCluster:
 
         tails = list(join.tails) if join is not None else []
         own = [r for r in msgs if r not in tails]
-        flight = (
-            join.joined_by([s.chains()[0][-1] for s in shards])
-            if join is not None
-            else Flight.of(model, sources, [s.chains()[0][-1] for s in shards])
-        )
+        flight = None
+        if not from_host:
+            flight = join.joined_by(last) if join is not None else Flight.of(model, sources, last)
         async with self._holding(own, sharing=tails):
             self.pool.begin_load(model, receivers)
             try:
-                with self._flights.flying(flight) if not from_host else contextlib.nullcontext():
+                with self._flights.flying(flight):
                     by_op = await self.calls.ops([*msgs.items(), *extra], f"transfer {model}", on_reply=seen)
             except BaseException:
                 self.pool.abort_load(model, receivers)

@@ -16,7 +16,6 @@ worker's steps take turns).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -246,7 +245,7 @@ class SimCluster:
         if flight is not None:
             self._landing[flight] = (t0 + first, t0 + seconds)
         try:
-            with self.links.using(links), self.flights.flying(flight) if flight else contextlib.nullcontext():
+            with self.links.using(links), self.flights.flying(flight):
                 await asyncio.sleep(seconds)
         finally:
             if flight is not None:
