@@ -19,6 +19,27 @@ STATUS_ERROR = "error"
 
 
 @dataclass(frozen=True)
+class TtftParts:
+    """Where a request's time to first token went (simulated runs; seconds):
+    - `router_queue_s`: in the router's queue, before any instance took it (less the
+      load wait there);
+    - `engine_queue_s`: on an instance (or moving between two), before a step computed any
+      of its prompt;
+    - `load_wait_s`: waiting for weights: in the router's queue while the instance that
+      took it was still loading, and on a live target while its next layers had not landed;
+    - `relay_s`: its hidden states crossing from a live target to the partner;
+    - `compute_s`: the rest: the steps that computed its prompt, the others' steps between
+      its chunks or layer stages, a live task parked for its partner, and the partner's run
+      of the layers it relayed."""
+
+    router_queue_s: float
+    engine_queue_s: float
+    load_wait_s: float
+    relay_s: float
+    compute_s: float
+
+
+@dataclass(frozen=True)
 class RequestRecord:
     """One request's outcome. Latencies are None when the request failed before producing them."""
 
@@ -35,6 +56,7 @@ class RequestRecord:
     e2e_s: float | None = None
     queue_s: float | None = None
     inference_s: float | None = None
+    ttft_parts: TtftParts | None = None  # simulated runs only
 
     @property
     def is_ok(self) -> bool:
@@ -60,6 +82,8 @@ class RequestRecord:
         """The stored fields plus TBT max/mean/p90/p95/p99, so a reader needs no recomputation."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}  # (flat: asdict deep-copies)
         out["tbts_s"] = list(self.tbts_s)
+        if self.ttft_parts is not None:
+            out["ttft_parts"] = {f.name: getattr(self.ttft_parts, f.name) for f in fields(TtftParts)}
         out["tbt_max_s"] = self.tbt_max_s
         out["tbt_mean_s"] = self.tbt_mean_s
         # one percentile call for the three (a call costs ~0.1 ms, whatever the count)
@@ -74,6 +98,8 @@ class RequestRecord:
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in obj.items() if k in known}
         kwargs["tbts_s"] = tuple(kwargs.get("tbts_s", ()))
+        if kwargs.get("ttft_parts") is not None:
+            kwargs["ttft_parts"] = TtftParts(**kwargs["ttft_parts"])
         return cls(**kwargs)
 
 

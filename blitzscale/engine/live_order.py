@@ -73,6 +73,10 @@ class LiveOrder:
             return False
         return max(t.stage, 1) > cap
 
+    def awaiting_layers(self) -> list[LiveTask]:
+        """The tasks whose next segment has not landed (parked ones wait for their partner)."""
+        return [t for t in self.tasks if not self._parked(t) and not self.readiness.is_ready(t.stage)]
+
     def _stays(self, req: Request) -> bool:
         return self.caps.get(req.request_id) == self.num_layers and not self.readiness.all_ready
 

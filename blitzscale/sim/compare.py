@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rich.progress import Progress
 
-from blitzscale.client.record import write_records
+from blitzscale.client.record import RequestRecord, write_records
 from blitzscale.client.report import write_report
 from blitzscale.client.summary import summarize
 from blitzscale.client.traces import TraceRequest
@@ -86,6 +86,7 @@ def run_policies(
                     "relays": res.relays,
                     "live_moves": res.moves,
                     **split_stats(res.split_solve_s, res.split_fallbacks),
+                    **tail_parts(res.records).columns(),
                     "sim_wall_s": round(res.sim_wall_s, 2),
                     "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 }
@@ -106,3 +107,50 @@ def split_stats(solve_s: Sequence[float], fallbacks: int) -> dict[str, Any]:
         "split_solve_ms_max": round(ms[-1], 2),
         "split_fallbacks": fallbacks,
     }
+
+
+@dataclass(frozen=True)
+class TailParts:
+    """Where the slowest requests' time to first token went: the means, in ms, over the
+    requests at or above the run's p99 TTFT (`TtftParts`: queue is the router's and the
+    instance's together), and their mean prompt length."""
+
+    requests: int
+    input_tokens: float
+    queue_ms: float
+    load_ms: float
+    relay_ms: float
+    compute_ms: float
+
+    def columns(self) -> dict[str, float]:
+        return {
+            "tail_requests": self.requests,
+            "tail_input_tokens": round(self.input_tokens, 1),
+            "tail_queue_ms": round(self.queue_ms, 1),
+            "tail_load_ms": round(self.load_ms, 1),
+            "tail_relay_ms": round(self.relay_ms, 1),
+            "tail_compute_ms": round(self.compute_ms, 1),
+        }
+
+
+def tail_parts(records: Sequence[RequestRecord], q: float = 99.0) -> TailParts:
+    """`TailParts` of the records with a first token at or above their `q`th percentile."""
+    done = sorted((r for r in records if r.ttft_s is not None), key=lambda r: r.ttft_s or 0.0)
+    if not done:
+        return TailParts(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    # (from the lower of the two ranks numpy's percentile interpolates between)
+    tail = done[min(len(done) - 1, int(q / 100 * (len(done) - 1))) :]
+    parts = [r.ttft_parts for r in tail if r.ttft_parts is not None]
+    n = max(len(parts), 1)
+
+    def ms(total: float) -> float:
+        return 1000 * total / n
+
+    return TailParts(
+        len(tail),
+        sum(r.input_tokens for r in tail) / len(tail),
+        ms(sum(p.router_queue_s + p.engine_queue_s for p in parts)),
+        ms(sum(p.load_wait_s for p in parts)),
+        ms(sum(p.relay_s for p in parts)),
+        ms(sum(p.compute_s for p in parts)),
+    )

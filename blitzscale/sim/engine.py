@@ -121,6 +121,7 @@ class SimEngine:
         self.handoffs = HandoffBook(self, self.table, self.scheduler, self.outputs, profile.num_layers)
         self.live: LiveOrder | None = None
         self.loaded_at = loaded_at
+        self.up_at = clock.now()  # (the cluster starts an engine as it can serve, live or loaded)
         self._sending: set[str] = set()  # held requests whose KV is on the wire
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -227,6 +228,7 @@ class SimEngine:
         self.validate(msg.prompt_token_ids, params)
         self.check_new_id(msg.request_id)
         req = Request(msg.request_id, list(msg.prompt_token_ids), params, hold_kv=msg.hold_kv)
+        self.recorder.reached(base_id(msg.request_id), clock.now(), self.up_at)
         if self.live is not None and not self.live.readiness.all_ready:
             self.table.add(req, S.LIVE)
             self.live.add(req)
@@ -282,6 +284,7 @@ class SimEngine:
             self.send(RelayNoneMsg(rank=self.rank))
             return
         layer = r.handoff.layer
+        self.recorder.relay_began(base_id(r.request_id), clock.now())
         self.send(RelayedMsg(rank=self.rank, request_id=r.request_id, layer=layer, live_layers=r.live_layers))
 
     def relay_in(self, msg: RelayInMsg) -> None:
@@ -289,6 +292,7 @@ class SimEngine:
         self.handoffs.reserve_relay(msg.request_id, msg.prompt_token_ids, params, msg.layer, msg.hold_kv)
         if msg.layer == 0:  # nothing computed there: this instance runs the whole prompt
             self.handoffs.commit_relay(msg.request_id, None)
+            self.recorder.relay_ended(base_id(msg.request_id), clock.now())
         self.send(RelayReadyMsg(rank=self.rank, request_id=msg.request_id))
 
     def send_relay(self, msg: SendRelayMsg) -> None:
@@ -346,6 +350,7 @@ class SimEngine:
         r = self.table.get(rid, S.RELAYED_IN)
         if r is not None and r.handoff is not None and not r.handoff.ready:
             self.handoffs.commit_relay(rid, None)
+        self.recorder.relay_ended(base_id(rid), clock.now())
         self._changed()
 
     # --- the loop ---------------------------------------------------------------------
@@ -371,14 +376,23 @@ class SimEngine:
         if self.live is not None and self.live.tasks and isinstance(self.live.readiness, ClockReadiness):
             at = self.live.readiness.next_landing()
             wait = None if at is None else max(0.0, at - clock.now())
+        since = clock.now()
         try:
             async with asyncio.timeout(wait):
                 await self._wake.wait()
         except TimeoutError:
             pass
+        if wait is not None and self.live is not None:
+            for t in self.live.awaiting_layers():
+                self.recorder.waited_for_layers(base_id(t.request.request_id), clock.now() - since)
 
     async def _execute(self, step: Step) -> None:
         start = clock.now()
+        for r in step.prompts:
+            self.recorder.started(base_id(r.request_id), start)
+        if step.live is not None:
+            for t in step.live.batch:
+                self.recorder.started(base_id(t.request.request_id), start)
         # (engines resident on one device take turns: each step as long as theirs together)
         dur = step_s(self.profile, step.work) * self.cores.stretch(self.rank) * self.device.stretch(self.rank)
         done = 1

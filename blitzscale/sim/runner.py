@@ -17,7 +17,7 @@ from typing import Any
 
 from blitzscale import clock
 from blitzscale.client.protocols import hashed_prompt_ids, synthetic_prompt_ids
-from blitzscale.client.record import STATUS_ERROR, STATUS_OK, RequestRecord
+from blitzscale.client.record import STATUS_ERROR, STATUS_OK, RequestRecord, TtftParts
 from blitzscale.client.report import ReportInfo
 from blitzscale.client.traces import TraceRequest
 from blitzscale.cluster.config import ClusterConfig
@@ -267,6 +267,7 @@ async def _one(
     sent = clock.now()
     ttft: float | None = None
     queue_s: float | None = None
+    parts: TtftParts | None = None
     n_out = 0
     params = SamplingParams(max_tokens=max(1, tr.output_tokens), temperature=0.0, ignore_eos=True)
     common = dict(
@@ -281,6 +282,7 @@ async def _one(
             if ttft is None and out.new_token_ids:
                 ttft = clock.now() - sent
                 queue_s = router.queue_time_s(rid)
+                parts = cluster.recorder.ttft_parts(rid, sent, ttft)
             n_out = len(out.token_ids)
     except BlitzScaleError as e:
         cluster.recorder.forget(rid)
@@ -297,6 +299,7 @@ async def _one(
         e2e_s=e2e,
         queue_s=queue_s,
         inference_s=None if queue_s is None else e2e - queue_s,
+        ttft_parts=parts,
     )
 
 

@@ -35,6 +35,7 @@ class Step:
     rows: list[ScheduledRequest] = field(default_factory=list)  # the scheduler's batch
     live: LiveStage | None = None  # a layer stage run during the step
     completed: list[Request] = field(default_factory=list)  # prompts done outside the scheduler
+    prompts: list[Request] = field(default_factory=list)  # rows computing their prompt
     num_preempted: int = 0
 
     @property
@@ -96,6 +97,8 @@ def plan(
             step.work.decode_contexts.append(s.request.num_computed_tokens + 1)
         else:
             step.work.prompt_tokens += s.num_new_tokens
+        if s.request.num_output_tokens == 0:
+            step.prompts.append(s.request)
     return step
 
 

@@ -22,6 +22,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from blitzscale.client.record import read_records
+from blitzscale.sim.compare import TailParts, tail_parts
+
 POLICIES = ("blitz", "blitz-nolive", "network", "sllm", "allcache", "fixed-peak", "fixed-half")
 # The paper's headline numbers (BlitzScale, OSDI'25, section 8: real traces on its clusters):
 # tail TTFT 47-75% below ServerlessLLM's (75.5% on BurstGPT), 21% below AllCache's on
@@ -52,6 +55,18 @@ def _trace_label(trace: dict[str, object]) -> str:
     return name if rate == 1.0 else f"{name} x{rate:g}"
 
 
+BREAKDOWN = ("blitz", "blitz-nolive", "sllm")  # the policies whose tails are broken down
+PARTS = ("input_tokens", "queue_ms", "load_ms", "relay_ms", "compute_ms")
+
+
+def _tail(batch_dir: Path, runs: list[dict[str, str]]) -> dict[str, float]:
+    """The tail's parts (`TailParts`, the requests at or above p99 TTFT), means over runs."""
+    tails: list[TailParts] = [
+        tail_parts(read_records(batch_dir / r["run_id"] / "requests.jsonl")) for r in runs
+    ]
+    return {k: statistics.mean(getattr(t, k) for t in tails) for k in PARTS}
+
+
 def main(batch_dir: str, out_dir: str) -> None:
     with open(Path(batch_dir) / "comparison.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "done"]
@@ -71,6 +86,11 @@ def main(batch_dir: str, out_dir: str) -> None:
     ratios = [
         "| model | trace | " + " | ".join(f"{k} (paper: {v})" for k, v in PAPER.items()) + " |",
         "|---" * (2 + len(PAPER)) + "|",
+    ]
+    breakdown = [
+        "| model | trace | policy | TTFT p99 (ms) | tail prompt tokens"
+        " | queue | load wait | relay | compute |",
+        "|---" * 9 + "|",
     ]
     figures: list[dict[str, object]] = []
     cases = sorted(groups)
@@ -110,8 +130,22 @@ def main(batch_dir: str, out_dir: str) -> None:
             "SLO blitz - fixed-peak (points)": diff,
         }
         ratios.append(f"| {case[0]} | {case[1]} | " + " | ".join(ours.values()) + " |")
+        tails = {pol: _tail(Path(batch_dir), by[pol]) for pol in BREAKDOWN if by.get(pol)}
+        for pol, t in tails.items():
+            parts = " | ".join(f"{t[k]:,.0f}" for k in PARTS[1:])
+            p99 = stats[pol]["ttft_p99_ms"][0]
+            breakdown.append(
+                f"| {case[0]} | {case[1]} | {pol} | {p99:,.0f} | {t['input_tokens']:,.0f} | {parts} |"
+            )
         figures.append(
-            {"model": case[0], "trace": case[1], "policies": stats, "ratios": ours, "paper": PAPER}
+            {
+                "model": case[0],
+                "trace": case[1],
+                "policies": stats,
+                "ratios": ours,
+                "paper": PAPER,
+                "tails": tails,
+            }
         )
         for row, (key, name) in enumerate(
             (("ttft_p99_ms", "TTFT p99 (ms)"), ("slo_pct", "SLO attainment (%)"))
@@ -137,7 +171,14 @@ def main(batch_dir: str, out_dir: str) -> None:
     fig.suptitle(f"{Path(batch_dir).name}: simulated, means over seeds (bars: spread)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "figure.png", dpi=110)
-    table = "\n".join(lines) + "\n\n" + "\n".join(ratios) + "\n"
+    note = (
+        "Tail breakdown: the requests at or above each run's p99 TTFT, mean ms of each part"
+        " (queue: router and instance; load wait: a live target's next layers not landed;"
+        " relay: hidden states to the partner; compute: the rest), means over seeds."
+    )
+    table = (
+        "\n".join(lines) + "\n\n" + "\n".join(ratios) + "\n\n" + note + "\n\n" + "\n".join(breakdown) + "\n"
+    )
     (out / "table.md").write_text(table)
     (out / "figure.json").write_text(json.dumps(figures, indent=2) + "\n")
     print(table)
