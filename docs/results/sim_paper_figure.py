@@ -173,7 +173,8 @@ def main(batch_dir: str, out_dir: str) -> None:
     fig.savefig(out / "figure.png", dpi=110)
     note = (
         "Tail breakdown: the requests at or above each run's p99 TTFT, mean ms of each part"
-        " (queue: router and instance; load wait: a live target's next layers not landed;"
+        " (queue: router and instance; load wait: for the instance that took it to load, or"
+        " on a live target for its next layers;"
         " relay: hidden states to the partner; compute: the rest), means over seeds."
     )
     table = (
