@@ -325,6 +325,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         "GPU s",
         "ups",
         "disk",
+        "tail: queue/load/relay/compute ms",  # (means over the requests at or above p99)
         "wall s",
     )
     for col in cols:
@@ -345,6 +346,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
             f"{r['gpu_seconds']:.0f}",
             str(r["scale_ups"]),
             str(r["disk_loads"]),
+            "/".join(f"{r[f'tail_{k}_ms']:.0f}" for k in ("queue", "load", "relay", "compute")),
             f"{r['sim_wall_s']:.1f}",
         )
     Console().print(t)
