@@ -9,6 +9,8 @@ source .whl/setup.sh
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 bs() { python3 -m blitzscale.cli.main "$@"; }
+# PCIe both ways at once (the simulator's full-duplex assumption), ~10 s
+python3 docs/results/pcie_duplex.py | tee "$OUT/pcie_duplex.json"
 case "$1" in
 bench)
     # FP8 against bf16 in one run (issue 32's decode, prefill and cosine figures)
