@@ -28,7 +28,7 @@ from blitzscale.client.summary import Summary, summarize
 from blitzscale.demo.result import RunResult
 from blitzscale.errors import InvalidRequestError
 from blitzscale.serve.events import events_json
-from blitzscale.sim.compare import split_stats
+from blitzscale.sim.compare import split_stats, tail_parts
 from blitzscale.sim.config import SimConfigError, SimModel, SimPreset, load_model, load_preset
 from blitzscale.sim.runner import SimSetup, sim_report_info, simulate, sized_fixed
 
@@ -110,6 +110,9 @@ def sim_executor(preset: SimPreset) -> Execute:
         summary = summarize(res.records, model.ttft_slo_s, model.tbt_slo_s)
         summary = replace(summary, gpu_seconds=res.gpu_seconds)
         write_records(run_dir / "requests.jsonl", res.records)
+        # where the slowest 1%'s time to first token went (each record has its own parts)
+        tail = tail_parts(res.records).columns()
+        (run_dir / "ttft_tail.json").write_text(json.dumps(tail, indent=2) + "\n")
         if res.relays or res.split_solve_s:  # live scaling: its relays (and planned splits)
             stats = split_stats(res.split_solve_s, res.split_fallbacks) | {"relays": res.relays}
             (run_dir / "live_split.json").write_text(json.dumps(stats, indent=2) + "\n")

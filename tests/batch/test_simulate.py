@@ -41,6 +41,8 @@ def test_runs_on_the_simulator_with_the_templates_knobs(tmp_path: Path) -> None:
         assert o.summary.gpu_seconds and o.summary.gpu_seconds > 0
         assert o.summary.slo_attainment is not None
         assert (run_dir / "requests.jsonl").is_file() and (run_dir / "report.html").is_file()
+        tail = json.loads((run_dir / "ttft_tail.json").read_text())  # the slowest 1%'s parts
+        assert tail["tail_requests"] >= 1 and tail["tail_compute_ms"] > 0
         ups = [e for e in o.events if e["direction"] == "up"]
         if o.run.policy == "fixed":  # the template's 2 + 1 instances, loaded once, never scaled
             assert sorted(r for e in ups for r in e["ranks"]) == [0, 1, 2], ups
