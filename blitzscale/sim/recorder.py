@@ -17,6 +17,7 @@ class _FirstToken:
     up_at: float  # when that instance began to serve (a live target: as its weights began to land)
     started: float | None = None  # the first step that computed some of its prompt
     load_wait_s: float = 0.0
+    load_before_start_s: float = 0.0  # of that, before `started` (not the instance's queue)
     relay_from: float | None = None
     relay_s: float = 0.0
 
@@ -75,6 +76,8 @@ class Recorder:
         m = self._first.get(rid)
         if m is not None:
             m.load_wait_s += seconds
+            if m.started is None:
+                m.load_before_start_s += seconds
 
     def relay_began(self, rid: str, at: float) -> None:
         m = self._first.get(rid)
@@ -95,7 +98,8 @@ class Recorder:
         before = max(0.0, m.reached - sent)
         loading = max(0.0, min(m.reached, m.up_at) - sent)  # (its instance came up meanwhile)
         load = loading + m.load_wait_s
-        engine = max(0.0, (m.started if m.started is not None else sent + ttft_s) - m.reached)
+        first_step = m.started if m.started is not None else sent + ttft_s
+        engine = max(0.0, first_step - m.reached - m.load_before_start_s)
         rest = ttft_s - before - engine - m.load_wait_s - m.relay_s
         return TtftParts(before - loading, engine, load, m.relay_s, max(0.0, rest))
 

@@ -40,6 +40,17 @@ def test_the_recorder_splits_a_first_token_into_its_parts() -> None:
     assert rec.ttft_parts("r", 0.0, 2.5) is None
 
 
+def test_a_wait_for_layers_before_the_first_step_is_load_not_queue() -> None:
+    rec = Recorder()
+    rec.reached("r", 1.0, up_at=0.0)  # on a live target from 1.0
+    rec.waited_for_layers("r", 0.4)  # its first layer lands at 1.5 ...
+    rec.started("r", 1.5)  # ... and runs
+    rec.waited_for_layers("r", 0.2)  # a later layer
+    p = rec.ttft_parts("r", sent=1.0, ttft_s=1.0)
+    assert p is not None
+    assert astuple(p) == pytest.approx((0.0, 0.1, 0.6, 0.0, 0.3))
+
+
 def test_parts_survive_the_records_json(tmp_path: Path) -> None:
     parts = TtftParts(0.1, 0.0, 0.25, 0.05, 0.4)
     records = [
