@@ -325,7 +325,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         "GPU s",
         "ups",
         "disk",
-        "tail: queue/load/relay/compute ms",  # (means over the requests at or above p99)
+        "tail: queue/load/relay/compute ms",  # (means over the slowest 1%)
         "wall s",
     )
     for col in cols:

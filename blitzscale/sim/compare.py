@@ -111,13 +111,15 @@ def split_stats(solve_s: Sequence[float], fallbacks: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class TailParts:
-    """Where the slowest requests' time to first token went: the means, in ms, over the
-    requests at or above the run's p99 TTFT (`TtftParts`: queue is the router's and the
-    instance's together), and their mean prompt length."""
+    """Where the slowest 1% of requests' time to first token went: the means, in ms, over
+    the requests from the rank where the run's p99 TTFT falls (`TtftParts`: queue is the
+    router's and the instance's together, `router_queue_ms` the router's share), and their
+    mean prompt length."""
 
     requests: int
     input_tokens: float
     queue_ms: float
+    router_queue_ms: float
     load_ms: float
     relay_ms: float
     compute_ms: float
@@ -127,6 +129,7 @@ class TailParts:
             "tail_requests": self.requests,
             "tail_input_tokens": round(self.input_tokens, 1),
             "tail_queue_ms": round(self.queue_ms, 1),
+            "tail_router_queue_ms": round(self.router_queue_ms, 1),
             "tail_load_ms": round(self.load_ms, 1),
             "tail_relay_ms": round(self.relay_ms, 1),
             "tail_compute_ms": round(self.compute_ms, 1),
@@ -134,10 +137,10 @@ class TailParts:
 
 
 def tail_parts(records: Sequence[RequestRecord], q: float = 99.0) -> TailParts:
-    """`TailParts` of the records with a first token at or above their `q`th percentile."""
+    """`TailParts` of the records from the rank where their `q`th TTFT percentile falls."""
     done = sorted((r for r in records if r.ttft_s is not None), key=lambda r: r.ttft_s or 0.0)
     if not done:
-        return TailParts(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        return TailParts(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     # (from the lower of the two ranks numpy's percentile interpolates between)
     tail = done[min(len(done) - 1, int(q / 100 * (len(done) - 1))) :]
     parts = [r.ttft_parts for r in tail if r.ttft_parts is not None]
@@ -150,6 +153,7 @@ def tail_parts(records: Sequence[RequestRecord], q: float = 99.0) -> TailParts:
         len(tail),
         sum(r.input_tokens for r in tail) / len(tail),
         ms(sum(p.router_queue_s + p.engine_queue_s for p in parts)),
+        ms(sum(p.router_queue_s for p in parts)),
         ms(sum(p.load_wait_s for p in parts)),
         ms(sum(p.relay_s for p in parts)),
         ms(sum(p.compute_s for p in parts)),
