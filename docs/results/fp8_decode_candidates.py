@@ -190,6 +190,64 @@ def run_w8a8(xq, xs, w, s, cfg, sms, dot=None):
     return out
 
 
+@triton.jit(do_not_specialize=["stride_x"])
+def gemv_f16(
+    x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, N, K, stride_x,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE: tl.constexpr,
+):  # fmt: skip
+    """One row in fp16 arithmetic (session 28): Hopper converts e4m3 pairs to fp16 pairs in
+    one instruction, where `gemv`'s widening to fp32 takes one more conversion an element
+    (conversions run at 16 a clock an SM: at the weights' read rate that is the bound). The
+    row is scaled into [-1, 1] first (its absolute max: found here, or given with PRE, as
+    a norm kernel could hand it over), so fp16 products of e4m3 values (<= 448) cannot
+    overflow; each [BLOCK_N, BLOCK_K] slot sums its K / BLOCK_K products in fp16 (<= 6,272
+    for K = 14,336), then the slots in fp32."""
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    xp = x_ptr + row * stride_x + rk
+    if PRE:
+        xa = tl.load(xs_ptr + row)
+    else:
+        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            amax = tl.maximum(amax, tl.abs(tl.load(xp + k0).to(tl.float32)))
+        xa = tl.maximum(tl.max(amax, axis=0), 1e-30)
+    inv = 1.0 / xa
+    wp = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float16)
+    for k0 in range(0, K, BLOCK_K):
+        if PRE:  # noqa: SIM108 (a constexpr branch: one side is compiled)
+            x16 = tl.load(xp + k0)
+        else:
+            x16 = (tl.load(xp + k0).to(tl.float32) * inv).to(tl.float16)
+        w16 = tl.load(wp + k0, mask=n_ok[:, None], other=0.0).to(tl.float16)
+        acc += w16 * x16[None, :]
+    s = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
+    out = tl.sum(acc.to(tl.float32), axis=1) * (s * xa)
+    tl.store(out_ptr + row * N + rn, out.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+def prescale_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x / amax(|x|) per row in fp16, amax [M] fp32): what `gemv_f16` takes with PRE."""
+    xa = x.float().abs().amax(dim=1).clamp(min=1e-30)
+    return (x.float() / xa[:, None]).to(torch.float16), xa
+
+
+def run_gemv_f16(x, w, s, cfg, xs=None):  # type: ignore[no-untyped-def]
+    """`gemv_f16` of x [M, K] (bf16; or fp16 prescaled with its amax `xs`, cfg["pre"])."""
+    m, k = x.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    gemv_f16[(triton.cdiv(n, cfg["bn"]), m)](
+        x, x if xs is None else xs, w, s, out, n, k, x.stride(0),
+        BLOCK_N=cfg["bn"], BLOCK_K=cfg["bk"], PRE=int(xs is not None), num_warps=cfg["warps"],
+    )  # fmt: skip
+    return out
+
+
 def tensorwise(xq, xs, w, s, one):
     """cuBLAS FP8 with unit scales, then the scales: the candidate that became
     model/fp8_matmul.py `w8a8_matmul` (now that function)."""
