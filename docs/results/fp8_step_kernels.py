@@ -1,0 +1,109 @@
+"""Where a decode step's GPU time goes, kernel by kernel, FP8 beside bf16 (issue 32,
+session 28): the step's CUDA graph (the engine's own, as `bench engine` builds it) replayed
+under torch's profiler; each kernel's time summed by kind, and the graph's span against
+the kernels' sum (what is left is the gaps between kernels: launch and ramp, which no
+kernel's speed removes).
+
+Run (GPU machine, repo root): `OUT=. python3 docs/results/fp8_step_kernels.py`; writes
+$OUT/fp8_step_kernels_h200.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from blitzscale.bench import engine_bench as eb  # noqa: E402
+from blitzscale.bench.engine_bench import EngineBenchConfig  # noqa: E402
+from blitzscale.checkpoint import load_weights, resolve_model  # noqa: E402
+from blitzscale.checkpoint.pack import hf_state_dict, pack_into  # noqa: E402
+from blitzscale.model.weights import ModelWeights  # noqa: E402
+
+OUT = Path(os.environ.get("OUT", "/tmp"))
+KINDS = (  # first match wins
+    ("gemv", "fp8 gemv"),
+    ("scale_out", "scale pass"),
+    ("rms_norm", "norm (FP8: quantizing too)"),
+    ("silu", "silu (FP8: quantizing too)"),
+    ("quantize", "quantize alone"),
+    ("rotary", "rotary (and KV write)"),
+    ("store_kv", "KV write"),
+    ("attn", "attention"),
+    ("attention", "attention"),
+    ("decode", "attention"),
+    ("gemm", "gemm (cuBLAS)"),
+    ("nvjet", "gemm (cuBLAS)"),
+    ("sm90", "gemm (cuBLAS)"),
+    ("cutlass", "gemm (cuBLAS)"),
+)
+
+
+def kind(name: str) -> str:
+    low = name.lower()
+    return next((k for s, k in KINDS if s in low), "other")
+
+
+def graph_kernels(engine, batch: int, cfg: EngineBenchConfig, device: torch.device) -> dict:  # type: ignore[no-untyped-def]
+    eb._decode_ms(engine, cfg, batch, cfg.context_lens[0], device, 4, [])
+    graphs = engine.runner.graphs
+    g = graphs.graphs[graphs.bucket_for(batch)]
+    reps = 5
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events.sort(key=lambda e: e.time_range.start)
+    by_kind: dict[str, float] = defaultdict(float)
+    names: dict[str, float] = defaultdict(float)
+    for e in events:
+        us = e.time_range.end - e.time_range.start
+        by_kind[kind(e.name)] += us / reps
+        names[e.name[:80]] += us / reps
+    span = (events[-1].time_range.end - events[0].time_range.start) / reps if events else 0.0
+    busy = sum(by_kind.values())
+    timed = 1000 * eb._timed(lambda: [g.replay() for _ in range(10)], device) / 10
+    return {
+        "graph_ms": round(timed, 3),
+        "kernels": len(events) // reps,
+        "kernel_sum_ms": round(busy / 1000, 3),
+        "span_ms": round(span / 1000, 3),
+        "gaps_ms": round((span - busy) / 1000, 3),
+        "by_kind_ms": {k: round(v / 1000, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "top_kernels_ms": {
+            k: round(v / 1000, 4) for k, v in sorted(names.items(), key=lambda kv: -kv[1])[:12]
+        },
+    }
+
+
+def main() -> None:
+    device = torch.device("cuda")
+    cfg = EngineBenchConfig(model="random:llama3-8b", device="cuda", batch_sizes=(1, 64), context_lens=(512,))
+    fp8 = load_weights(resolve_model(cfg.model), dtype=torch.bfloat16, device=device, quant="fp8")
+    dense = ModelWeights.empty(replace(fp8.config, quant="none"), torch.bfloat16, device)
+    pack_into(dense, hf_state_dict(fp8).__getitem__)
+    res: dict = {"device": torch.cuda.get_device_name(), "context": cfg.context_lens[0]}
+    for label, w in (("bf16", dense), ("fp8", fp8)):
+        engine = eb._engine(w, cfg, 64)
+        res[label] = {str(b): graph_kernels(engine, b, cfg, device) for b in cfg.batch_sizes}
+        print(json.dumps({label: res[label]}), flush=True)
+        del engine
+        eb._free(device)
+    (OUT / "fp8_step_kernels_h200.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
