@@ -5,7 +5,8 @@ the kernels' sum (what is left is the gaps between kernels: launch and ramp, whi
 kernel's speed removes).
 
 Run (GPU machine, repo root): `OUT=. python3 docs/results/fp8_step_kernels.py`; writes
-$OUT/fp8_step_kernels_h200.json.
+$OUT/fp8_step_kernels_<gpu>.json (h100 or h200, by the card it ran on; session 28's call
+asked for an H200 and came on an H100: `fp8_step_kernels_h100.json`).
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def main() -> None:
         print(json.dumps({label: res[label]}), flush=True)
         del engine
         eb._free(device)
-    (OUT / "fp8_step_kernels_h200.json").write_text(json.dumps(res, indent=1))
+    card = "h100" if "H100" in res["device"] else "h200"
+    (OUT / f"fp8_step_kernels_{card}.json").write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":
