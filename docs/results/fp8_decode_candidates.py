@@ -310,3 +310,11 @@ def per_call(fn_of_copy) -> float:  # type: ignore[no-untyped-def]
     from blitzscale.bench.limits import graph_replay_ms
 
     return graph_replay_ms(lambda: [fn_of_copy(i) for i in range(COPIES)], reps=2) / COPIES
+
+
+def layer_ms(fn) -> dict:  # type: ignore[no-untyped-def]
+    """ms of one call of fn(shape, copy) for each linear of SHAPES (`per_call`: every copy in
+    turn, from a CUDA graph), and their sum as "layer"."""
+    out = {s: round(per_call(lambda i, s=s: fn(s, i)), 4) for s in SHAPES}
+    out["layer"] = round(sum(out[s] for s in SHAPES), 4)
+    return out

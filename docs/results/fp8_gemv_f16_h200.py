@@ -43,13 +43,7 @@ XQ = {s: quantize_tokens(X[s]) for s in SHAPES}
 one = torch.ones((), device="cuda")
 
 
-def times(fn) -> dict:
-    out = {s: round(cand.per_call(lambda i, s=s: fn(s, i)), 4) for s in SHAPES}
-    out["layer"] = round(sum(out[s] for s in SHAPES), 4)
-    return out
-
-
-bf16 = times(lambda s, i: F.linear(X[s], W16[s][i]))
+bf16 = cand.layer_ms(lambda s, i: F.linear(X[s], W16[s][i]))
 res["bf16"] = bf16
 log(bf16=bf16)
 
@@ -60,20 +54,22 @@ def record(kind, cfg, t):  # type: ignore[no-untyped-def]
     log(**row)
 
 
-record("gemv_product", {}, times(lambda s, i: fp8_matmul.w8a16_matmul(X[s], *W8[s][i])))
+record("gemv_product", {}, cand.layer_ms(lambda s, i: fp8_matmul.w8a16_matmul(X[s], *W8[s][i])))
 record(
     "cublas_tensorwise_only",
     {},
-    times(lambda s, i: fp8_matmul.w8a8_unscaled(XQ[s][0], W8[s][i][0], one)),
+    cand.layer_ms(lambda s, i: fp8_matmul.w8a8_unscaled(XQ[s][0], W8[s][i][0], one)),
 )
 for bn, bk, warps in itertools.product((8, 16), (512, 1024), (4, 8)):
     cfg = dict(bn=bn, bk=bk, warps=warps)
     for kind in ("gemv_f16", "gemv_f16_pre"):
         try:
             if kind == "gemv_f16":
-                t = times(lambda s, i, cfg=cfg: cand.run_gemv_f16(X[s], *W8[s][i], cfg))
+                t = cand.layer_ms(lambda s, i, cfg=cfg: cand.run_gemv_f16(X[s], *W8[s][i], cfg))
             else:
-                t = times(lambda s, i, cfg=cfg: cand.run_gemv_f16(PRE[s][0], *W8[s][i], cfg, xs=PRE[s][1]))
+                t = cand.layer_ms(
+                    lambda s, i, cfg=cfg: cand.run_gemv_f16(PRE[s][0], *W8[s][i], cfg, xs=PRE[s][1])
+                )
             record(kind, cfg, t)
         except Exception as e:  # a shape Triton cannot compile: logged, the sweep goes on
             log(kind=kind, cfg=cfg, error=str(e)[:200])

@@ -52,9 +52,7 @@ one = fp8_matmul.unit_scale(torch.device("cuda"))
 
 
 def times(fn, m) -> dict:  # type: ignore[no-untyped-def]
-    out = {s: round(cand.per_call(lambda i, s=s: fn(m, s, i)), 4) for s in SHAPES}
-    out["layer"] = round(sum(out[s] for s in SHAPES), 4)
-    return out
+    return cand.layer_ms(lambda s, i: fn(m, s, i))
 
 
 bf16 = {m: times(lambda m, s, i: F.linear(X[m][s], W16[s][i]), m) for m in MS}
