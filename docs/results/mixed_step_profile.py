@@ -2,7 +2,9 @@
 `blitzscale profile` takes for `mixed_extra_ms`) timed and profiled, bf16 beside FP8 on the
 same weights (session 28: the FP8 profile's mixed_extra_ms came out 40.8 ms on an H200,
 11.7 in session 24). Prints per dtype the decode step alone, the mixed step, the GPU's
-kernel time in a mixed step, and the host's top ops.
+kernel time in a mixed step, and the host's top ops. (`mixed_step_profile_llama3-8b_h200.py`
+of session 13 profiles the same step for bf16 alone at several batch sizes and prints tables;
+this one sets FP8 beside bf16 and writes JSON.)
 
 The JSON beside it (`mixed_step_profile_h100.json`, session 28; the call asked for an H200
 and came on an H100) came from a first form that summed `key_averages()`'s device times for
@@ -20,7 +22,6 @@ import json
 import os
 import random
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,11 +43,8 @@ BATCH, CONTEXT, PROMPT, STEPS = 32, 2048, 512, 8
 
 
 def timed(fn) -> float:  # type: ignore[no-untyped-def]
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - t)
+    """ms of fn(), the GPU synchronized before and after (bench engine's own timer)."""
+    return 1000 * eb._timed(fn, torch.device("cuda"))
 
 
 def measure(weights: ModelWeights) -> dict:
