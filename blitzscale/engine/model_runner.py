@@ -3,7 +3,9 @@
 Inputs go to the device in one asynchronous copy from pinned memory (metadata, token ids and
 the rows to sample together), so building a step never waits for the GPU. On CUDA with the
 Triton backend, decode steps replay a captured graph (engine/cuda_graphs.py), and so do
-steps of one prompt chunk of up to 512 tokens (engine/prefill_graphs.py).
+steps of one prompt chunk of up to 512 tokens (engine/prefill_graphs.py); other steps of up
+to 1,024 tokens (decode rows with prompt chunks) replay graphs piece by piece, their
+attention run between the pieces (engine/mixed_graphs.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import torch
 
 from blitzscale.engine.cuda_graphs import DecodeGraphs
+from blitzscale.engine.mixed_graphs import MixedGraphs
 from blitzscale.engine.overlap import PENDING, InFlight, patch_pending
 from blitzscale.engine.prefill_graphs import PrefillGraphs
 from blitzscale.engine.scheduler import SchedulerOutput
@@ -35,12 +38,13 @@ class ModelRunner:
     ) -> None:
         """With `max_num_seqs` and `max_model_len`, decode graphs are captured now (CUDA,
         Triton backend, no tensor parallelism); with `max_num_batched_tokens` too, the graphs
-        of one-prompt steps."""
+        of one-prompt steps and of mixed steps."""
         self.model = model
         self.kv_cache = kv_cache
         self.device = model.weights.device
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
         self.last_was_graph = False  # the last step replayed a captured graph
         usable = model.attn.name == "triton" and model.tp_group is None and GRAPHS_ENABLED
         if usable and max_num_seqs > 0 and max_model_len > 0:
@@ -49,11 +53,13 @@ class ModelRunner:
             if max_num_batched_tokens > 1:
                 self.prefill_graphs = PrefillGraphs(model, kv_cache, max_num_batched_tokens, max_model_len)
                 self.prefill_graphs.capture()
+                self.mixed_graphs = MixedGraphs(model, kv_cache, max_num_batched_tokens)
+                self.mixed_graphs.capture()
 
     @property
     def capture_s(self) -> dict[str, float]:
         """Seconds each kind of graph took to capture."""
-        kinds = {"decode": self.graphs, "prefill": self.prefill_graphs}
+        kinds = {"decode": self.graphs, "prefill": self.prefill_graphs, "mixed": self.mixed_graphs}
         return {k: g.capture_s for k, g in kinds.items() if g is not None}
 
     @torch.inference_mode()
@@ -92,11 +98,15 @@ class ModelRunner:
             self.last_was_graph = True
             start = context_lens[0] - len(token_ids)
             return pg.run(token_ids, start, tables[0], bool(last), pending)
-        self.last_was_graph = False
         meta, (ids, rows) = AttentionMetadata.build_with(
             query_lens, context_lens, tables, self.kv_cache.block_size, self.device, [token_ids, last]
         )
         if pending is not None:
             patch_pending(ids, *pending)
-        hidden = self.model.run_layers(self.model.embed(ids), meta, self.kv_cache)
+        mg = self.mixed_graphs
+        self.last_was_graph = mg is not None and mg.bucket_for(len(token_ids)) is not None
+        if mg is not None and self.last_was_graph:
+            hidden = mg.run(ids, meta)
+        else:
+            hidden = self.model.run_layers(self.model.embed(ids), meta, self.kv_cache)
         return self.model.logits(hidden[rows]).float()

@@ -128,29 +128,63 @@ class LlamaModel:
     ) -> tuple[torch.Tensor, torch.Tensor | Unscaled]:
         """Layer i on the residual stream `residual + delta` (delta: the last layer's MLP
         output, not yet added); returns the new (residual, delta)."""
-        w, ops, linear = self._weights(i), self.ops, self.linear
+        qkv, residual = self.pre_attention(i, residual, delta)
+        return self.post_attention(i, self.attention(i, qkv, rot, meta, kv_cache), residual)
+
+    def _quantized(self, rows: int) -> tuple[bool, bool]:
+        """(whether a step of `rows` tokens quantizes its activations per token, whether its
+        o and down products come unscaled): an FP8 step's norms and SiLU quantize, and (one
+        GPU) apply the o and down products' scales as they read them."""
+        quant = self.linear.takes_quantized(rows)
+        return quant, quant and self.tp_group is None
+
+    def pre_attention(
+        self, i: int, residual: torch.Tensor, delta: torch.Tensor | Unscaled | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i up to its attention: the input norm of `residual + delta`, then the qkv
+        projection; returns (qkv [T, q + 2 kv], the residual stream)."""
+        w, ops = self._weights(i), self.ops
         eps = self.config.rms_norm_eps
-        n, d = residual.shape[0], self.config.head_dim
-        # an FP8 step whose activations are quantized per token: the norms and the SiLU
-        # quantize them, and (one GPU) apply the o and down products' scales as they read them
-        quant = linear.takes_quantized(n)
-        raw = quant and self.tp_group is None
-        if quant:
+        if self._quantized(residual.shape[0])[0]:
             x, residual = ops.add_rms_norm_quant(delta, residual, w.input_norm, eps)
         elif delta is None:
             x = ops.rms_norm(residual, w.input_norm, eps)
         else:
             x, residual = ops.add_rms_norm(scaled(delta), residual, w.input_norm, eps)
-        qkv = scaled(linear(x, w.qkv, w.qkv_scale, w.qkv_bias))
+        return scaled(self.linear(x, w.qkv, w.qkv_scale, w.qkv_bias)), residual
+
+    def attention(
+        self,
+        i: int,
+        qkv: torch.Tensor,
+        rot: Any,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Layer i's attention for the step's qkv rows (their keys and values stored in the
+        cache first) -> [T, q_size], into `out` where given."""
+        n, d = qkv.shape[0], self.config.head_dim
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
         q = q.view(n, self.num_heads, d)
         k, v = k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
+        dest = None if out is None else out.view(n, self.num_heads, d)
         if self.fuse_rotary:
-            attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale, rotary=rot)
+            attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale, rotary=rot, out=dest)
         else:
-            q, k = ops.rotary(q, k, rot)
-            attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale)
-        out = self._reduce(linear(attn.reshape(n, self.q_size), w.o, w.o_scale, raw=raw))
+            q, k = self.ops.rotary(q, k, rot)
+            attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale, out=dest)
+        return attn.reshape(n, self.q_size)
+
+    def post_attention(
+        self, i: int, attn: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | Unscaled]:
+        """Layer i from its attention output on: the o projection, the post-attention norm
+        and the MLP; returns (the residual stream, the MLP's output not yet added)."""
+        w, ops, linear = self._weights(i), self.ops, self.linear
+        eps = self.config.rms_norm_eps
+        quant, raw = self._quantized(residual.shape[0])
+        out = self._reduce(linear(attn, w.o, w.o_scale, raw=raw))
         if quant:
             x, residual = ops.add_rms_norm_quant(out, residual, w.post_norm, eps)
             act = ops.silu_mul_quant(linear(x, w.gate_up, w.gate_up_scale, raw=raw))

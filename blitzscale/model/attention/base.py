@@ -40,6 +40,9 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         scale: float,
         rotary: Any = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Store k, v at `meta.slot_mapping`, then return attention output [T, num_heads, head_dim].
-        With `rotary` (only where `fuses_rotary`), q and k are first rotated by it."""
+        With `rotary` (only where `fuses_rotary`), q and k are first rotated by it. `out`:
+        where the output goes (a view of a static buffer: a piecewise graph's input), the
+        tensor returned then."""

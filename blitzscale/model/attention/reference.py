@@ -75,13 +75,15 @@ class ReferenceBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         rotary: Any = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         plan = self.prepare(meta)
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v)
         if plan.decode is not None and not plan.prefills:
-            return _decode(q, k_cache, v_cache, plan.decode, scale)
-        out = torch.empty_like(q)
+            decoded = _decode(q, k_cache, v_cache, plan.decode, scale)
+            return decoded if out is None else out.copy_(decoded)
+        out = torch.empty_like(q) if out is None else out
         if plan.decode is not None:
             out[plan.decode.tokens] = _decode(q[plan.decode.tokens], k_cache, v_cache, plan.decode, scale)
         for p in plan.prefills:

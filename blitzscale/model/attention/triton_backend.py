@@ -92,6 +92,7 @@ class TritonBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         rotary: Any = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         plan = self.prepare(meta)
         num_tokens, num_heads, head_dim = q.shape
@@ -114,7 +115,8 @@ class TritonBackend(AttentionBackend):
                 BLOCK_Q=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(num_kv),
                 BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=block_d,
             )  # fmt: skip
-        out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+        if out is None:
+            out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
         qk_scale = scale * K.LOG2E
         group = num_heads // num_kv
         page = k_cache.shape[1]
