@@ -30,9 +30,13 @@ from blitzscale.model.attention import AttentionMetadata
 from blitzscale.model.fp8_values import scaled
 from blitzscale.model.llama import LlamaModel
 
-# Past 1,024 tokens a step's kernels outlast its launches (a 2,048-token prefill of 8B:
-# ~50 ms of device time), and an eager step costs nothing a graph would save.
-BUCKETS = (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+# Token buckets: up to 128 tokens a step reads the weights in about the same time whatever
+# its rows, so padding is nearly free; past that the matmuls' time grows with the rows,
+# and the buckets are 32 tokens apart up to 512, 64 to 768, so that padding adds at most
+# 1/8 (a 544-token step padded to 768 took 23.2 ms against 19.8 eagerly on an H100:
+# docs/results/mixed_graphs_bench_h100_s29_run1.json). Past 768 tokens a step's kernels
+# outlast its launches: an eager step costs nothing a graph would save.
+BUCKETS = (16, 32, 64, 96, 128, *range(160, 513, 32), 576, 640, 704, 768)
 
 
 class MixedGraphs:

@@ -4,7 +4,7 @@ Inputs go to the device in one asynchronous copy from pinned memory (metadata, t
 the rows to sample together), so building a step never waits for the GPU. On CUDA with the
 Triton backend, decode steps replay a captured graph (engine/cuda_graphs.py), and so do
 steps of one prompt chunk of up to 512 tokens (engine/prefill_graphs.py); other steps of up
-to 1,024 tokens (decode rows with prompt chunks) replay graphs piece by piece, their
+to 768 tokens (decode rows with prompt chunks) replay graphs piece by piece, their
 attention run between the pieces (engine/mixed_graphs.py).
 """
 

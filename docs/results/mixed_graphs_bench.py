@@ -1,8 +1,8 @@
 """Mixed steps with and without their piecewise graphs (engine/mixed_graphs.py), in one
 engine, one process: random Llama-3-8B (bf16), 32 rows decoding at 2,048 keys, a prompt of
-128 or 512 tokens joining them (one step), timed whole (`engine.step`: schedule, forward,
+96-544 tokens joining them (one step), timed whole (`engine.step`: schedule, forward,
 sample) with the GPU synchronized before and after; then a closed loop of 64 streams (a
-512-token prompt each, 64 tokens out, a new request as each ends) for output tokens per
+256-token prompt each, 64 tokens out, a new request as each ends) for output tokens per
 second, graphs on and off. Prints and writes JSON.
 
 Run (GPU machine, repo root): `OUT=. python3 docs/results/mixed_graphs_bench.py`; writes
@@ -30,8 +30,8 @@ from blitzscale.engine import SamplingParams  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
 BATCH, CONTEXT, REPS = 32, 2048, 8
-PROMPTS = (128, 512)
-STREAMS, STREAM_PROMPT, STREAM_OUT, COMPLETIONS = 64, 512, 64, 192
+PROMPTS = (96, 224, 480, 544)  # with the 32 rows: 128, 256, 512, 576 tokens
+STREAMS, STREAM_PROMPT, STREAM_OUT, COMPLETIONS = 64, 256, 64, 192
 
 
 def main() -> None:
@@ -69,7 +69,7 @@ def main() -> None:
             engine.add_request(prompt(n), one)
             engine.step()
 
-        for on in (True, False, True, False):  # interleaved: the same decode rows for both
+        for on in (True, False) * 2:  # interleaved: the same decode rows for both
             use(on)
             for _ in range(2):
                 mixed()  # warm

@@ -12,7 +12,8 @@ case "$1" in
 tests)
     set -o pipefail
     timeout "${LIMIT:-280}" python3 -m pytest tests/gpu/test_cuda_mixed_graphs.py tests/gpu/test_cuda_prefill_graphs.py \
-        tests/gpu/test_cuda_no_compiles.py tests/gpu/test_cuda_overlap.py -m gpu -q -x -p no:cacheprovider \
+        tests/gpu/test_cuda_no_compiles.py tests/gpu/test_cuda_overlap.py tests/gpu/test_cuda_fp8.py \
+        tests/gpu/test_cuda_engine.py tests/gpu/test_cuda_live.py -m gpu -q -x -p no:cacheprovider \
         --confcutdir=tests/gpu 2>&1 | tee "$OUT/test_gpu_mixed.log" | tail -30
     ;;
 bench)
