@@ -2,7 +2,7 @@
 engine, one process: random Llama-3-8B (bf16), 32 rows decoding at 2,048 keys, a prompt of
 96-544 tokens joining them (one step), timed whole (`engine.step`: schedule, forward,
 sample) with the GPU synchronized before and after; then a closed loop of 64 streams (a
-256-token prompt each, 64 tokens out, a new request as each ends) for output tokens per
+256-token prompt each, 32-96 tokens out, a new request as each ends) for output tokens per
 second, graphs on and off. Prints and writes JSON.
 
 Run (GPU machine, repo root): `OUT=. python3 docs/results/mixed_graphs_bench.py`; writes
@@ -31,13 +31,14 @@ from blitzscale.engine import SamplingParams  # noqa: E402
 OUT = Path(os.environ.get("OUT", "/tmp"))
 BATCH, CONTEXT, REPS = 32, 2048, 8
 PROMPTS = (96, 224, 480, 544)  # with the 32 rows: 128, 256, 512, 576 tokens
-STREAMS, STREAM_PROMPT, STREAM_OUT, COMPLETIONS = 64, 256, 64, 192
+STREAMS, STREAM_PROMPT, STREAM_OUT, COMPLETIONS = 64, 256, 64, 256
 
 
 def main() -> None:
     device = torch.device("cuda")
     weights = load_weights(resolve_model("random:llama3-8b"), dtype=torch.bfloat16, device=device)
-    cfg = EngineBenchConfig(batch_sizes=(BATCH,), context_lens=(CONTEXT,), prefill_len=512)
+    # (decode_steps: room for the decode rows to outlive every timed step)
+    cfg = EngineBenchConfig(batch_sizes=(BATCH,), context_lens=(CONTEXT,), prefill_len=512, decode_steps=256)
     engine = eb._engine(weights, cfg, STREAMS + 64)
     runner = engine.runner
     graphs = runner.mixed_graphs
@@ -57,7 +58,7 @@ def main() -> None:
     def use(on: bool) -> None:
         runner.mixed_graphs = graphs if on else None
 
-    long = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+    long = SamplingParams(max_tokens=500, temperature=0, ignore_eos=True)
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     ids = [engine.add_request(prompt(CONTEXT), long) for _ in range(BATCH)]
     while any(engine.request(i).num_output_tokens == 0 for i in ids):  # type: ignore[union-attr]
@@ -70,6 +71,7 @@ def main() -> None:
             engine.step()
 
         for on in (True, False) * 2:  # interleaved: the same decode rows for both
+            assert all(engine.request(i) is not None for i in ids), "the decode rows ended"
             use(on)
             for _ in range(2):
                 mixed()  # warm
@@ -87,9 +89,17 @@ def main() -> None:
     loop: dict = {}
     for on in (True, False, True, False):
         use(on)
-        params = SamplingParams(max_tokens=STREAM_OUT, temperature=0, ignore_eos=True)
-        live = {engine.add_request(prompt(STREAM_PROMPT), params) for _ in range(STREAMS)}
+        lengths = random.Random(1)  # the same answer lengths for both
+
+        def request(lengths: random.Random = lengths) -> str:
+            n = lengths.randint(STREAM_OUT // 2, 3 * STREAM_OUT // 2)  # (so that streams do not end together)
+            return engine.add_request(
+                prompt(STREAM_PROMPT), SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+            )
+
+        live = {request() for _ in range(STREAMS)}
         done = tokens = 0
+        kinds = {"mixed_graph": 0, "mixed_eager": 0, "other": 0}
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         while done < COMPLETIONS:
@@ -98,10 +108,14 @@ def main() -> None:
                 if out.finished:
                     done += 1
                     live.discard(out.request_id)
-                    live.add(engine.add_request(prompt(STREAM_PROMPT), params))
+                    live.add(request())
+            w = engine.last_work
+            mixed = w.prompt_tokens > 0 and w.decode_batch > 0
+            kinds["other" if not mixed else "mixed_graph" if w.graph else "mixed_eager"] += 1
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         loop.setdefault("graphs" if on else "eager", []).append(round(tokens / wall, 1))
+        loop.setdefault("steps_" + ("graphs" if on else "eager"), []).append(kinds)
         for rid in live:
             engine.abort(rid)
         while engine.has_unfinished():
