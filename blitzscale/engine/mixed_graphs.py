@@ -2,16 +2,18 @@
 
 A step that is neither all decode rows (engine/cuda_graphs.py) nor one prompt chunk
 (engine/prefill_graphs.py), above all decode rows with a prompt chunk riding along, ran
-eagerly, and under load most steps are such: on an H100, Llama-3-8B, a 512-token prompt
-joining 32 rows decoding at 2,048 keys took 36 ms for about 17 ms of kernels, bound by the
-host's Python and kernel launches. Its attention cannot be captured once for every mix (the
-kernels' grids follow how many rows decode and how long the chunks are), but everything
-between two attentions works row by row and depends only on the step's token count. So for
-each token bucket there are L + 1 graphs: the embedding and layer 0 up to its attention;
-then, for each layer i, layer i from its attention output on and layer i + 1 up to its
-attention; the last layer's rest and the final residual add. Between them the step's
-attention runs eagerly on its real rows (two to four Triton launches a layer). Rows past the
-step's tokens are padding: row-wise work on stale values that nothing reads.
+eagerly, bound by the host's Python and kernel launches, and under load most steps are
+such: on H100s, Llama-3-8B, a 96-token prompt joining 32 rows decoding at 2,048 keys took
+15-23 ms eagerly against 12-14 replayed this way, depending on the host
+(docs/benchmarks.md, "Mixed steps as piecewise CUDA graphs"). Its attention cannot be
+captured once for every mix (the kernels' grids follow how many rows decode and how long
+the chunks are), but everything between two attentions works row by row and depends only
+on the step's token count. So for each token bucket there are L + 1 graphs: the embedding
+and layer 0 up to its attention; then, for each layer i, layer i from its attention output
+on and layer i + 1 up to its attention; the last layer's rest and the final residual add.
+Between them the step's attention runs eagerly on its real rows (two to four launches a
+layer). Rows past the step's tokens are padding: row-wise work on stale values that
+nothing reads.
 
 The pieces talk through static buffers (token ids, the residual stream, qkv, the attention
 output); each piece's temporaries live in the graphs' shared pool. Captured when the engine
