@@ -42,16 +42,26 @@ class StepWork:
         """What the step was, for `StepTally`: one of STEP_KINDS."""
         if self.partial:
             return "live"
+        how = "graph" if self.graph else "eager"  # (replayed CUDA graphs, whole or piecewise)
         if self.prompt_tokens and self.decode_contexts:
-            return "mixed"
+            return f"mixed_{how}"
         if self.prompt_tokens:
-            return "prefill"
+            return f"prefill_{how}"
         if self.decode_contexts:
-            return "decode_graph" if self.graph else "decode_eager"
+            return f"decode_{how}"
         return "none"
 
 
-STEP_KINDS = ("decode_graph", "decode_eager", "mixed", "prefill", "live", "none")
+STEP_KINDS = (
+    "decode_graph",
+    "decode_eager",
+    "mixed_graph",
+    "mixed_eager",
+    "prefill_graph",
+    "prefill_eager",
+    "live",
+    "none",
+)
 
 
 @dataclass

@@ -44,7 +44,7 @@ class _RouterCollector(Collector):
         by_kind = {
             "steps": CounterMetricFamily(
                 "blitzscale_engine_kind_steps",
-                "Engine steps by kind (decode_graph, decode_eager, mixed, prefill, live)",
+                "Engine steps by kind (decode, mixed, prefill: _graph or _eager; live)",
                 labels=labels,
             ),
             "seconds": CounterMetricFamily(

@@ -32,14 +32,14 @@ def test_prefill_decode_and_mixed_steps_are_told_apart(tiny_weights: Any) -> Non
     step()  # the new prompt beside the first request's decode row
     while e.has_unfinished():
         step()
-    assert kinds[:3] == ["prefill", "decode_eager", "mixed"]  # (no CUDA graphs on CPU)
+    assert kinds[:3] == ["prefill_eager", "decode_eager", "mixed_eager"]  # (no CUDA graphs on CPU)
     assert set(kinds[3:]) <= {"decode_eager", "none"}
-    mixed = tally.kinds["mixed"]
+    mixed = tally.kinds["mixed_eager"]
     assert (mixed.steps, mixed.tokens, mixed.seconds) == (1, 11, 0.5)  # 10 prompt tokens + 1 row
-    assert tally.kinds["prefill"].tokens == 20
+    assert tally.kinds["prefill_eager"].tokens == 20
     summary = kinds_between(StepTally(), tally)
     want = {"steps": 1, "ms_per_step": 500.0, "overlapped_share": 0.0, "tokens_per_step": 11.0}
-    assert summary["mixed"] == want
+    assert summary["mixed_eager"] == want
     assert "live" not in summary  # kinds that did not run are left out
 
 
@@ -57,6 +57,8 @@ def test_overlapped_decode_steps_are_counted(tiny_weights: Any) -> None:
 def test_step_kind_of_live_work() -> None:
     assert StepWork(partial=[(8, 0.5)], decode_contexts=[3]).kind == "live"
     assert StepWork(decode_contexts=[3], graph=True).kind == "decode_graph"
+    assert StepWork(prompt_tokens=9, decode_contexts=[3], graph=True).kind == "mixed_graph"
+    assert StepWork(prompt_tokens=9, graph=True).kind == "prefill_graph"
     assert StepWork().kind == "none"
 
 
@@ -81,8 +83,8 @@ def test_the_step_trace_writes_a_line_per_step_with_its_chunks(tiny_weights: Any
     assert head["process"] and head["torch_threads"] >= 1 and "MainThread" in head["python_threads"]
     assert head["driver_module_loading"] is None  # (asked of the driver on CUDA only)
     assert [(x["kind"], x["prompt_tokens"], x["chunks"], x["prefixed_chunks"]) for x in lines[:2]] == [
-        ("prefill", 32, 1, 0),
-        ("prefill", 8, 1, 1),  # the rest of the 40-token prompt, after its first 32
+        ("prefill_eager", 32, 1, 0),
+        ("prefill_eager", 8, 1, 1),  # the rest of the 40-token prompt, after its first 32
     ]
     assert [x["kind"] for x in lines[2:]] == ["decode_eager"] * (len(lines) - 2) and len(lines) >= 4
     assert all(x["wall_ms"] >= x["launch_ms"] >= 0 and x["device_ms"] is None for x in lines)
