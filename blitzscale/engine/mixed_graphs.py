@@ -17,12 +17,16 @@ nothing reads.
 
 The pieces talk through static buffers (token ids, the residual stream, qkv, the attention
 output); each piece's temporaries live in the graphs' shared pool. Captured when the engine
-is built, before any request and without the weights, as the other graphs are.
+is built, before any request and without the weights, as the other graphs are. On a CPU
+(tests) the pieces run directly where they would replay, so the same buffers, padding and
+attention between them are checked there against the eager forward.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -41,6 +45,20 @@ from blitzscale.model.llama import LlamaModel
 BUCKETS = (16, 32, 64, 96, 128, *range(160, 513, 32), 576, 640, 704, 768)
 
 
+class Piece(Protocol):
+    def replay(self) -> None: ...
+
+
+class _Direct:
+    """A piece run as it is, where no CUDA graph can hold it (CPU)."""
+
+    def __init__(self, run: Callable[[], torch.Tensor]) -> None:
+        self.run = run
+
+    def replay(self) -> None:
+        self.run()
+
+
 class MixedGraphs:
     def __init__(self, model: LlamaModel, kv_cache: KVCache, max_tokens: int) -> None:
         """Buckets up to `max_tokens` (a step's token budget) and BUCKETS' last."""
@@ -53,8 +71,8 @@ class MixedGraphs:
         self.residual = torch.zeros(mb, cfg.hidden_size, dtype=dtype, device=dev)
         self.qkv = torch.zeros(mb, model.q_size + 2 * model.kv_size, dtype=dtype, device=dev)
         self.attn = torch.zeros(mb, model.q_size, dtype=dtype, device=dev)
-        self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}  # bucket -> its L + 1 pieces
+        self.pool = torch.cuda.graph_pool_handle() if dev.type == "cuda" else None
+        self.graphs: dict[int, list[Piece]] = {}  # bucket -> its L + 1 pieces
         self.capture_s = 0.0
 
     def bucket_for(self, n: int) -> int | None:
@@ -83,6 +101,9 @@ class MixedGraphs:
         t = time.perf_counter()
         pieces = list(range(self.model.num_layers + 1))
         for b in sorted(self.buckets, reverse=True):
+            if self.pool is None:
+                self.graphs[b] = [_Direct(lambda j=j, b=b: self._piece(j, b)) for j in pieces]
+                continue
             graphs, _ = capture_buckets(self.model, pieces, self.pool, lambda j, b=b: self._piece(j, b))
             self.graphs[b] = [graphs[j] for j in pieces]
         self.capture_s = time.perf_counter() - t
