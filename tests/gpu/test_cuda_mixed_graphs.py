@@ -18,6 +18,7 @@ from blitzscale.checkpoint.loader import random_weights
 from blitzscale.checkpoint.presets import preset_config
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.model.attention import AttentionMetadata
+from tests.engine.test_mixed_graphs_cpu import prefilled_step
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,30 +61,14 @@ def test_a_replayed_mixed_step_gives_the_eager_logits(model: str, seqs: list[tup
     e = _engine(model)
     mg = e.runner.mixed_graphs
     assert mg is not None and mg.buckets[-1] == 288
-    m, kv, bs = e.model, e.kv_cache, e.kv_cache.block_size
+    m, kv = e.model, e.kv_cache
     g = torch.Generator().manual_seed(sum(c + n for c, n in seqs))
-    vocab = e.model_config.vocab_size
-    ids = [torch.randint(0, vocab, (c + n,), generator=g).tolist() for c, n in seqs]
     free = torch.randperm(500, generator=g).add(1).tolist()  # scattered blocks
-    tables = []
-    for c, n in seqs:
-        need = -(-(c + n) // bs)
-        tables.append(free[:need])
-        free = free[need:]
-    for (c, _), t, x in zip(seqs, tables, ids, strict=True):
-        if c:  # the prefix into the cache
-            meta = AttentionMetadata.build([c], [c], [t], bs, "cuda")
-            m.run_layers(m.embed(torch.tensor(x[:c]).cuda()), meta, kv)
-    step = [tok for (c, _), x in zip(seqs, ids, strict=True) for tok in x[c:]]
-    q_lens, ctx = [n for _, n in seqs], [c + n for c, n in seqs]
-
-    def meta() -> AttentionMetadata:
-        return AttentionMetadata.build(q_lens, ctx, tables, bs, "cuda")
-
-    ref = m.logits(m.run_layers(m.embed(torch.tensor(step).cuda()), meta(), kv)).float()
-    hidden = mg.run(torch.tensor(step).cuda(), meta())
+    step, meta = prefilled_step(m, kv, seqs, g, free)
+    ref = m.logits(m.run_layers(m.embed(step), meta(), kv)).float()
+    hidden = mg.run(step, meta())
     ours = m.logits(hidden).float()
-    assert ours.shape == ref.shape == (len(step), vocab)
+    assert ours.shape == ref.shape == (len(step), e.model_config.vocab_size)
     scale = ref.abs().max()
     assert (ours - ref).abs().max() <= 0.03 * scale
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
