@@ -25,6 +25,11 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 PAD_SLOT = -1
 
 
+def smallest_bucket(buckets: list[int], n: int) -> int | None:
+    """The smallest of the ascending `buckets` that holds `n`, or None."""
+    return next((b for b in buckets if b >= n), None)
+
+
 @torch.inference_mode()
 def capture_buckets(
     model: LlamaModel, buckets: list[int], pool: tuple[int, int], forward: Callable[[int], torch.Tensor]
@@ -87,7 +92,7 @@ class BucketGraphs:
         self.capture_s = 0.0  # how long `capture` took
 
     def bucket_for(self, n: int) -> int | None:
-        return next((b for b in self.buckets if b >= n), None)
+        return smallest_bucket(self.buckets, n)
 
     def _forward(self, b: int) -> torch.Tensor:
         raise NotImplementedError

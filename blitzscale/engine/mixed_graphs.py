@@ -30,7 +30,7 @@ from typing import Protocol
 
 import torch
 
-from blitzscale.engine.cuda_graphs import capture_buckets
+from blitzscale.engine.cuda_graphs import capture_buckets, smallest_bucket
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.attention import AttentionMetadata
 from blitzscale.model.fp8_values import scaled
@@ -76,7 +76,7 @@ class MixedGraphs:
         self.capture_s = 0.0
 
     def bucket_for(self, n: int) -> int | None:
-        return next((b for b in self.buckets if b >= n), None)
+        return smallest_bucket(self.buckets, n)
 
     def _piece(self, j: int, b: int) -> torch.Tensor:
         """Piece j of bucket b: layer j - 1 from its attention output (the embedding for
@@ -92,8 +92,7 @@ class MixedGraphs:
             self.qkv[:b].copy_(qkv)
         elif delta is not None:
             residual = residual + scaled(delta)
-        if residual.data_ptr() != self.residual.data_ptr():  # (a norm may add in place)
-            self.residual[:b].copy_(residual)
+        self.residual[:b].copy_(residual)
         return self.residual[:b]
 
     def capture(self) -> None:
