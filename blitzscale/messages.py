@@ -244,6 +244,9 @@ class ProfileMsg(Msg):
     engine: EngineConfig
     cache_dir: str = ""  # "" = don't keep it
     measure: bool = True
+    # > 1: of a tensor-parallel instance: the sizes are one shard's, and the measurement
+    # runs on the instance group this rank leads (its other shards follow the steps)
+    tp: int = 1
 
 
 class PrefixExportMsg(Msg):
@@ -684,6 +687,9 @@ class TPSetupMsg(Msg):
     block_size: int
     max_model_len: int
     live: bool = False
+    # not "": no weights have arrived; the shard builds stand-in weights of the model whose
+    # config is at this path (the cost probe of a tensor-parallel instance, worker/cost_report.py)
+    stand_in_source: str = ""
 
 
 class TPReadyMsg(Msg):

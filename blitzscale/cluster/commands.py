@@ -72,6 +72,7 @@ class CostQuery:
     engine: EngineConfig
     cache_dir: str = ""
     measure: bool = True
+    tp: int = 1  # > 1: a tensor-parallel instance's (one shard's sizes; measured on its group)
 
     def message(self, op_id: int) -> ProfileMsg:
         return ProfileMsg(
@@ -81,4 +82,5 @@ class CostQuery:
             engine=self.engine,
             cache_dir=self.cache_dir,
             measure=self.measure,
+            tp=self.tp,
         )

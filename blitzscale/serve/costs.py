@@ -4,8 +4,9 @@ The default model's is measured by its first worker (worker/costprobe.py; kept i
 folder's `profiles/`, so a restart reads it back) or read from `[model] profile`, which must
 be of this model and of this kind of device. A model of the same shape shares it; another
 shape gets it scaled by weight bytes (an estimate until it is measured itself). A
-tensor-parallel instance is not probed yet: without a profile file its budgets fall back to
-token counts.
+tensor-parallel instance's is one shard's (its sizes are a rank's share, its steps include
+the all-reduces), measured on a scratch instance across the first instance group's ranks
+(worker/cost_report.py); a profile file given for one must be of a shard too.
 """
 
 from __future__ import annotations
@@ -49,9 +50,19 @@ def profile_file(cfg: ServeConfig) -> Profile | None:
 
 
 async def _report(
-    cluster: Cluster, model: ModelEntry, folder: str, engine: EngineConfig, cache: Path, measure: bool
+    cluster: Cluster,
+    model: ModelEntry,
+    folder: str,
+    engine: EngineConfig,
+    cache: Path,
+    measure: bool,
+    tp: int = 1,
 ) -> CostReport:
-    query = CostQuery(model=model.name, source=folder, engine=engine, cache_dir=str(cache), measure=measure)
+    """Rank 0's answer (with `tp` > 1: one shard's sizes, and rank 0 leads the instance
+    group a measurement runs on)."""
+    query = CostQuery(
+        model=model.name, source=folder, engine=engine, cache_dir=str(cache), measure=measure, tp=tp
+    )
     return await cluster.cost_report(0, query)
 
 
@@ -101,21 +112,16 @@ async def cost_models(
     shapes: Mapping[str, CostReport],
     given: Profile | None = None,
 ) -> dict[str, Profile | None]:
-    """Each model's cost model (None: unknown; its budgets count tokens). `shapes`: each
+    """Each model's cost model (one shard's for tensor-parallel instances). `shapes`: each
     model's shape (`shape_reports`); `given`: the `[model] profile` file, read before the
     workers started (`profile_file`)."""
     cache = profiles_dir(cfg)
-    default = models[0]
-    measure = given is None and cfg.model.tp == 1
-    first = await _report(cluster, default, folders[default.name], engine, cache, measure)
+    default, tp = models[0], cfg.model.tp
+    first = await _report(cluster, default, folders[default.name], engine, cache, given is None, tp)
     if given is not None:
         first.check(given, f"[model] profile {cfg.model.profile}")
     base = given or first.profile
-    if base is None:
-        log.warning(
-            "no cost model for tp=%d instances (give [model] profile): budgets count tokens", cfg.model.tp
-        )
-        return {m.name: None for m in models}
+    assert base is not None  # (measured when not given)
     how = f"from {cfg.model.profile}" if given else ("read back" if first.cached else "measured")
     log.info(
         "cost model of %s on %s (%s, %.2f s): %s",
@@ -126,8 +132,10 @@ async def cost_models(
         describe(base),
     )
     out: dict[str, Profile | None] = {default.name: base}
-    for m in models[1:]:
+    for m in models[1:]:  # (a TP model's shape as one shard's)
         r = shapes[m.name]
+        if tp > 1:
+            r = await _report(cluster, m, folders[m.name], engine, cache, False, tp)
         shape = (r.weight_bytes, r.kv_bytes_per_token, r.num_layers)
         if shape == (base.weight_bytes, base.kv_bytes_per_token, base.num_layers):
             out[m.name] = base

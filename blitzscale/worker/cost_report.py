@@ -1,7 +1,14 @@
 """A worker's answer to "what does this model cost on your device" (`ProfileMsg`): the
 device's name and memory, the model's shape and context and, if asked, its cost model here
 (measured by worker/costprobe.py on the standby engine or a scratch one, or read back from
-the cache folder when it was measured before): a CostReport's fields."""
+the cache folder when it was measured before): a CostReport's fields.
+
+A tensor-parallel instance's (`tp` > 1) is asked of the rank leading the first instance
+group: the sizes are one shard's (as the simulator's TP profiles have them, sim/tp.py), and
+the probe runs a scratch instance across the group: shard 0's engine here, whose every step
+the other shards run on stand-in shards of their own (`TPSetupMsg.stand_in_source`), so the
+steps timed include the all-reduces between them.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +23,14 @@ import torch
 
 from blitzscale.checkpoint import load_config, resolve_model
 from blitzscale.control.costmodel import Profile
+from blitzscale.errors import BlitzScaleError
 from blitzscale.kvcache.cache import KVCache
-from blitzscale.messages import ProfileMsg, ProfileResult
+from blitzscale.messages import ProfileMsg, ProfileResult, TPSetupMsg, TPStopMsg
 from blitzscale.model.weights import layout_of
 from blitzscale.worker import costprobe
 from blitzscale.worker.standby import Standby, free_device_memory
+from blitzscale.worker.tp import TPLeader
+from blitzscale.worker.world import InstanceGroup
 
 log = logging.getLogger("blitzscale.worker")
 
@@ -33,17 +43,24 @@ def device_memory_bytes(device: torch.device) -> int:
 
 
 def cost_report(
-    msg: ProfileMsg, device: torch.device, dtype: torch.dtype, standby: Standby, rank: int, cap: int = 0
+    msg: ProfileMsg,
+    device: torch.device,
+    dtype: torch.dtype,
+    standby: Standby,
+    rank: int,
+    cap: int = 0,
+    instance: InstanceGroup | None = None,
 ) -> ProfileResult:
     """`cap`: what the worker may hold on its device, when lower than the device's memory
     (`[cluster] worker_memory_bytes`): the memory it reports, so the start-up checks and the
-    models-per-rank rule plan for the same bound the worker keeps (worker/memory.py)."""
+    models-per-rank rule plan for the same bound the worker keeps (worker/memory.py).
+    `instance`: this rank's tensor-parallel group (a TP measurement runs on it)."""
     config = load_config(resolve_model(msg.source))
-    layout = layout_of(config, dtype)
+    layout = layout_of(config, dtype, msg.tp)
     out = ProfileResult(
         device_name=costprobe.device_name(device),
         weight_bytes=layout.nbytes,
-        kv_bytes_per_token=KVCache.bytes_per_block(config, 1, dtype),
+        kv_bytes_per_token=KVCache.bytes_per_block(config, 1, dtype, msg.tp),
         num_layers=config.num_layers,
         device_memory_bytes=min(cap, device_memory_bytes(device)) if cap else device_memory_bytes(device),
         # (the engine's: capped by `[engine] max_model_len` as LLMEngine caps it)
@@ -53,15 +70,17 @@ def cost_report(
     )
     if not msg.measure:
         return out
-    key = costprobe.cache_key(config, dtype, device, msg.engine.for_device(device.type))
+    key = costprobe.cache_key(config, dtype, device, msg.engine.for_device(device.type), tp=msg.tp)
     folder = Path(msg.cache_dir) if msg.cache_dir else None
     t = time.perf_counter()
     profile = costprobe.cached_profile(folder, key) if folder is not None else None
     cached = profile is not None
-    if profile is None:
+    if profile is None and msg.tp > 1:
+        profile = _measure_tp(msg, config, dtype, device, _leader_of(instance, msg.tp, rank))
+    elif profile is None:
         profile = _measure(msg, config, dtype, device, standby)
-        if folder is not None:
-            costprobe.save_profile(folder, key, profile)
+    if not cached and folder is not None:
+        costprobe.save_profile(folder, key, profile)
     took = time.perf_counter() - t
     how = "read back" if cached else "measured"
     log.info("rank %d: cost model of %s %s in %.2f s", rank, msg.model, how, took)
@@ -82,5 +101,43 @@ def _measure(msg: ProfileMsg, config: Any, dtype: torch.dtype, device: torch.dev
     try:
         return costprobe.measure(engine, points, msg.model)
     finally:
+        del engine
+        free_device_memory(device)
+
+
+def _leader_of(instance: InstanceGroup | None, tp: int, rank: int) -> TPLeader:
+    if instance is None or instance.size != tp or instance.rank != 0:
+        size = instance.size if instance is not None else 1
+        raise BlitzScaleError(
+            f"rank {rank} cannot measure a tp={tp} instance: it leads no instance group of {tp} "
+            f"ranks (its group: {size} ranks)"
+        )
+    return TPLeader(instance)
+
+
+def _measure_tp(
+    msg: ProfileMsg, config: Any, dtype: torch.dtype, device: torch.device, leader: TPLeader
+) -> Profile:
+    """A scratch instance across `leader`'s group: shard 0's engine here, the other shards
+    on stand-in weights of their own with KV caches of its size, dropped after."""
+    engine_cfg = msg.engine.for_device(device.type)
+    points = costprobe.probe_points(device, engine_cfg)
+    engine = costprobe.scratch_engine(config, dtype, device, engine_cfg, points, leader)
+    setup = TPSetupMsg(
+        model=msg.model,
+        num_blocks=engine.counts()["total_blocks"],
+        block_size=engine_cfg.block_size,
+        max_model_len=engine.max_model_len,
+        stand_in_source=msg.source,
+    )
+    leader.send(setup)
+    try:
+        if not leader.all_ok():
+            members = list(leader.instance.members)
+            raise BlitzScaleError(f"ranks {members}: a shard could not build its stand-in of {msg.model}")
+        return costprobe.measure(engine, points, msg.model)
+    finally:
+        leader.send(TPStopMsg())
+        leader.flush()
         del engine
         free_device_memory(device)

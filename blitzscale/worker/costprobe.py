@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,9 @@ from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.config import ModelConfig
 from blitzscale.model.weights import ModelWeights
 from blitzscale.worker.pacing import step_s
+
+if TYPE_CHECKING:
+    from blitzscale.model.tp import TensorParallel
 
 log = logging.getLogger("blitzscale.worker")
 
@@ -172,11 +176,16 @@ def device_name(device: torch.device, threads: int = 0) -> str:
 
 
 def cache_key(
-    config: ModelConfig, dtype: torch.dtype, device: torch.device, engine: EngineConfig, threads: int = 0
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    engine: EngineConfig,
+    threads: int = 0,
+    tp: int = 1,
 ) -> str:
     """What a measurement depends on: the model's shapes, dtype, the device (a CPU's with
-    `threads`; 0: this process's), the engine's step limits, block size and overlap, and
-    torch."""
+    `threads`; 0: this process's), the engine's step limits, block size and overlap, the
+    instance's tensor-parallel size, and torch."""
     model = asdict(config)
     if model["quant"] == "none":  # (keys of unquantized models as before quantization existed)
         del model["quant"]
@@ -188,6 +197,8 @@ def cache_key(
         "torch": torch.__version__,
         "probe": PROBE_VERSION,
     }
+    if tp > 1:  # (keys of TP=1 instances as before TP instances were measured)
+        parts["tp"] = tp
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -381,14 +392,28 @@ def stand_in(weights: ModelWeights) -> Iterator[None]:
         weights.readiness.reset()
 
 
+def stand_in_weights(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device, tp_size: int = 1, tp_rank: int = 0
+) -> ModelWeights:
+    """A model's weights (shard `tp_rank` of `tp_size`) as `stand_in`'s values, marked whole."""
+    weights = ModelWeights.empty(config, dtype, device, tp_size, tp_rank)
+    fill_random(weights, seed=tp_rank)
+    weights.readiness.mark_all_ready()
+    return weights
+
+
 def scratch_engine(
-    config: ModelConfig, dtype: torch.dtype, device: torch.device, engine: EngineConfig, points: ProbePoints
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    engine: EngineConfig,
+    points: ProbePoints,
+    tp: TensorParallel | None = None,
 ) -> LLMEngine:
     """An engine on stand-in weights (`stand_in`'s values) with just the KV cache the
-    probe needs."""
-    weights = ModelWeights.empty(config, dtype, device)
-    fill_random(weights, seed=0)
-    weights.readiness.mark_all_ready()
+    probe needs; with `tp`, shard 0's engine of a tensor-parallel instance (the group's
+    other shards must build theirs: worker/cost_report.py)."""
+    weights = stand_in_weights(config, dtype, device, tp.size if tp is not None else 1)
     needed = points.tokens_needed(engine.max_num_batched_tokens)
     blocks = -(-needed // engine.block_size) + max(points.decode_batch) + 1
     cfg = EngineConfig(
@@ -399,4 +424,4 @@ def scratch_engine(
         max_model_len=max(points.prefill_tokens) + max(points.decode_context) + 64,
         overlap=engine.overlap,
     )
-    return LLMEngine(weights, None, cfg)
+    return LLMEngine(weights, None, cfg, tp_group=tp)

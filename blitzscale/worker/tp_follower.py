@@ -36,6 +36,7 @@ from blitzscale.model.attention import AttentionMetadata
 from blitzscale.model.llama import LlamaModel
 from blitzscale.model.tp import TensorParallel
 from blitzscale.worker.p2p import MIGRATION_TIMEOUT_S, wait_one
+from blitzscale.worker.standby import free_device_memory
 from blitzscale.worker.tp import (
     META_FIELDS,
     all_agree,
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from blitzscale.model.weights import ModelWeights
 
     WeightsOf = Callable[[str], ModelWeights | None]
+    # (config source, tp size, tp rank) -> a shard of stand-in weights (the cost probe's)
+    StandInOf = Callable[[str, int, int], ModelWeights]
 
 log = logging.getLogger("blitzscale.worker")
 LIVE_SETUP_WAIT_S = 60.0  # a live shard's own transfer must have begun by then
@@ -99,10 +102,12 @@ class TPInbox:
 class TPFollower:
     """Shard k > 0 of an instance: runs what its leader says on its own weights and KV."""
 
-    def __init__(self, links: Links, instance: InstanceGroup) -> None:
+    def __init__(self, links: Links, instance: InstanceGroup, stand_in_of: StandInOf | None = None) -> None:
         self.links = links
         self.instance = instance
+        self.stand_in_of = stand_in_of
         self.model_name = ""
+        self._stand_in = False  # the model served is the cost probe's stand-in
         self.model: LlamaModel | None = None
         self.kv: KVCache | None = None
         self._recvs: dict[str, tuple[Future[None], torch.Tensor]] = {}
@@ -144,11 +149,25 @@ class TPFollower:
         different paths): it waits (`poll`), the worker serving meanwhile, and the leader
         in the answer's all-reduce."""
         self.stop()
+        if cmd.stand_in_source:
+            self._build(cmd, self._stand_in_weights(cmd))
+            self._stand_in = self.model is not None
+            return
         weights = weights_of(cmd.model)
         if weights is None and cmd.live:
             self._pending = (cmd, time.monotonic() + LIVE_SETUP_WAIT_S)
             return
         self._build(cmd, weights)
+
+    def _stand_in_weights(self, cmd: TPSetupMsg) -> ModelWeights | None:
+        """This shard of `cmd`'s model as stand-in weights (None, logged: it cannot)."""
+        try:
+            if self.stand_in_of is None:
+                raise RuntimeError("this follower builds no stand-in weights")
+            return self.stand_in_of(cmd.stand_in_source, self.instance.size, self.instance.rank)
+        except Exception as e:  # (the leader hears it in the setup's answer)
+            log.error("rank %d: no stand-in shard of %s: %s", self.links.rank, cmd.model, e)
+            return None
 
     def poll(self, weights_of: WeightsOf) -> None:
         """A pending live setup goes ahead once this rank's receive buffer exists (or fails
@@ -195,10 +214,14 @@ class TPFollower:
         all_agree(self.instance, ok)
 
     def stop(self) -> None:
+        device = self.model.weights.device if self.model is not None and self._stand_in else None
         self.model = self.kv = None
         self.model_name = ""
         self._lost = False
         self._pending = None
+        self._stand_in = False
+        if device is not None:  # the probe's weights and KV cache were this shard's alone
+            free_device_memory(device)
 
     @torch.inference_mode()
     def _forward(self, cmd: TPForwardMsg) -> None:

@@ -234,7 +234,7 @@ class Worker:
         self._follows = group
         self.follower = self.inbox = None
         if group is not None and group.rank > 0:
-            self.follower = TPFollower(self.links, group)
+            self.follower = TPFollower(self.links, group, self._stand_in_shard)
             self.inbox = TPInbox(self.ctx, group)
 
     def _handle_tp(self) -> None:
@@ -254,6 +254,11 @@ class Worker:
         slot = self._serving_slot(model)
         s = self.loops[slot] if slot is not None else None
         return s.engine if s is not None and s.tp is None else None
+
+    def _stand_in_shard(self, source: str, tp_size: int, tp_rank: int) -> ModelWeights:
+        """Shard `tp_rank` of the model at `source` as the cost probe's stand-in weights."""
+        config = load_config(resolve_model(source))
+        return costprobe.stand_in_weights(config, parse_dtype(self.cfg.dtype), self.device, tp_size, tp_rank)
 
     def _weights_of(self, model: str) -> ModelWeights | None:
         """This rank's copy of `model`: held, or still arriving (a live target's)."""
@@ -507,9 +512,9 @@ class Worker:
         if isinstance(msg, ChecksumMsg):
             return self._checksum(msg)
         if isinstance(msg, ProfileMsg):
-            return cost_report(
-                msg, self.device, parse_dtype(self.cfg.dtype), self.standby, self.rank, self.cfg.memory_bytes
-            )
+            dtype = parse_dtype(self.cfg.dtype)
+            cap, group = self.cfg.memory_bytes, self.links.instance
+            return cost_report(msg, self.device, dtype, self.standby, self.rank, cap, group)
         if isinstance(msg, ActivateMsg):
             return self._activate(msg)
         if isinstance(msg, DeactivateMsg):

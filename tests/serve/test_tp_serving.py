@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import subprocess
 import time
@@ -19,10 +20,15 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from prometheus_client import generate_latest
 
+from blitzscale.checkpoint import load_config, resolve_model
+from blitzscale.control.costmodel import Profile
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.errors import InvalidRequestError
+from blitzscale.kvcache.cache import KVCache
+from blitzscale.model.weights import layout_of
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.config import ServeConfig
 from blitzscale.serve.events import ScaleEvent
@@ -141,11 +147,28 @@ def test_colocated_tp2_serves_openai_and_scales_up_by_multicast(
         assert f'blitzscale_transfer_bytes_total{{model="{folder}",path="network"}}' in text
 
 
+def _check_measured_per_shard(service: ServingCluster, folder: Path, tmp: Path) -> None:
+    """The cost model was measured at start on a scratch TP2 instance across ranks 0 and 1
+    (the leader's steps could only complete with shard 1 meeting each all-reduce): one
+    shard's sizes, as the simulator's TP profiles have them, and kept for a restart."""
+    assert service.router is not None
+    cost = service.router.served(str(folder)).cost
+    assert cost is not None and cost.device.startswith("cpu"), cost
+    config = load_config(resolve_model(str(folder)))
+    shard = layout_of(config, torch.float32, 2).nbytes
+    assert cost.weight_bytes == shard < layout_of(config, torch.float32).nbytes
+    assert cost.kv_bytes_per_token == KVCache.bytes_per_block(config, 1, torch.float32, 2)
+    assert len(cost.decode_batch) >= 2 and all(ms > 0 for row in cost.decode_ms for ms in row)
+    kept = [Profile.from_json(json.loads(p.read_text()), str(p)) for p in (tmp / "profiles").glob("*.json")]
+    assert [p.weight_bytes for p in kept] == [shard]
+
+
 def test_pd_tp2_migrates_kv_between_tp2_instances(
     folder: Path, reference: dict[str, list[int]], tmp_path: Path
 ) -> None:
     with _service(folder, tmp_path, "pd", max_prefill=1, max_decode=1) as (service, lt):
         assert service.router is not None
+        _check_measured_per_shard(service, folder, tmp_path)
         insts = service.router.instances
         assert insts[0].accepts == "prefill" and insts[2].accepts == "decode", _serving(service)
 

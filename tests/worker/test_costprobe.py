@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
 from blitzscale.checkpoint.presets import PRESETS
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
-from blitzscale.model.weights import ModelWeights
+from blitzscale.errors import BlitzScaleError
+from blitzscale.kvcache.cache import KVCache
+from blitzscale.messages import ProfileMsg
+from blitzscale.model.weights import ModelWeights, layout_of
 from blitzscale.worker import costprobe
+from blitzscale.worker.cost_report import cost_report
+from blitzscale.worker.standby import Standby
 
 CONFIG = PRESETS["tiny-llama3"]
 ENGINE = EngineConfig(block_size=16).for_device("cpu")
@@ -73,6 +79,7 @@ def test_the_cache_keeps_a_profile_per_shape_device_and_engine_limits(tmp_path: 
     assert key != costprobe.cache_key(CONFIG, torch.bfloat16, cpu, ENGINE)
     other = EngineConfig(block_size=16, max_num_seqs=8).for_device("cpu")
     assert key != costprobe.cache_key(CONFIG, torch.float32, cpu, other)
+    assert key != costprobe.cache_key(CONFIG, torch.float32, cpu, ENGINE, tp=2)  # (a shard's)
     assert costprobe.cached_profile(tmp_path, key) is None
     points = costprobe.ProbePoints((16, 32), (1, 2), (16,), 1)
     p = costprobe.measure(costprobe.scratch_engine(CONFIG, torch.float32, cpu, ENGINE, points), points, "t")
@@ -131,3 +138,17 @@ def test_decode_batches_stay_whole_while_timed() -> None:
     engine = costprobe.scratch_engine(CONFIG, torch.float32, torch.device("cpu"), small_steps, points)
     p = costprobe.measure(engine, points, "t")  # raises if a row finished while timed
     assert p.decode_batch == (6,) and engine.is_idle
+
+
+def test_a_rank_leading_no_instance_group_refuses_to_measure_a_tp_instance() -> None:
+    """A tp=2 cost model is one shard's, timed across the instance group the asked rank
+    leads; a rank in no such group says so (before building anything)."""
+    msg = ProfileMsg(op_id=1, model="tiny", source="random:tiny-llama3", engine=ENGINE, tp=2)
+    standby = Standby(None, torch.device("cpu"), torch.float32, lambda: None)
+    shape = cost_report(
+        msgspec.structs.replace(msg, measure=False), torch.device("cpu"), torch.float32, standby, 4
+    )
+    assert shape.weight_bytes == layout_of(CONFIG, torch.float32, 2).nbytes  # one shard's sizes
+    assert shape.kv_bytes_per_token == KVCache.bytes_per_block(CONFIG, 1, torch.float32, 2)
+    with pytest.raises(BlitzScaleError, match="rank 4 cannot measure a tp=2 instance: it leads no"):
+        cost_report(msg, torch.device("cpu"), torch.float32, standby, 4)
