@@ -9,7 +9,9 @@ ratios: how far the simulator is from what it models.
 
 The live run also samples how many threads of other work are runnable on the machine meanwhile
 (bench/machine_load.py). With `calibrate` the simulated cores carry that many (sim/cores.py):
-on a loaded machine the live side slows down, and the simulated one then does too.
+on a loaded machine the live side slows down, and the simulated one then does too; and the
+CPU profile is scaled to this machine's speed, timed in CPU time before the live run
+(bench/cpu_speed.py): the shipped profile is one development machine's.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from blitzscale.bench import cpu_speed
+from blitzscale.bench.cpu_speed import Speed
 from blitzscale.bench.machine_load import OtherWork
 from blitzscale.client import replay
 from blitzscale.client.summary import summarize
 from blitzscale.client.traces import TraceRequest
-from blitzscale.control.costmodel import load_profile
+from blitzscale.control.costmodel import Profile, load_profile
 from blitzscale.demo.workload import Workload
 from blitzscale.serve.background import BackgroundService
 from blitzscale.serve.config import ServeConfig
@@ -48,6 +52,10 @@ class FidelityConfig:
     profile: str = "smollm2-135m-cpu"
     cores: int = 2  # this machine's: the workers share them (sim/cores.py)
     calibrate: bool = False  # the simulated cores carry the other work sampled live
+    # this machine's prefill speed against the profile's machine (`calibrate` measures it):
+    # the slice's requests are sampled that much more densely, so the burst loads the
+    # workers as much on any machine (as long as each request takes, as many come)
+    speedup: float = 1.0
 
 
 def serve_config(cfg: FidelityConfig) -> ServeConfig:
@@ -66,7 +74,9 @@ def serve_config(cfg: FidelityConfig) -> ServeConfig:
     )
 
 
-def _preset(cfg: FidelityConfig, memory_bytes: float, background_threads: float = 0.0) -> SimPreset:
+def _preset(
+    cfg: FidelityConfig, memory_bytes: float, background_threads: float = 0.0, profile: Profile | None = None
+) -> SimPreset:
     rate = cfg.transfer_bytes_per_s
     topo = Topology(
         nodes=1,
@@ -79,12 +89,12 @@ def _preset(cfg: FidelityConfig, memory_bytes: float, background_threads: float 
         cores_per_node=cfg.cores,
         background_threads=background_threads,
     )
-    return SimPreset("fidelity", topo, cfg.profile.rsplit("-", 1)[1], memory_bytes)
+    return SimPreset("fidelity", topo, cfg.profile.rsplit("-", 1)[1], memory_bytes, profile)
 
 
 def requests(cfg: FidelityConfig) -> list[TraceRequest]:
     return Workload(
-        rate_scale=cfg.rate_scale,
+        rate_scale=cfg.rate_scale * cfg.speedup,
         time_scale=cfg.time_scale,
         max_input=cfg.max_input,
         max_output=cfg.max_output,
@@ -121,16 +131,21 @@ def run_live(cfg: FidelityConfig, reqs: list[TraceRequest]) -> dict[str, Any]:
     return {**_side(records, events, wall), "other_threads": round(other.threads, 2)}
 
 
-def run_sim(cfg: FidelityConfig, reqs: list[TraceRequest], background_threads: float = 0.0) -> dict[str, Any]:
-    """`background_threads`: other work busy on the machine's cores (`machine_load`)."""
+def run_sim(
+    cfg: FidelityConfig, reqs: list[TraceRequest], background_threads: float = 0.0, speed: Speed | None = None
+) -> dict[str, Any]:
+    """`background_threads`: other work busy on the machine's cores (`machine_load`);
+    `speed`: this machine's against the profile's (`cpu_speed`; None: the profile's own)."""
     scfg = serve_config(cfg)
     profile = load_profile(cfg.profile)
+    if speed is not None:
+        profile = speed.apply(profile)
     # (the planner holds the SLO the live side's does: none, its default band)
     model = replace(
         load_model(MODEL), max_model_len=scfg.engine.max_model_len, ttft_slo_s=scfg.model.ttft_slo_s
     )
     setup = SimSetup(
-        preset=_preset(cfg, float(profile.device_memory_bytes), background_threads),
+        preset=_preset(cfg, float(profile.device_memory_bytes), background_threads, profile),
         model=model,
         mode=scfg.router.mode,
         planner=scfg.planner,
@@ -148,11 +163,15 @@ def _ratio(sim: float, live: float) -> float | None:
 
 
 def run_fidelity(cfg: FidelityConfig) -> dict[str, Any]:
+    speed = cpu_speed.measure(load_profile(cfg.profile)) if cfg.calibrate else None
+    if speed is not None:
+        cfg = replace(cfg, speedup=round(speed.prefill, 3))
     reqs = requests(cfg)
     live = run_live(cfg, reqs)
-    sim = run_sim(cfg, reqs, live["other_threads"] if cfg.calibrate else 0.0)
+    sim = run_sim(cfg, reqs, live["other_threads"] if cfg.calibrate else 0.0, speed)
     return {
         "config": asdict(cfg),
+        "speed": asdict(speed) if speed is not None else None,
         "live": live,
         "sim": sim,
         "sim_over_live": {

@@ -34,10 +34,14 @@ class SimPreset:
     topology: Topology
     device: str
     memory_bytes: float
+    # every model's steps from this profile instead of `<model>-<device>` (one calibrated
+    # to the machine at hand: `blitzscale bench fidelity`)
+    profile_given: Profile | None = None
 
     def profile(self, model: str) -> Profile:
-        """`<model>-<device>` from the shipped profiles, sized to this preset's device."""
-        p = load_profile(f"{model}-{self.device}")
+        """`<model>-<device>` from the shipped profiles (or `profile_given`), sized to this
+        preset's device."""
+        p = self.profile_given or load_profile(f"{model}-{self.device}")
         if p.device_memory_bytes != int(self.memory_bytes):
             p = replace(p, device_memory_bytes=int(self.memory_bytes))
         return p
