@@ -32,12 +32,14 @@ from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.openai_format import ChatFormat, CompletionFormat, OpenAIFormat, openai_events
 from blitzscale.api.protocol import (
+    MESSAGE_UNSET,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
     ModelCard,
     ModelList,
     SamplingFields,
+    first_set_extra,
 )
 from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
@@ -221,6 +223,8 @@ def check_features(body: SamplingFields) -> None:
     grammar_of(body)  # (a response_format this server cannot give is refused here)
     if (field := body.unsupported_field()) is not None:
         raise ApiError(400, f"{field} is not supported by this server", param=field)
+    if body.stream_options is not None and not body.stream:  # (as OpenAI: not ignored)
+        raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
     if (problem := body.logit_bias_error()) is not None:
         raise ApiError(400, problem, param="logit_bias")
     if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
@@ -244,11 +248,21 @@ async def completion_prompt_ids(prompt: Prompt, backend: ServingBackend) -> list
 
 
 def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
-    """The plain dict `encode_chat` takes; content parts must all be text."""
+    """The plain dict `encode_chat` takes; content parts must all be text, and nothing else
+    a message carries is dropped unseen (tool calls, cache hints: refused by name)."""
+    where = f"messages[{index}]"
+    if (field := message.unsupported_field()) is not None:
+        raise ApiError(400, f"{where}.{field} is not supported by this server", param=f"{where}.{field}")
     content = message.content
+    if content is None:
+        raise ApiError(400, f"{where}.content is required", param=f"{where}.content")
     if isinstance(content, list):
         if any(part.type != "text" or part.text is None for part in content):
-            raise ApiError(400, "only text content parts are supported", param=f"messages[{index}].content")
+            raise ApiError(400, "only text content parts are supported", param=f"{where}.content")
+        for j, part in enumerate(content):
+            if (field := first_set_extra(part.model_extra, unset=MESSAGE_UNSET)) is not None:
+                name = f"{where}.content[{j}].{field}"
+                raise ApiError(400, f"{name} is not supported by this server", param=name)
         content = "".join(part.text or "" for part in content)
     out: dict[str, Any] = {"role": message.role, "content": content or ""}
     if message.name is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from blitzscale.core.sampling import MAX_LOGPROBS
 
@@ -32,11 +32,26 @@ HARMLESS_FIELDS = frozenset(
 )
 MAX_N = 128  # OpenAI's limit on choices per request
 
+
+def first_set_extra(
+    extra: dict[str, Any] | None, harmless: frozenset[str] = frozenset(), unset: tuple[Any, ...] = (None,)
+) -> str | None:
+    """The first undeclared field that asks for something: not harmless, and not one of the
+    `unset` values (null; in messages also `[]`: clients echo back an assistant message with
+    `"tool_calls": null, "annotations": []`)."""
+    return next((k for k, v in (extra or {}).items() if k not in harmless and v not in unset), None)
+
+
+MESSAGE_UNSET = (None, [])  # what an echoed message's unused fields hold
+
+
 # --- OpenAI requests -------------------------------------------------------------------
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool = False
 
 
 class JsonSchemaFormat(BaseModel):
@@ -69,21 +84,21 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")  # extras are refused by `unsupported_field`
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: StrictInt | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
+    top_k: StrictInt | None = None
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    n: int | None = Field(None, ge=1, le=MAX_N)
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: StrictBool = False
+    n: StrictInt | None = Field(None, ge=1, le=MAX_N)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=2)
     logit_bias: dict[int, float] | None = None  # token id (a string in JSON) -> bias
-    min_tokens: int | None = Field(None, ge=0)
-    stream: bool = False
+    min_tokens: StrictInt | None = Field(None, ge=0)
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
 
@@ -100,8 +115,7 @@ class SamplingFields(BaseModel):
 
     def extra_field(self) -> str | None:
         """The first undeclared field that could change the answer (not harmless, not null)."""
-        extra = self.model_extra or {}
-        return next((k for k, v in extra.items() if k not in HARMLESS_FIELDS and v is not None), None)
+        return first_set_extra(self.model_extra, HARMLESS_FIELDS)
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -127,9 +141,9 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     # a text; token ids; or a batch of one of either (batches of more are refused at the route)
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    best_of: int | None = None
+    echo: StrictBool = False
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: StrictInt | None = None
     suffix: str | None = None
 
     def unsupported_field(self) -> str | None:
@@ -143,25 +157,31 @@ class CompletionRequest(SamplingFields):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # set extras are refused at the route
 
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """A message; `content` may be null only in the schema (an assistant's with tool calls,
+    which this server does not take): the route refuses it."""
+
+    model_config = ConfigDict(extra="allow")  # set extras (tool_calls, ...) are refused at the route
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
+    def unsupported_field(self) -> str | None:
+        return first_set_extra(self.model_extra, unset=MESSAGE_UNSET)
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins if both
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_completion_tokens: StrictInt | None = None  # OpenAI's newer name for max_tokens; wins if both
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
 
@@ -327,19 +347,19 @@ class TgiParameters(BaseModel):
     """TGI samples when `do_sample` is set or any of temperature/top_p/top_k changes the
     distribution; otherwise it decodes greedily. `ignore_eos` is our extension."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
-    max_new_tokens: int | None = None
+    max_new_tokens: StrictInt | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
+    top_k: StrictInt | None = None
+    seed: StrictInt | None = None
     stop: list[str] | str | None = None
-    do_sample: bool = False
-    details: bool = False
-    decoder_input_details: bool = False  # details.prefill: the prompt's tokens
-    return_full_text: bool = False
-    ignore_eos: bool = False
+    do_sample: StrictBool = False
+    details: StrictBool = False
+    decoder_input_details: StrictBool = False  # details.prefill: the prompt's tokens
+    return_full_text: StrictBool = False
+    ignore_eos: StrictBool = False
     repetition_penalty: float | None = Field(None, gt=0)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     # TGI's knobs this server does not have: refused when set, never ignored
@@ -368,10 +388,11 @@ class TgiParameters(BaseModel):
 
 
 class TgiRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     inputs: str
     parameters: TgiParameters = Field(default_factory=TgiParameters)
+    stream: StrictBool | None = None  # (huggingface_hub sends it: it must name the route's kind)
 
 
 class TgiToken(BaseModel):

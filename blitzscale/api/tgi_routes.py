@@ -29,6 +29,7 @@ from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError, stream_error, tgi_error_body
 from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
+from blitzscale.api.openai_routes import check_context
 from blitzscale.api.protocol import (
     TGI_DEFAULT_MAX_NEW_TOKENS,
     TgiDetails,
@@ -48,6 +49,7 @@ from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import SamplingParams
 
 ABORTED_MESSAGE = "the server aborted the request before it finished"
+MAX_NEW = "parameters.max_new_tokens"
 VERSION = __version__  # also when run from a source tree, with no installed metadata
 
 
@@ -62,8 +64,17 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
             raise ApiError(
                 400, f"parameters.{field} is not supported by this server", param=f"parameters.{field}"
             )
+        if body.stream is not None and body.stream != stream:
+            route = "/generate_stream" if body.stream else "/generate"
+            raise ApiError(400, f"stream is {str(body.stream).lower()}: send it to {route}", param="stream")
+        given = body.parameters.max_new_tokens
+        if given is not None and given < 1:
+            raise ApiError(400, f"parameters.max_new_tokens must be at least 1, got {given}", param=MAX_NEW)
         prompt_ids = await off_loop(backend.encode, body.inputs)
-        params = tgi_sampling_params(body.parameters)
+        if given is not None:  # (never cut short: the client would get less than it asked)
+            check_context(len(prompt_ids), given, backend.max_model_len, MAX_NEW)
+        room = max(1, backend.max_model_len - len(prompt_ids))  # (the default fits the context)
+        params = tgi_sampling_params(body.parameters, room)
         if body.parameters.details and not stream:  # details.tokens carry each token's logprob
             params = dataclasses.replace(params, logprobs=0)  # (a stream's details have none)
         request_id = f"gen-{uuid.uuid4().hex}"
@@ -113,9 +124,12 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
     return router
 
 
-def tgi_sampling_params(p: TgiParameters) -> SamplingParams:
+def tgi_sampling_params(p: TgiParameters, room: int | None = None) -> SamplingParams:
+    """`room`: the tokens the context leaves after the prompt (the default max_new_tokens
+    is capped by it; one given was checked against it)."""
     stop = (p.stop,) if isinstance(p.stop, str) else tuple(p.stop or ())
-    max_tokens = p.max_new_tokens if p.max_new_tokens is not None else TGI_DEFAULT_MAX_NEW_TOKENS
+    default = TGI_DEFAULT_MAX_NEW_TOKENS if room is None else min(TGI_DEFAULT_MAX_NEW_TOKENS, room)
+    max_tokens = p.max_new_tokens if p.max_new_tokens is not None else default
     penalties = {
         "repetition_penalty": 1.0 if p.repetition_penalty is None else p.repetition_penalty,
         "frequency_penalty": p.frequency_penalty or 0.0,

@@ -26,6 +26,11 @@ def validate_request(
             f"prompt has {n} tokens but the context is {max_model_len} tokens "
             "(prompt plus at least one generated token must fit)"
         )
+    bad_stop = next((t for t in params.stop_token_ids if not 0 <= t < vocab), None)
+    if bad_stop is not None:
+        raise InvalidRequestError(
+            f"stop_token_ids token {bad_stop} is outside the vocabulary [0, {vocab})", "stop_token_ids"
+        )
     bad_bias = next((t for t, _ in params.logit_bias if t >= vocab), None)
     if bad_bias is not None:
         raise InvalidRequestError(

@@ -106,6 +106,25 @@ async def test_completion_errors(
         ({"messages": [{"role": "user", "content": "x"}],
           "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}, "x": 1}}},
          400, "response_format.json_schema.x", "Extra inputs"),
+        # nothing a message carries is dropped unseen
+        ({"messages": [{"role": "user", "content": "x", "foo": 1}]}, 400, "messages[0].foo", "not supported"),
+        ({"messages": [{"role": "user"}]}, 400, "messages[0].content", "required"),
+        ({"messages": [{"role": "user", "content": None}]}, 400, "messages[0].content", "required"),
+        ({"messages": [{"role": "user", "content": "x"},
+                       {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]}, 400,
+         "messages[1].tool_calls", "not supported"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]}]},
+         400, "messages[0].content[0].cache_control", "not supported"),
+        # stream_options only with a stream, and only what it knows
+        ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400,
+         "stream_options", "only allowed when stream is true"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": True,
+          "stream_options": {"include_usage": True, "continuous_usage_stats": True}}, 400,
+         "stream_options.continuous_usage_stats", "Extra inputs"),
+        # types as the API has them: no string for a number, no boolean for a count
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}, 400, "max_tokens", "integer"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, 400, "max_tokens", "integer"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream", "boolean"),
     ],
 )  # fmt: skip
 async def test_chat_errors(
@@ -120,6 +139,21 @@ async def test_harmless_or_null_extra_fields_are_accepted(client: httpx.AsyncCli
     body = {**GOOD, "user": "u1", "metadata": {"k": "v"}, "min_p": None, "tool_choice": None}
     r = await client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
+
+
+async def test_an_assistant_message_echoed_back_with_its_unused_fields_is_accepted(
+    client: httpx.AsyncClient,
+) -> None:
+    """What the openai client sends when a reply's message object goes back into the
+    conversation: its unused fields null or empty."""
+    echoed = {"role": "assistant", "content": "hi", "refusal": None, "tool_calls": None, "annotations": []}
+    messages = [{"role": "user", "content": "x"}, echoed, {"role": "user", "content": "y"}]
+    r = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+
+
+async def test_completion_logprobs_is_a_count_not_a_flag(client: httpx.AsyncClient) -> None:
+    assert_error(await client.post("/v1/completions", json={**GOOD, "logprobs": True}), 400, param="logprobs")
 
 
 async def test_unknown_path_and_method(client: httpx.AsyncClient) -> None:

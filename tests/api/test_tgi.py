@@ -176,7 +176,17 @@ async def test_backend_queue_time_hook_is_used(fake: FakeBackend) -> None:
     ("body", "param", "says"),
     [
         ({"inputs": ""}, "inputs", "empty"),
-        ({"inputs": "a", "parameters": {"max_new_tokens": 0}}, None, "max_tokens must be at least 1"),
+        (
+            {"inputs": "a", "parameters": {"max_new_tokens": 0}},
+            "parameters.max_new_tokens",
+            "parameters.max_new_tokens must be at least 1",
+        ),
+        # never cut short: 128 tokens of context (the fake's)
+        ({"inputs": "a", "parameters": {"max_new_tokens": 100000}}, "parameters.max_new_tokens", "at most"),
+        ({"inputs": "a", "parameters": {"max_new_tokens": "5"}}, "parameters.max_new_tokens", "integer"),
+        # nothing a client sends is dropped unseen
+        ({"inputs": "a", "bogus": 1}, "bogus", "extra"),
+        ({"inputs": "a", "parameters": {"max_new_tokens": 2, "bogus": 1}}, "parameters.bogus", "extra"),
         ({"inputs": "a", "parameters": {"top_p": 0, "do_sample": True}}, None, "top_p"),
         ({"parameters": {}}, "inputs", "field required"),
     ],
@@ -187,6 +197,15 @@ async def test_tgi_errors(
 ) -> None:
     assert_tgi_error(await client.post(path, json=body), 400, param=param, says=says)
     assert (await client.post(path, json={"inputs": "ok"})).status_code == 200
+
+
+async def test_a_stream_flag_must_name_the_route(client: httpx.AsyncClient) -> None:
+    """huggingface_hub sends `stream`; it must agree with the route it is sent to."""
+    body = {"inputs": "a", "parameters": {"max_new_tokens": 2}}
+    r = await client.post("/generate", json={**body, "stream": True})
+    assert_tgi_error(r, 400, param="stream", says="/generate_stream")
+    assert (await client.post("/generate", json={**body, "stream": False})).status_code == 200
+    assert (await client.post("/generate_stream", json={**body, "stream": True})).status_code == 200
 
 
 async def test_info_names_the_model_and_its_limits(client: httpx.AsyncClient, fake: FakeBackend) -> None:

@@ -69,6 +69,12 @@ def test_token_id_outside_vocabulary_is_named(engine: LLMEngine, bad: int) -> No
     assert str(bad) in msg, f"the message should name the bad token id {bad}: {msg}"
 
 
+def test_a_stop_token_id_outside_the_vocabulary_is_named(engine: LLMEngine) -> None:
+    """(it could never be generated: refused rather than ignored)"""
+    msg = refused(engine, [5], SamplingParams(stop_token_ids=(3, 999999)), "stop_token_ids")
+    assert "999999" in msg and "vocabulary" in msg, msg
+
+
 @pytest.mark.parametrize(
     ("params", "named"),
     [
