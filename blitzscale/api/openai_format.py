@@ -24,6 +24,7 @@ from blitzscale.api.protocol import (
     ChatCompletionChunk,
     ChatCompletionResponse,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionResponse,
     Usage,
 )
@@ -62,7 +63,9 @@ class CompletionFormat:
     created: int
     model: str
     decode: Decode | None = None  # set when logprobs were asked for
-    _offsets: dict[int, int] = field(default_factory=dict)  # streamed characters per choice
+    # characters of each choice's tokens streamed so far (`text_offset` counts the tokens'
+    # texts, as a whole response does: a chunk's text may lag its tokens behind a stop string)
+    _offsets: dict[int, int] = field(default_factory=dict)
 
     def opening(self, n: int) -> list[BaseModel]:
         return []
@@ -71,8 +74,9 @@ class CompletionFormat:
         if not _wants_chunk(out):
             return None
         offset = self._offsets.get(index, 0)
-        self._offsets[index] = offset + len(out.text_delta)
         lps = self._logprobs(out.new_token_ids, out.logprobs, offset)
+        if isinstance(lps, CompletionLogprobs):
+            self._offsets[index] = offset + sum(len(t) for t in lps.tokens)
         reason = out.finish_reason if out.finished else None
         return self._body(
             [CompletionChoice(index=index, text=out.text_delta, logprobs=lps, finish_reason=reason)]

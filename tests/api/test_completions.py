@@ -143,6 +143,20 @@ async def test_stream_text_equals_non_stream_text_with_stop(
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"] == "stop"
 
 
+async def test_streamed_text_offsets_are_the_whole_responses_behind_a_stop_string(
+    client: httpx.AsyncClient,
+) -> None:
+    """A stop string that may be forming holds a chunk's text back, not its tokens: the
+    tokens' `text_offset`s still count every token before them, as a whole response's do."""
+    body = {"prompt": "one two three", "max_tokens": 30, "stop": ["thr", "xyz"], "logprobs": 0}
+    whole = (await client.post("/v1/completions", json=body)).json()["choices"][0]["logprobs"]
+    chunks = sse_json((await client.post("/v1/completions", json=body | {"stream": True})).text)
+    streamed = [c["choices"][0]["logprobs"] for c in chunks]
+    assert [t for lp in streamed for t in lp["tokens"]] == whole["tokens"]
+    assert [o for lp in streamed for o in lp["text_offset"]] == whole["text_offset"]
+    assert whole["text_offset"] == sorted(set(whole["text_offset"]))  # (one per token, rising)
+
+
 async def test_outputs_of_several_tokens(client: httpx.AsyncClient, fake: FakeBackend) -> None:
     fake.tokens_per_output = 3
     body = {"prompt": "abcdefg", "max_tokens": 7, "stream": True, "stream_options": {"include_usage": True}}
