@@ -66,7 +66,10 @@ def convert(
         raise CheckpointError(
             f"{spec}: changing the quantization of a converted model needs tp=1 (convert from the original)"
         )
-    dst.mkdir(parents=True, exist_ok=True)
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # (a file in the way, a folder that cannot be made)
+        raise CheckpointError(f"destination {dst}: cannot create the folder: {e.strerror or e}") from None
     for rank in range(tp_size):
         weights = load_weights(src, dtype=dtype, device="cpu", tp_size=tp_size, tp_rank=rank, quant=cfg.quant)
         stage = f"rank {rank + 1} of {tp_size}: " if tp_size > 1 else ""

@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     params.validate()
     if not args.prompt:
         raise InvalidRequestError("prompt is empty")
+    if args.system is not None and not args.chat:  # (a system message needs the chat template)
+        raise InvalidRequestError("--system needs --chat")
     engine = LLMEngine.from_model(args.model, device=args.device)
     prompt_ids = encode_prompt(engine.tokenizer, args.prompt, args.chat, args.system)
     start = time.perf_counter()

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from blitzscale.cli import batch, convert, demo, generate, serve, simulate, tokenizer
-from blitzscale.cli.common import quiet_libraries
+from blitzscale.cli.common import check_out, quiet_libraries
 from blitzscale.errors import BlitzScaleError
 
 
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "out", None) is not None:  # (bench's and profiles' --out is a file)
+            check_out(args.out, getattr(args, "out_is_file", False))
         return int(args.func(args) or 0)
     except BlitzScaleError as e:
         print(f"blitzscale {args.command}: error: {e}", file=sys.stderr)

@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from blitzscale.cli.common import check_out
 from blitzscale.client import replay
 from blitzscale.client.options import API_KEY_ENV, ReplayOptions, UsageError, options_from_args
 from blitzscale.client.protocols import PROTOCOLS
@@ -29,6 +30,7 @@ from blitzscale.client.traces import (
     transform,
     with_lengths,
 )
+from blitzscale.errors import InvalidRequestError
 
 PROG = "blitzscale replay"
 
@@ -131,6 +133,10 @@ def run_replay(args: argparse.Namespace) -> int:
         return _fail(str(e), 1)
     if not requests:
         return _fail("no requests to replay (empty trace, or --duration shorter than the first gap)", 1)
+    try:  # (before the run: a bad path would otherwise lose it)
+        check_out(options.out, is_file=False)
+    except InvalidRequestError as e:
+        return _fail(str(e), 2)
     config = replay.ReplayConfig(
         url=options.url,
         protocol=options.protocol,

@@ -1,0 +1,42 @@
+"""Bad paths and flag combinations on the command line: one line naming the problem and exit
+code 2, before any work (a run's results are never lost to an unwritable `--out`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from blitzscale.cli.main import main
+
+SLICE = str(Path(__file__).parents[1] / "blitzscale" / "data" / "azure_code_2023_slice.csv")
+
+
+@pytest.fixture
+def in_the_way(tmp_path: Path) -> Path:
+    """A file where a folder would have to be."""
+    f = tmp_path / "file"
+    f.write_text("x")
+    return f
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["convert", "smollm2-135m", "{f}"], "cannot create the folder"),
+        (["simulate", "--trace", SLICE, "--duration", "5", "--out", "{f}/sub"], "cannot create the folder"),
+        (["replay", "--url", "http://127.0.0.1:9", "--gamma", "1,1", "--duration", "2", "--out", "{f}"],
+         "cannot create the folder"),
+        (["bench", "fidelity", "--sim-only", "--out", "{d}"], "is a folder"),
+        (["profile", "--out", "{f}/p.json"], "cannot create the folder"),
+        (["generate", "--prompt", "Hi", "--system", "be brief"], "--system needs --chat"),
+    ],
+)  # fmt: skip
+def test_refused_before_any_work(
+    argv: list[str], says: str, in_the_way: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [a.format(f=in_the_way, d=in_the_way.parent) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err  # one line, no traceback
+    assert in_the_way.read_text() == "x"
