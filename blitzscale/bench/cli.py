@@ -148,8 +148,8 @@ def _run_runs(args: argparse.Namespace) -> int:
 
     _check_flags(
         "fixed",
-        ("--slo-ttft-ms", args.slo_ttft_ms, args.slo_ttft_ms > 0),
-        ("--slo-tbt-ms", args.slo_tbt_ms, args.slo_tbt_ms > 0),
+        ("--slo-ttft-ms", args.slo_ttft_ms, args.slo_ttft_ms > 0, "> 0"),
+        ("--slo-tbt-ms", args.slo_tbt_ms, args.slo_tbt_ms > 0, "> 0"),
     )
     _emit(compare_runs(args.dirs, args.slo_ttft_ms / 1000, args.slo_tbt_ms / 1000), args.out)
     return 0
@@ -172,9 +172,9 @@ def _run_fidelity(args: argparse.Namespace) -> int:
 
     _check_flags(
         args.policy.removesuffix("-peak").removesuffix("-half"),
-        ("--workers", args.workers, args.workers >= 2),
-        ("--rate-scale", args.rate_scale, args.rate_scale > 0),
-        ("--duration", args.duration, args.duration > 0),
+        ("--workers", args.workers, args.workers >= 2, ">= 2"),
+        ("--rate-scale", args.rate_scale, args.rate_scale > 0, "> 0"),
+        ("--duration", args.duration, args.duration > 0, "> 0"),
     )
     cfg = FidelityConfig(
         workers=args.workers,
@@ -193,13 +193,13 @@ def _run_steady(args: argparse.Namespace) -> int:
 
     _check_flags(
         args.policy,
-        ("--streams", args.streams, args.streams >= 1),
-        ("--seconds", args.seconds, args.seconds > 0),
-        ("--settle", args.settle, args.settle >= 0),
-        ("--workers", args.workers, args.workers >= 2),
-        ("--max-tokens", args.max_tokens, args.max_tokens >= 1),
-        ("--prompt-words", args.prompt_words, args.prompt_words >= 0),
-        ("--reload-cost-factor", args.reload_cost_factor, (args.reload_cost_factor or 0) >= 0),
+        ("--streams", args.streams, args.streams >= 1, ">= 1"),
+        ("--seconds", args.seconds, args.seconds > 0, "> 0"),
+        ("--settle", args.settle, args.settle >= 0, ">= 0"),
+        ("--workers", args.workers, args.workers >= 2, ">= 2"),
+        ("--max-tokens", args.max_tokens, args.max_tokens >= 1, ">= 1"),
+        ("--prompt-words", args.prompt_words, args.prompt_words >= 0, ">= 0"),
+        ("--reload-cost-factor", args.reload_cost_factor, (args.reload_cost_factor or 0) >= 0, ">= 0"),
     )
     cfg = SteadyConfig(
         streams=args.streams,
@@ -216,16 +216,17 @@ def _run_steady(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_flags(policy: str, *checks: tuple[str, object, bool]) -> None:
-    """Refuse, naming it, an unknown policy or a flag whose check is false."""
+def _check_flags(policy: str, *checks: tuple[str, object, bool, str]) -> None:
+    """Refuse, naming it, an unknown policy or a flag whose check is false (and the rule it
+    broke: "> 0")."""
     from blitzscale.control.config import POLICY_NAMES
     from blitzscale.errors import InvalidRequestError
 
     if policy not in POLICY_NAMES:
         raise InvalidRequestError(f"--policy: unknown policy {policy!r}; use {', '.join(POLICY_NAMES)}")
-    for flag, value, ok in checks:
+    for flag, value, ok, rule in checks:
         if not ok:
-            raise InvalidRequestError(f"{flag}: {value} is out of range (see --help)")
+            raise InvalidRequestError(f"{flag}: {value} is out of range: it must be {rule}")
 
 
 def _emit(result: dict, out: Path | None) -> None:
@@ -242,11 +243,11 @@ def _run_soak(args: argparse.Namespace) -> int:
 
     _check_flags(
         args.policy,
-        ("--minutes", args.minutes, args.minutes > 0),
-        ("--rate-x", args.rate_x, args.rate_x > 0),
-        ("--workers", args.workers, args.workers >= 2),
-        ("--kills", args.kills, args.kills >= 0),
-        ("--max-tokens", args.max_tokens, args.max_tokens >= 1),
+        ("--minutes", args.minutes, args.minutes > 0, "> 0"),
+        ("--rate-x", args.rate_x, args.rate_x > 0, "> 0"),
+        ("--workers", args.workers, args.workers >= 2, ">= 2"),
+        ("--kills", args.kills, args.kills >= 0, ">= 0"),
+        ("--max-tokens", args.max_tokens, args.max_tokens >= 1, ">= 1"),
     )
     cfg = SoakConfig(
         minutes=args.minutes,
@@ -400,7 +401,7 @@ def _run_engine(args: argparse.Namespace) -> int:
     if args.block_size < 1:
         from blitzscale.errors import InvalidRequestError
 
-        raise InvalidRequestError(f"--block-size: {args.block_size} is out of range (see --help)")
+        raise InvalidRequestError(f"--block-size: {args.block_size} is out of range: it must be >= 1")
     cfg = EngineBenchConfig(
         model=args.model,
         device=args.device,

@@ -86,4 +86,6 @@ def resolve_model(spec: str) -> ModelSource:
             f"{spec!r} is neither a .gguf file, a Hugging Face folder (config.json + "
             f"*.safetensors) nor a blitzscale folder ({'blitzscale.json'})"
         )
+    if path.is_absolute() or spec.startswith((".", "~")) or len(path.parts) > 1:  # (meant as a path)
+        raise ModelNotFoundError(f"model {spec!r}: no such file or folder")
     raise ModelNotFoundError(f"unknown model {spec!r}; known names: {', '.join(known_names())}, or a path")

@@ -48,10 +48,11 @@ class EngineConfig:
                 "max_num_batched_tokens and max_num_seqs must be >= 0 (0: sized for the device), got "
                 f"{self.max_num_batched_tokens}/{self.max_num_seqs}"
             )
-        if self.num_kv_blocks < 0 or self.max_model_len < 0 or self.kv_cache_bytes <= 0:
-            raise ValueError(
-                "num_kv_blocks and max_model_len must be >= 0 (0: sized for you), kv_cache_bytes > 0"
-            )
+        for name in ("num_kv_blocks", "max_model_len"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: sized for you), got {getattr(self, name)}")
+        if self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
         if self.overlap not in ("auto", "on", "off"):
             raise ValueError(f"overlap must be 'auto', 'on' or 'off', got {self.overlap!r}")
         if not isinstance(self.pace, str) or not self.pace.strip():

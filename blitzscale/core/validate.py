@@ -19,12 +19,13 @@ def validate_request(
     bad = None if in_range else next((i, t) for i, t in enumerate(prompt_token_ids) if not 0 <= t < vocab)
     if bad is not None:
         raise InvalidRequestError(
-            f"prompt token {bad[1]} at position {bad[0]} is outside the vocabulary [0, {vocab})"
+            f"prompt token {bad[1]} at position {bad[0]} is outside the vocabulary [0, {vocab})", "prompt"
         )
     if n >= max_model_len:
         raise InvalidRequestError(
             f"prompt has {n} tokens but the context is {max_model_len} tokens "
-            "(prompt plus at least one generated token must fit)"
+            "(prompt plus at least one generated token must fit)",
+            "prompt",
         )
     bad_stop = next((t for t in params.stop_token_ids if not 0 <= t < vocab), None)
     if bad_stop is not None:

@@ -62,7 +62,9 @@ async def test_greedy_over_http_equals_the_engine(engine: LLMEngine) -> None:
         assert r.json()["choices"][0]["message"]["content"] == direct_chat.text
 
         r = await client.post("/v1/completions", json={"prompt": "word " * 600})
-        assert_error(r, 400, says="but the context is 512 tokens")
+        assert_error(r, 400, param="prompt", says="but the context is 512 tokens")
+        r = await client.post("/v1/completions", json={"prompt": [1, 10**6]})
+        assert_error(r, 400, param="prompt", says="outside the vocabulary")
         r = await client.post("/v1/completions", json=body | {"max_tokens": 0})
         assert_error(r, 400, says="max_tokens must be at least 1, got 0")
         assert (await client.post("/v1/completions", json=body)).json()["choices"][0]["text"] == direct.text

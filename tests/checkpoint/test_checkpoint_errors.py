@@ -44,8 +44,9 @@ def test_no_model(spec: str) -> None:
 
 def test_missing_path(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "model.gguf"
-    with pytest.raises(ModelNotFoundError, match=re.escape(str(missing))):
+    with pytest.raises(ModelNotFoundError, match=re.escape(str(missing))) as err:
         resolve_model(str(missing))
+    assert "no such file or folder" in str(err.value)  # (not "unknown model": it is a path)
 
 
 @pytest.mark.parametrize("what", ["empty-dir", "text-file", "config-only"])
