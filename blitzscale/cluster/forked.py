@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 
 
 def forked_main(env: dict[str, str], cfg: bytes) -> None:
     """The controller's environment as it was at the spawn (the forkserver's is as it was
     when the server started), then the worker: `cfg`, a pickled `WorkerConfig`, is only
     unpickled now, as that imports our modules."""
+    # Ctrl-C reaches the whole process group, also while this worker still imports its
+    # modules (seconds): the controller decides when workers stop (worker_main says so too).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.clear()
     os.environ.update(env)
     _let_the_forkserver_go()
