@@ -11,7 +11,7 @@ import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from blitzscale.api.errors import error_body
+from blitzscale.api.errors import TGI_PATHS, error_body, tgi_error_body
 from blitzscale.api.metrics import ApiMetrics
 
 UNMATCHED_ENDPOINT = "unmatched"  # one label for every unknown path: paths are unbounded
@@ -66,7 +66,7 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in self.open_paths or self._is_authorized(scope):
             await self.app(scope, receive, send)
             return
-        await _send_401(send)
+        await _send_401(send, tgi=scope["path"] in TGI_PATHS)
 
     def _is_authorized(self, scope: Scope) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
@@ -75,12 +75,11 @@ class ApiKeyMiddleware:
         return hmac.compare_digest(normalized, self.expected)
 
 
-async def _send_401(send: Send) -> None:
-    body = json.dumps(
-        error_body(
-            401, "missing or wrong API key (send `Authorization: Bearer <key>`)", code="invalid_api_key"
-        )
-    ).encode()
+async def _send_401(send: Send, tgi: bool = False) -> None:
+    """(TGI's routes answer in TGI's error shape, as every other error of theirs)"""
+    message = "missing or wrong API key (send `Authorization: Bearer <key>`)"
+    shaped = tgi_error_body(401, message) if tgi else error_body(401, message, code="invalid_api_key")
+    body = json.dumps(shaped).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
