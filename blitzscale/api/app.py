@@ -9,6 +9,7 @@ backend, and each in-flight request's outputs are owned by its `Generation`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import APIRouter, FastAPI
@@ -53,6 +54,8 @@ def create_app(
     if registry is None:
         registry = metrics.registry
     app = FastAPI(title="BlitzScale", summary="OpenAI- and TGI-compatible LLM serving")
+    # set when the server stops serving: requests still running end with a 503 (api/generation.py)
+    app.state.stopping = asyncio.Event()
     install_error_handlers(app)
     routers = [
         openai_router(backend, metrics),

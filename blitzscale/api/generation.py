@@ -24,7 +24,7 @@ from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.timing import Timing
 from blitzscale.core.outputs import RequestOutput, TokenLogprob
 from blitzscale.core.sampling import SamplingParams
-from blitzscale.errors import InvalidRequestError
+from blitzscale.errors import InvalidRequestError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ T = TypeVar("T")
 # waited before its first step; asked once, after the first output. Without it the API reports
 # arrival -> first output as queue time.
 QUEUE_TIME_HOOK = "queue_time_s"
+SHUTTING_DOWN = "the server is shutting down: the request was stopped before it finished"
 
 
 class Generation:
@@ -48,9 +49,12 @@ class Generation:
         params: SamplingParams,
         arrival: float,
         stream: bool = True,
+        stopping: asyncio.Event | None = None,
     ) -> None:
         """`stream`: the client reads the outputs as they come (else only the whole answer,
-        and the backend may run the request again after an output: `RequestOutput.restarted`)."""
+        and the backend may run the request again after an output: `RequestOutput.restarted`).
+        `stopping`: set when the server stops serving (`SHUTTING_DOWN`): a request still
+        running then ends with a 503, a stream with its error event, rather than being cut."""
         self.request_id = request_id
         self.stream = stream
         self.params = params
@@ -63,6 +67,7 @@ class Generation:
         self.num_output_tokens = 0  # generated so far (the access log reads it)
         self._is_reading = True  # the pump still waits on the backend (cancel it to stop)
         self._task = asyncio.create_task(self._pump(prompt_token_ids), name=f"generation {request_id}")
+        self._stop_watch = asyncio.create_task(self._stop_on(stopping)) if stopping is not None else None
 
     async def next(self) -> RequestOutput:
         """The next output; raises what the backend raised (InvalidRequestError -> 400)."""
@@ -88,11 +93,19 @@ class Generation:
     async def close(self) -> None:
         """Stop the request if it still runs (the pump aborts it on the backend); idempotent.
         A pump already past reading (aborting after a failure) is waited for, not cancelled."""
+        if self._stop_watch is not None:
+            self._stop_watch.cancel()
         if self._is_reading:
             self._task.cancel()
         (result,) = await asyncio.gather(self._task, return_exceptions=True)
         if isinstance(result, Exception):
             log.warning("closing request %s failed: %r", self.request_id, result)
+
+    async def _stop_on(self, stopping: asyncio.Event) -> None:
+        await stopping.wait()
+        if self._is_reading:  # (the pump's cancellation aborts the request on the backend)
+            self._queue.put_nowait(UnavailableError(SHUTTING_DOWN))
+            self._task.cancel()
 
     async def _pump(self, prompt_token_ids: list[int]) -> None:
         """Every output, then what ended the request, into the queue: an exception too, even
@@ -149,17 +162,24 @@ async def start(
     params: SamplingParams,
     arrival: float,
     stream: bool = True,
+    stopping: asyncio.Event | None = None,
 ) -> tuple[Generation, RequestOutput]:
     """Submit a request and wait for its first output: until then nothing is sent, so a
     request the backend rejects still gets a 400 rather than a broken 200 stream. `stream`:
-    the client will read the outputs as they come (False: the route answers once)."""
-    gen = Generation(backend, metrics, request_id, prompt_token_ids, params, arrival, stream)
+    the client will read the outputs as they come (False: the route answers once);
+    `stopping`: the server's (`stopping_of`)."""
+    gen = Generation(backend, metrics, request_id, prompt_token_ids, params, arrival, stream, stopping)
     try:
         first = await until_disconnected(receive, gen.next())
     except BaseException:
         await gen.close()
         raise
     return gen, first
+
+
+def stopping_of(request: Any) -> asyncio.Event | None:
+    """The app's "the server stops serving" event (`app.state.stopping`; None: none)."""
+    return getattr(request.app.state, "stopping", None)
 
 
 async def finish(receive: Receive, gen: Generation, first: RequestOutput) -> RequestOutput:

@@ -125,9 +125,12 @@ async def serve(
     n = body.num_choices
     ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
 
+    stopping = generation.stopping_of(request)
+
     def one(i: int, rid: str) -> Awaitable[tuple[Generation, RequestOutput]]:
         p = choice_params(params, i)
-        return generation.start(request.receive, backend, metrics, rid, prompt_ids, p, arrival, body.stream)
+        args = (rid, prompt_ids, p, arrival, body.stream, stopping)
+        return generation.start(request.receive, backend, metrics, *args)
 
     started = await asyncio.gather(*(one(i, rid) for i, rid in enumerate(ids)), return_exceptions=True)
     gens = [s[0] for s in started if not isinstance(s, BaseException)]

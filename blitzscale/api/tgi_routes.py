@@ -78,9 +78,8 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         if body.parameters.details and not stream:  # details.tokens carry each token's logprob
             params = dataclasses.replace(params, logprobs=0)  # (a stream's details have none)
         request_id = f"gen-{uuid.uuid4().hex}"
-        gen, first = await generation.start(
-            request.receive, backend, metrics, request_id, prompt_ids, params, arrival, stream
-        )
+        args = (request_id, prompt_ids, params, arrival, stream, generation.stopping_of(request))
+        gen, first = await generation.start(request.receive, backend, metrics, *args)
         note_generations(request.scope, [gen])
         return gen, first
 

@@ -210,14 +210,23 @@ class ServingCluster:
         self._ctx.destroy(linger=0)
 
 
-def _quiet_server(config: Any) -> Any:
+def _quiet_server(config: Any, stopping: asyncio.Event | None = None) -> Any:
     """A uvicorn server that stops on SIGINT / SIGTERM and then returns normally (uvicorn
-    re-raises the signal after its shutdown, which would cut our own shutdown short)."""
+    re-raises the signal after its shutdown, which would cut our own shutdown short).
+    `stopping` (the app's) is set just before the graceful shutdown's time is up: requests
+    still running end with a 503 (a stream with its error event) instead of being cancelled
+    under uvicorn with a traceback and a cut connection."""
     import signal
 
     import uvicorn
 
     class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            grace = self.config.timeout_graceful_shutdown or 0.0
+            if stopping is not None:
+                asyncio.get_running_loop().call_later(max(0.0, grace - min(1.0, grace / 2)), stopping.set)
+            await super().shutdown(sockets)
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             if threading.current_thread() is not threading.main_thread():
@@ -253,15 +262,17 @@ async def run_server(cfg: ServeConfig, access_log: Any = None, sock: socket.sock
     service = ServingCluster(cfg)
     try:
         await service.start()
+        app = service.app(access_log)
         server = _quiet_server(
             uvicorn.Config(
-                service.app(access_log),
+                app,
                 host=cfg.server.host,
                 port=cfg.server.port,
                 log_level="warning",
                 access_log=False,  # ours (api/access_log.py) has status, duration and tokens
                 timeout_graceful_shutdown=cfg.server.shutdown_timeout_s,
-            )
+            ),
+            app.state.stopping,
         )
         announce = asyncio.create_task(_announce(server, cfg))
         freeze_heap()  # (the server's modules, app and control plane: long-lived)
