@@ -6,7 +6,9 @@ be of this model and of this kind of device. A model of the same shape shares it
 shape gets it scaled by weight bytes (an estimate until it is measured itself). A
 tensor-parallel instance's is one shard's (its sizes are a rank's share, its steps include
 the all-reduces), measured on a scratch instance across the first instance group's ranks
-(worker/cost_report.py); a profile file given for one must be of a shard too.
+(worker/cost_report.py); a profile file given for one is one shard's, or the whole model's
+on one device (what `blitzscale profile` measures; used as given, as before TP instances
+were measured).
 """
 
 from __future__ import annotations
@@ -119,7 +121,12 @@ async def cost_models(
     default, tp = models[0], cfg.model.tp
     first = await _report(cluster, default, folders[default.name], engine, cache, given is None, tp)
     if given is not None:
-        first.check(given, f"[model] profile {cfg.model.profile}")
+        where = f"[model] profile {cfg.model.profile}"
+        whole = shapes[default.name]  # (a TP=1 profile, as `blitzscale profile` measures: as given)
+        if tp > 1 and _sizes(given) == _sizes(whole):
+            given.check_device(first.device_name, where)
+        else:
+            first.check(given, where)
     base = given or first.profile
     assert base is not None  # (measured when not given)
     how = f"from {cfg.model.profile}" if given else ("read back" if first.cached else "measured")
@@ -143,6 +150,10 @@ async def cost_models(
             out[m.name] = base.scaled(m.name, *shape)
             log.info("cost model of %s: %s", m.name, out[m.name].note)  # type: ignore[union-attr]
     return out
+
+
+def _sizes(p: Profile | CostReport) -> tuple[int, int, int]:
+    return p.weight_bytes, p.kv_bytes_per_token, p.num_layers
 
 
 def check_fits_device(
