@@ -57,7 +57,7 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 # TGI's routes answer errors in TGI's own shape, as text-generation-inference does, so its
 # clients (huggingface_hub's InferenceClient) read them: {"error": text, "error_type": kind}.
-TGI_PATHS = frozenset({"/generate", "/generate_stream", "/info"})
+TGI_PATHS = frozenset({"/", "/generate", "/generate_stream", "/info"})
 
 
 def tgi_error_body(status: int, message: str) -> dict:

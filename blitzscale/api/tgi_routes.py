@@ -120,6 +120,14 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         headers = gen.timing.tgi_headers(gen.request_id)
         return EventStreamResponse(tgi_events(gen, first, prefix), gen.close, headers)
 
+    @router.post("/")
+    async def generate_at_root(body: TgiRequest, request: Request) -> Response:
+        """TGI's route for clients that post to the server itself (huggingface_hub's
+        `InferenceClient(base_url)`): `stream` in the body picks the kind of answer."""
+        if body.stream:
+            return await generate_stream(body, request)
+        return await generate(body, request)
+
     return router
 
 

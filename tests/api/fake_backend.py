@@ -44,6 +44,7 @@ class FakeBackend:
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)  # started, not finished, not cancelled
     resets: int = 0  # POST /reset_prefix_cache calls
+    num_outputs: int = 0  # outputs produced, all requests
 
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
@@ -129,6 +130,7 @@ class FakeBackend:
                 logprobs=lps,
             )
             num_outputs += 1
+            self.num_outputs += 1
             if reason is not None:
                 return
             if self.fail_after is not None and num_outputs >= self.fail_after:

@@ -28,7 +28,9 @@ async def _stopped_while_running(path: str, body: dict) -> tuple[httpx.Response,
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url=BASE_URL) as client:
         call = asyncio.create_task(client.post(path, json=body, timeout=LIMIT_S))
         async with asyncio.timeout(LIMIT_S):
-            while not fake.running:  # (started, and producing tokens)
+            # an output made: the route reads it before the stop (in order), so a stream has
+            # begun when the stop comes (before that, a request is answered with a plain 503)
+            while not fake.num_outputs:
                 await asyncio.sleep(0.01)
         app.state.stopping.set()
         async with asyncio.timeout(LIMIT_S):
