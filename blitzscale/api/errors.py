@@ -58,6 +58,7 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 # TGI's routes answer errors in TGI's own shape, as text-generation-inference does, so its
 # clients (huggingface_hub's InferenceClient) read them: {"error": text, "error_type": kind}.
 TGI_PATHS = frozenset({"/", "/generate", "/generate_stream", "/info"})
+TGI_VALIDATION_STATUS = 422  # TGI's status for a request it refuses (ours elsewhere: 400)
 
 
 def tgi_error_body(status: int, message: str) -> dict:
@@ -76,6 +77,7 @@ def _respond(
     """The error in the shape of the API the request came to."""
     if request.url.path in TGI_PATHS:  # (no param field there: the message names it)
         text = message if param is None or param in message else f"{param}: {message}"
+        status = TGI_VALIDATION_STATUS if status == 400 else status
         return JSONResponse(tgi_error_body(status, text), status_code=status)
     return error_response(status, message, param, code)
 

@@ -195,7 +195,7 @@ async def test_backend_queue_time_hook_is_used(fake: FakeBackend) -> None:
 async def test_tgi_errors(
     client: httpx.AsyncClient, path: str, body: dict, param: str | None, says: str
 ) -> None:
-    assert_tgi_error(await client.post(path, json=body), 400, param=param, says=says)
+    assert_tgi_error(await client.post(path, json=body), 422, param=param, says=says)  # (TGI's status)
     assert (await client.post(path, json={"inputs": "ok"})).status_code == 200
 
 
@@ -203,7 +203,7 @@ async def test_a_stream_flag_must_name_the_route(client: httpx.AsyncClient) -> N
     """huggingface_hub sends `stream`; it must agree with the route it is sent to."""
     body = {"inputs": "a", "parameters": {"max_new_tokens": 2}}
     r = await client.post("/generate", json={**body, "stream": True})
-    assert_tgi_error(r, 400, param="stream", says="/generate_stream")
+    assert_tgi_error(r, 422, param="stream", says="/generate_stream")
     assert (await client.post("/generate", json={**body, "stream": False})).status_code == 200
     assert (await client.post("/generate_stream", json={**body, "stream": True})).status_code == 200
 
@@ -242,7 +242,7 @@ async def test_details_carry_tokens_and_prefill(client: httpx.AsyncClient) -> No
 )
 async def test_tgi_knobs_we_lack_are_refused(client: httpx.AsyncClient, parameters: dict, param: str) -> None:
     assert_tgi_error(
-        await client.post("/generate", json={"inputs": "a", "parameters": parameters}), 400, param=param
+        await client.post("/generate", json={"inputs": "a", "parameters": parameters}), 422, param=param
     )
 
 
