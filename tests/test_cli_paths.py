@@ -40,3 +40,21 @@ def test_refused_before_any_work(
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err  # one line, no traceback
     assert in_the_way.read_text() == "x"
+
+
+def test_an_out_file_in_a_folder_yet_to_be_made_is_written(tmp_path: Path) -> None:
+    """(the check makes the missing folders and removes them again; the writer makes them)"""
+    out = tmp_path / "new" / "deeper" / "p.json"
+    argv = ["profile", "--derive", "smollm2-135m-cpu", "--bandwidth-factor", "2", "--flops-factor", "2"]
+    argv += [
+        "--memory-bytes",
+        "1e9",
+        "--name",
+        "smollm2-135m-fast",
+        "--device-name",
+        "fast",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    assert out.is_file()

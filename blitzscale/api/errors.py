@@ -157,7 +157,10 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
 
 
 async def _invalid_request(request: Request, exc: Exception) -> Response:
-    return _respond(request, 400, str(exc), getattr(exc, "param", None))
+    param = getattr(exc, "param", None)
+    if param == "prompt" and request.url.path.endswith("/chat/completions"):
+        param = "messages"  # (the backend names the prompt; a chat request sends messages)
+    return _respond(request, 400, str(exc), param)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -102,7 +102,11 @@ class Generation:
             log.warning("closing request %s failed: %r", self.request_id, result)
 
     async def _stop_on(self, stopping: asyncio.Event) -> None:
-        await stopping.wait()
+        try:
+            await stopping.wait()
+        except RuntimeError as e:  # (an app served from a second event loop: its event is the first's)
+            log.warning("request %s will not be stopped at shutdown: %s", self.request_id, e)
+            return
         if self._is_reading:  # (the pump's cancellation aborts the request on the backend)
             self._queue.put_nowait(UnavailableError(SHUTTING_DOWN))
             self._task.cancel()

@@ -228,6 +228,9 @@ def check_features(body: SamplingFields) -> None:
         raise ApiError(400, f"{field} is not supported by this server", param=field)
     if body.stream_options is not None and not body.stream:  # (as OpenAI: not ignored)
         raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+    if body.stream_options is not None and body.stream_options.include_obfuscation:
+        name = "stream_options.include_obfuscation"
+        raise ApiError(400, f"{name} is not supported by this server (it never pads chunks)", param=name)
     if (problem := body.logit_bias_error()) is not None:
         raise ApiError(400, problem, param="logit_bias")
     if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:

@@ -52,6 +52,9 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: StrictBool = False
+    # OpenAI pads chunks with random text unless told not to; this server never does, so
+    # `false` (what its docs suggest sending) is what it gives, and `true` is refused
+    include_obfuscation: StrictBool | None = None
 
 
 class JsonSchemaFormat(BaseModel):
@@ -393,6 +396,7 @@ class TgiRequest(BaseModel):
     inputs: str
     parameters: TgiParameters = Field(default_factory=TgiParameters)
     stream: StrictBool | None = None  # (huggingface_hub sends it: it must name the route's kind)
+    add_special_tokens: StrictBool = True  # (TGI 2's; the tokenizer's special tokens: refused off)
 
 
 class TgiToken(BaseModel):

@@ -64,6 +64,9 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
             raise ApiError(
                 400, f"parameters.{field} is not supported by this server", param=f"parameters.{field}"
             )
+        if not body.add_special_tokens:
+            message = "add_special_tokens=false is not supported by this server"
+            raise ApiError(400, message, param="add_special_tokens")
         if body.stream is not None and body.stream != stream:
             route = "/generate_stream" if body.stream else "/generate"
             raise ApiError(400, f"stream is {str(body.stream).lower()}: send it to {route}", param="stream")

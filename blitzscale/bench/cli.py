@@ -168,7 +168,9 @@ def _run_standby(args: argparse.Namespace) -> int:
 
 
 def _run_fidelity(args: argparse.Namespace) -> int:
-    from blitzscale.bench.fidelity import FidelityConfig, requests, run_fidelity, run_sim
+    import dataclasses
+
+    from blitzscale.bench.fidelity import FidelityConfig, measure_speed, requests, run_fidelity, run_sim
 
     _check_flags(
         args.policy.removesuffix("-peak").removesuffix("-half"),
@@ -183,7 +185,12 @@ def _run_fidelity(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         calibrate=args.calibrate,
     )
-    result = {"sim": run_sim(cfg, requests(cfg))} if args.sim_only else run_fidelity(cfg)
+    if args.sim_only:  # (calibrated: the profile at this machine's speed, no other work)
+        speed = measure_speed(cfg)
+        cfg = dataclasses.replace(cfg, speedup=round(speed.prefill, 3)) if speed is not None else cfg
+        result = {"sim": run_sim(cfg, requests(cfg), 0.0, speed)}
+    else:
+        result = run_fidelity(cfg)
     _emit(result, args.out)
     return 0
 

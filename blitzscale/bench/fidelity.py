@@ -162,8 +162,13 @@ def _ratio(sim: float, live: float) -> float | None:
     return round(sim / live, 3) if live else None
 
 
+def measure_speed(cfg: FidelityConfig) -> Speed | None:
+    """This machine's speed against the profile's, with `calibrate` (None without)."""
+    return cpu_speed.measure(load_profile(cfg.profile)) if cfg.calibrate else None
+
+
 def run_fidelity(cfg: FidelityConfig) -> dict[str, Any]:
-    speed = cpu_speed.measure(load_profile(cfg.profile)) if cfg.calibrate else None
+    speed = measure_speed(cfg)
     if speed is not None:
         cfg = replace(cfg, speedup=round(speed.prefill, 3))
     reqs = requests(cfg)

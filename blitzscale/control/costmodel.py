@@ -207,6 +207,8 @@ class Profile:
             raise ProfileError(f"{where}: not a step-time profile ({type(e).__name__}: {e})") from e
 
     def save(self, path: Path) -> None:
+        """(its folder made if missing: `--out new/p.json` is checked, not made, up front)"""
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
     def scaled(self, name: str, weight_bytes: int, kv_bytes_per_token: int, num_layers: int) -> Profile:

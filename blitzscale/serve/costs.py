@@ -120,11 +120,13 @@ async def cost_models(
     cache = profiles_dir(cfg)
     default, tp = models[0], cfg.model.tp
     first = await _report(cluster, default, folders[default.name], engine, cache, given is None, tp)
+    per_shard = tp > 1  # the base's sizes are one shard's (the others' are compared as such)
     if given is not None:
         where = f"[model] profile {cfg.model.profile}"
         whole = shapes[default.name]  # (a TP=1 profile, as `blitzscale profile` measures: as given)
         if tp > 1 and _sizes(given) == _sizes(whole):
             given.check_device(first.device_name, where)
+            per_shard = False
         else:
             first.check(given, where)
     base = given or first.profile
@@ -139,9 +141,9 @@ async def cost_models(
         describe(base),
     )
     out: dict[str, Profile | None] = {default.name: base}
-    for m in models[1:]:  # (a TP model's shape as one shard's)
+    for m in models[1:]:  # (each model's sizes as the base's are: one shard's, or whole)
         r = shapes[m.name]
-        if tp > 1:
+        if per_shard:
             r = await _report(cluster, m, folders[m.name], engine, cache, False, tp)
         shape = (r.weight_bytes, r.kv_bytes_per_token, r.num_layers)
         if shape == (base.weight_bytes, base.kv_bytes_per_token, base.num_layers):

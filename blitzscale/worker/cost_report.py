@@ -137,7 +137,10 @@ def _measure_tp(
             raise BlitzScaleError(f"ranks {members}: a shard could not build its stand-in of {msg.model}")
         return costprobe.measure(engine, points, msg.model)
     finally:
-        leader.send(TPStopMsg())
-        leader.flush()
+        try:
+            leader.send(TPStopMsg())
+            leader.flush()
+        except Exception as e:  # (a broken group: keep what broke the probe, not this)
+            log.error("the cost probe's instance group could not be stopped: %s", e)
         del engine
         free_device_memory(device)

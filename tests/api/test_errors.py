@@ -125,6 +125,9 @@ async def test_completion_errors(
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}, 400, "max_tokens", "integer"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, 400, "max_tokens", "integer"),
         ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream", "boolean"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": True,
+          "stream_options": {"include_obfuscation": True}}, 400, "stream_options.include_obfuscation",
+         "not supported"),
     ],
 )  # fmt: skip
 async def test_chat_errors(
@@ -149,6 +152,14 @@ async def test_an_assistant_message_echoed_back_with_its_unused_fields_is_accept
     echoed = {"role": "assistant", "content": "hi", "refusal": None, "tool_calls": None, "annotations": []}
     messages = [{"role": "user", "content": "x"}, echoed, {"role": "user", "content": "y"}]
     r = await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+
+
+async def test_stream_options_as_openai_documents_them_are_accepted(client: httpx.AsyncClient) -> None:
+    """`include_obfuscation: false` is what OpenAI's docs suggest, and what this server does."""
+    options = {"include_usage": True, "include_obfuscation": False}
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "stream": True}
+    r = await client.post("/v1/chat/completions", json=body | {"stream_options": options})
     assert r.status_code == 200, r.text
 
 

@@ -65,6 +65,8 @@ async def test_greedy_over_http_equals_the_engine(engine: LLMEngine) -> None:
         assert_error(r, 400, param="prompt", says="but the context is 512 tokens")
         r = await client.post("/v1/completions", json={"prompt": [1, 10**6]})
         assert_error(r, 400, param="prompt", says="outside the vocabulary")
+        long_chat = {"messages": [{"role": "user", "content": "word " * 600}]}  # (a chat sends messages)
+        assert_error(await client.post("/v1/chat/completions", json=long_chat), 400, param="messages")
         r = await client.post("/v1/completions", json=body | {"max_tokens": 0})
         assert_error(r, 400, says="max_tokens must be at least 1, got 0")
         assert (await client.post("/v1/completions", json=body)).json()["choices"][0]["text"] == direct.text

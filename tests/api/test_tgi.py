@@ -186,6 +186,7 @@ async def test_backend_queue_time_hook_is_used(fake: FakeBackend) -> None:
         ({"inputs": "a", "parameters": {"max_new_tokens": "5"}}, "parameters.max_new_tokens", "integer"),
         # nothing a client sends is dropped unseen
         ({"inputs": "a", "bogus": 1}, "bogus", "extra"),
+        ({"inputs": "a", "add_special_tokens": False}, "add_special_tokens", "not supported"),
         ({"inputs": "a", "parameters": {"max_new_tokens": 2, "bogus": 1}}, "parameters.bogus", "extra"),
         ({"inputs": "a", "parameters": {"top_p": 0, "do_sample": True}}, None, "top_p"),
         ({"parameters": {}}, "inputs", "field required"),
@@ -197,6 +198,11 @@ async def test_tgi_errors(
 ) -> None:
     assert_tgi_error(await client.post(path, json=body), 422, param=param, says=says)  # (TGI's status)
     assert (await client.post(path, json={"inputs": "ok"})).status_code == 200
+
+
+async def test_add_special_tokens_as_the_tokenizer_does_is_accepted(client: httpx.AsyncClient) -> None:
+    body = {"inputs": "a", "add_special_tokens": True, "parameters": {"max_new_tokens": 2}}
+    assert (await client.post("/generate", json=body)).status_code == 200
 
 
 async def test_a_stream_flag_must_name_the_route(client: httpx.AsyncClient) -> None:

@@ -64,6 +64,15 @@ def test_a_profile_file_of_the_whole_model_or_of_a_shard_is_taken_as_given(given
     assert costs["m"] == given and not any(q.measure for q in workers.queries)
 
 
+@pytest.mark.parametrize("given", [WHOLE, SHARD])
+def test_other_models_are_scaled_from_a_given_profile_in_its_own_sizes(given: Profile) -> None:
+    """A whole-model file is compared with the other models' whole sizes, a shard's with
+    their shards': "big" (twice the size) costs twice either way."""
+    costs, _ = _costs(given, models=2)
+    assert costs["big"].weight_bytes == 2 * given.weight_bytes
+    assert costs["big"].decode_ms[0][0] == pytest.approx(2 * given.decode_ms[0][0], rel=1e-3)
+
+
 def test_a_profile_file_of_another_model_is_refused() -> None:
     other = replace(WHOLE, weight_bytes=WHOLE.weight_bytes // 3)
     with pytest.raises(ProfileError, match="is of another model"):
