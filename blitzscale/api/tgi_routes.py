@@ -30,7 +30,8 @@ from blitzscale.api.errors import ApiError, stream_error, tgi_error_body
 from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.openai_routes import check_context
-from blitzscale.api.protocol import (
+from blitzscale.api.sse import EventStreamResponse, sse_event
+from blitzscale.api.tgi_protocol import (
     TGI_DEFAULT_MAX_NEW_TOKENS,
     TgiDetails,
     TgiFinishReason,
@@ -43,7 +44,6 @@ from blitzscale.api.protocol import (
     TgiTimings,
     TgiToken,
 )
-from blitzscale.api.sse import EventStreamResponse, sse_event
 from blitzscale.api.tokenize import off_loop
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import SamplingParams

@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "ratios printed)",
     )
     e.add_argument("--json", action="store_true", help="(output is always JSON)")
-    e.set_defaults(func=_run_engine, out_is_file=True)
+    e.set_defaults(func=_run_engine)
 
     s = bsub.add_parser("serve", help="serve's default configuration against its engine alone, same mixes")
     s.add_argument("--model", default="", help="default: random:llama3-8b on cuda, smollm2-135m on cpu")
@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--profile", default="", help="with --simulate: this cost model instead (name or .json)")
     s.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
-    s.set_defaults(func=_run_serve, out_is_file=True)
+    s.set_defaults(func=_run_serve)
 
     t = bsub.add_parser("transfer", help="weight loading by network, host cache and disk paths")
     t.add_argument("--model", default="smollm2-135m")
@@ -76,7 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="fp8: every path for a random:NAME model and for NAME:fp8 in one run, with their ratios",
     )
     t.add_argument("--json", action="store_true", help="(output is always JSON)")
-    t.set_defaults(func=_run_transfer, out_is_file=True)
+    t.set_defaults(func=_run_transfer)
 
     v = bsub.add_parser("live", help="TTFT of a burst arriving at a scale decision, per load path")
     v.add_argument("--model", default="", help="default: random:llama3-8b on cuda, smollm2-135m on cpu")
@@ -89,14 +89,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--disk-rate", type=float, default=0.0, help="cap disk reads, bytes/s")
     v.add_argument("--kv-blocks", type=int, default=0, help="KV blocks per instance (0: from memory)")
     v.add_argument("--cache-dir", default="", help="where the converted model is kept")
-    v.set_defaults(func=_run_live, out_is_file=True)
+    v.set_defaults(func=_run_live)
 
     b = bsub.add_parser("standby", help="cost of starting an instance's engine, with and without a standby")
     b.add_argument("--model", default="random:llama3-8b")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     b.add_argument("--runs", default="off,on,off", help="standby settings, one fresh worker each")
     b.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
-    b.set_defaults(func=_run_standby, out_is_file=True)
+    b.set_defaults(func=_run_standby)
 
     f = bsub.add_parser("fidelity", help="one small configuration live on CPU workers and simulated")
     f.add_argument("--workers", type=int, default=2)
@@ -108,7 +108,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--calibrate", action="store_true", help="the simulated cores carry the other work measured live"
     )
     f.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
-    f.set_defaults(func=_run_fidelity, out_is_file=True)
+    f.set_defaults(func=_run_fidelity)
 
     k = bsub.add_parser("soak", help="open-loop load above capacity with worker kills; answers checked")
     k.add_argument("--minutes", type=float, default=30.0)
@@ -120,14 +120,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--max-tokens", type=int, default=16)
     k.add_argument("--seed", type=int, default=0)
     k.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
-    k.set_defaults(func=_run_soak, out_is_file=True)
+    k.set_defaults(func=_run_soak)
 
     r = bsub.add_parser("runs", help="finished runs (their requests.jsonl) side by side, one pair of SLOs")
     r.add_argument("dirs", nargs="+", type=Path, metavar="RUN_DIR")
     r.add_argument("--slo-ttft-ms", type=float, required=True)
     r.add_argument("--slo-tbt-ms", type=float, required=True)
     r.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
-    r.set_defaults(func=_run_runs, out_is_file=True)
+    r.set_defaults(func=_run_runs)
 
     d = bsub.add_parser("steady", help="closed-loop steady load: scale-ups and releases once settled")
     d.add_argument("--streams", type=int, default=16)
@@ -140,7 +140,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--prompt-words", type=int, default=0, help="pad each prompt to about this many words")
     d.add_argument("--reload-cost-factor", type=float, default=None, help="override [planner] (0: old rule)")
     d.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
-    d.set_defaults(func=_run_steady, out_is_file=True)
+    d.set_defaults(func=_run_steady)
 
 
 def _run_runs(args: argparse.Namespace) -> int:
@@ -168,9 +168,7 @@ def _run_standby(args: argparse.Namespace) -> int:
 
 
 def _run_fidelity(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from blitzscale.bench.fidelity import FidelityConfig, measure_speed, requests, run_fidelity, run_sim
+    from blitzscale.bench.fidelity import FidelityConfig, calibrated, requests, run_fidelity, run_sim
 
     _check_flags(
         args.policy.removesuffix("-peak").removesuffix("-half"),
@@ -186,8 +184,7 @@ def _run_fidelity(args: argparse.Namespace) -> int:
         calibrate=args.calibrate,
     )
     if args.sim_only:  # (calibrated: the profile at this machine's speed, no other work)
-        speed = measure_speed(cfg)
-        cfg = dataclasses.replace(cfg, speedup=round(speed.prefill, 3)) if speed is not None else cfg
+        cfg, speed = calibrated(cfg)
         result = {"sim": run_sim(cfg, requests(cfg), 0.0, speed)}
     else:
         result = run_fidelity(cfg)

@@ -162,15 +162,17 @@ def _ratio(sim: float, live: float) -> float | None:
     return round(sim / live, 3) if live else None
 
 
-def measure_speed(cfg: FidelityConfig) -> Speed | None:
-    """This machine's speed against the profile's, with `calibrate` (None without)."""
-    return cpu_speed.measure(load_profile(cfg.profile)) if cfg.calibrate else None
+def calibrated(cfg: FidelityConfig) -> tuple[FidelityConfig, Speed | None]:
+    """With `calibrate`: this machine's speed against the profile's, and `cfg` with the
+    `speedup` it gives (without: `cfg` as it is, and None)."""
+    if not cfg.calibrate:
+        return cfg, None
+    speed = cpu_speed.measure(load_profile(cfg.profile))
+    return replace(cfg, speedup=round(speed.prefill, 3)), speed
 
 
 def run_fidelity(cfg: FidelityConfig) -> dict[str, Any]:
-    speed = measure_speed(cfg)
-    if speed is not None:
-        cfg = replace(cfg, speedup=round(speed.prefill, 3))
+    cfg, speed = calibrated(cfg)
     reqs = requests(cfg)
     live = run_live(cfg, reqs)
     sim = run_sim(cfg, reqs, live["other_threads"] if cfg.calibrate else 0.0, speed)

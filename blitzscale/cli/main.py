@@ -9,6 +9,8 @@ from blitzscale.cli import batch, convert, demo, generate, serve, simulate, toke
 from blitzscale.cli.common import check_out, quiet_libraries
 from blitzscale.errors import BlitzScaleError
 
+OUT_IS_A_FILE = frozenset({"bench", "profile"})  # their --out is a JSON file; the others' a folder
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blitzscale", description=__doc__)
@@ -28,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if getattr(args, "out", None) is not None:  # (bench's and profiles' --out is a file)
-            check_out(args.out, getattr(args, "out_is_file", False))
+        if getattr(args, "out", None) is not None:
+            check_out(args.out, is_file=args.command in OUT_IS_A_FILE)
         return int(args.func(args) or 0)
     except BlitzScaleError as e:
         print(f"blitzscale {args.command}: error: {e}", file=sys.stderr)

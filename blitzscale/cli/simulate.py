@@ -114,7 +114,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--memory-bytes", type=float, help="the target device's memory")
     q.add_argument("--name", help="the derived profile's name (<model>-<device>)")
     q.add_argument("--device-name", help="the derived profile's device, in words")
-    q.set_defaults(func=run_profile, out_is_file=True)
+    q.set_defaults(func=run_profile)
 
 
 def _ints(flag: str, text: str) -> tuple[int, ...]:

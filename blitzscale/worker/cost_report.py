@@ -23,6 +23,7 @@ import torch
 
 from blitzscale.checkpoint import load_config, resolve_model
 from blitzscale.control.costmodel import Profile
+from blitzscale.core.config import EngineConfig
 from blitzscale.errors import BlitzScaleError
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.messages import ProfileMsg, ProfileResult, TPSetupMsg, TPStopMsg
@@ -70,15 +71,19 @@ def cost_report(
     )
     if not msg.measure:
         return out
-    key = costprobe.cache_key(config, dtype, device, msg.engine.for_device(device.type), tp=msg.tp)
+    engine_cfg = msg.engine.for_device(device.type)
+    key = costprobe.cache_key(config, dtype, device, engine_cfg, tp=msg.tp)
     folder = Path(msg.cache_dir) if msg.cache_dir else None
     t = time.perf_counter()
     profile = costprobe.cached_profile(folder, key) if folder is not None else None
     cached = profile is not None
-    if profile is None and msg.tp > 1:
-        profile = _measure_tp(msg, config, dtype, device, _leader_of(instance, msg.tp, rank))
-    elif profile is None:
-        profile = _measure(msg, config, dtype, device, standby)
+    if profile is None:
+        points = costprobe.probe_points(device, engine_cfg)
+        if msg.tp > 1:
+            leader = _leader_of(instance, msg.tp, rank)
+            profile = _measure_tp(msg, config, dtype, device, engine_cfg, points, leader)
+        else:
+            profile = _measure(msg, config, dtype, device, engine_cfg, points, standby)
     if not cached and folder is not None:
         costprobe.save_profile(folder, key, profile)
     took = time.perf_counter() - t
@@ -87,11 +92,17 @@ def cost_report(
     return msgspec.structs.replace(out, profile=profile, cached=cached, probe_s=took)
 
 
-def _measure(msg: ProfileMsg, config: Any, dtype: torch.dtype, device: torch.device, sb: Standby) -> Profile:
+def _measure(
+    msg: ProfileMsg,
+    config: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    engine_cfg: EngineConfig,
+    points: costprobe.ProbePoints,
+    sb: Standby,
+) -> Profile:
     """On the standby engine when it is this model's and of this engine configuration (its
     buffer filled with stand-in weights: none have arrived in it), else a scratch engine."""
-    engine_cfg = msg.engine.for_device(device.type)
-    points = costprobe.probe_points(device, engine_cfg)
     ours = sb.spec is not None and sb.spec.model == msg.model and sb.weights is not None
     if ours and sb.engine is not None and sb.engine.config == engine_cfg:
         assert sb.weights is not None
@@ -116,12 +127,16 @@ def _leader_of(instance: InstanceGroup | None, tp: int, rank: int) -> TPLeader:
 
 
 def _measure_tp(
-    msg: ProfileMsg, config: Any, dtype: torch.dtype, device: torch.device, leader: TPLeader
+    msg: ProfileMsg,
+    config: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    engine_cfg: EngineConfig,
+    points: costprobe.ProbePoints,
+    leader: TPLeader,
 ) -> Profile:
     """A scratch instance across `leader`'s group: shard 0's engine here, the other shards
     on stand-in weights of their own with KV caches of its size, dropped after."""
-    engine_cfg = msg.engine.for_device(device.type)
-    points = costprobe.probe_points(device, engine_cfg)
     engine = costprobe.scratch_engine(config, dtype, device, engine_cfg, points, leader)
     setup = TPSetupMsg(
         model=msg.model,
