@@ -216,7 +216,9 @@ def test_each_step_size_takes_its_fp8_path_and_matches_its_reference(m: int) -> 
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = linear(x, q, s)
         assert out.shape == (m, n) and out.dtype == torch.bfloat16
-        assert fp8_matmul.supports(x, q) == (m <= fp8_matmul.MAX_ROWS and k % fp8_matmul.GEMV_BLOCK_K == 0)
+        assert fp8_matmul.supports(x, q) == (
+            m <= fp8_matmul.MAX_ROWS and k % (4 * fp8_matmul.GEMV_MIN_BLOCK_W) == 0
+        )
         if fp8_matmul.supports(x, q):
             ref = x.float() @ (q.float() * s[:, None]).t()  # activations not quantized
         else:
@@ -227,6 +229,25 @@ def test_each_step_size_takes_its_fp8_path_and_matches_its_reference(m: int) -> 
         assert torch.equal(out, linear(x, q, s))
         cos = torch.nn.functional.cosine_similarity(out.float(), x.float() @ (q.float() * s[:, None]).t(), -1)
         assert float(cos.min()) > 0.99
+
+
+@torch.inference_mode()
+def test_the_gemv_widens_every_e4m3_value_exactly() -> None:
+    """The one-row GEMV widens e4m3 by moving bits (model/fp8_matmul.py `e4m3_byte_as_f32`):
+    every finite byte, subnormals and both zeros included, at each of a word's four places,
+    must come out as its value (a one-hot row picks one weight; unit scales)."""
+    from blitzscale.model import fp8_matmul
+
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    finite = every[~every.float().isnan()]  # 254 values
+    # K for the wide strip, and one only the narrow strip divides
+    for k in (2 * 4 * fp8_matmul.GEMV_BLOCK_W, 3 * 4 * fp8_matmul.GEMV_MIN_BLOCK_W):
+        row = finite.repeat(k // finite.numel() + 1)[:k]
+        q = torch.stack([row, row.roll(1), row.roll(2), row.roll(3)]).cuda()
+        x = torch.eye(k, dtype=torch.bfloat16, device="cuda")
+        ones = torch.ones(4, device="cuda")
+        got = torch.cat([fp8_matmul.w8a16_matmul(x[j : j + 1], q, ones) for j in range(k)])
+        assert torch.equal(got, q.t().float().to(torch.bfloat16)), k
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64])
