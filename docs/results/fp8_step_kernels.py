@@ -4,7 +4,10 @@ under torch's profiler; each kernel's time summed by kind, and the graph's span 
 the kernels' sum (what is left is the gaps between kernels: launch and ramp, which no
 kernel's speed removes).
 
-Run (GPU machine, repo root): `OUT=. python3 docs/results/fp8_step_kernels.py`; writes
+With `prefill` (session 31): a 2,048-token prefill to its first token instead, twice each,
+wall time beside the kernels' sum and span ($OUT/fp8_prefill_kernels_<gpu>.json).
+
+Run (GPU machine, repo root): `OUT=. python3 docs/results/fp8_step_kernels.py [prefill]`; writes
 $OUT/fp8_step_kernels_<gpu>.json (h100 or h200, by the card it ran on; session 28's call
 asked for an H200 and came on an H100: `fp8_step_kernels_h100.json`).
 """
@@ -67,6 +70,13 @@ def graph_kernels(engine, batch: int, cfg: EngineBenchConfig, device: torch.devi
             g.replay()
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    timed = 1000 * eb._timed(lambda: [g.replay() for _ in range(10)], device) / 10
+    return {"graph_ms": round(timed, 3), **summarize(events, reps)}
+
+
+def summarize(events: list, reps: int) -> dict:  # type: ignore[type-arg]
+    """CUDA kernel events of `reps` repetitions: their sum by kind, the span from the first
+    kernel's start to the last one's end, and the gaps (span less the sum), per repetition."""
     events.sort(key=lambda e: e.time_range.start)
     by_kind: dict[str, float] = defaultdict(float)
     names: dict[str, float] = defaultdict(float)
@@ -76,9 +86,7 @@ def graph_kernels(engine, batch: int, cfg: EngineBenchConfig, device: torch.devi
         names[e.name[:80]] += us / reps
     span = (events[-1].time_range.end - events[0].time_range.start) / reps if events else 0.0
     busy = sum(by_kind.values())
-    timed = 1000 * eb._timed(lambda: [g.replay() for _ in range(10)], device) / 10
     return {
-        "graph_ms": round(timed, 3),
         "kernels": len(events) // reps,
         "kernel_sum_ms": round(busy / 1000, 3),
         "span_ms": round(span / 1000, 3),
@@ -90,7 +98,47 @@ def graph_kernels(engine, batch: int, cfg: EngineBenchConfig, device: torch.devi
     }
 
 
+def prefill_kernels(engine, cfg: EngineBenchConfig, device: torch.device) -> dict:  # type: ignore[no-untyped-def]
+    """One prompt of cfg.prefill_len to its first token (as `bench engine` times it), under
+    the profiler: the wall time, and the kernels' sum and span (session 31: FP8's 2,048-token
+    prefill is 0.70-0.80x bf16's where its linears alone are 0.59x)."""
+    from blitzscale.engine import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    vocab = engine.model_config.vocab_size
+    warm, prompt = eb._random_prompts(2, cfg.prefill_len, vocab, 11)
+    engine.reset_prefix_cache()
+    engine.generate([warm], params)
+    wall = 1000 * eb._timed(lambda: engine.generate([prompt], params), device)
+    engine.reset_prefix_cache()
+    engine.generate([warm], params)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.generate([prompt], params)
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"wall_ms": round(wall, 3), **summarize(events, 1)}
+
+
+def main_prefill() -> None:
+    device = torch.device("cuda")
+    cfg = EngineBenchConfig(model="random:llama3-8b", device="cuda", batch_sizes=(1,), context_lens=(512,))
+    fp8 = load_weights(resolve_model(cfg.model), dtype=torch.bfloat16, device=device, quant="fp8")
+    dense = ModelWeights.empty(replace(fp8.config, quant="none"), torch.bfloat16, device)
+    pack_into(dense, hf_state_dict(fp8).__getitem__)
+    res: dict = {"device": torch.cuda.get_device_name(), "prefill_len": cfg.prefill_len}
+    engines = {"bf16": eb._engine(dense, cfg, 1), "fp8": eb._engine(fp8, cfg, 1)}
+    for rep in range(2):
+        for label, engine in engines.items():
+            res[f"{label}_{rep}"] = prefill_kernels(engine, cfg, device)
+            print(json.dumps({f"{label}_{rep}": res[f"{label}_{rep}"]}), flush=True)
+    card = "h100" if "H100" in res["device"] else "h200"
+    (OUT / f"fp8_prefill_kernels_{card}.json").write_text(json.dumps(res, indent=1))
+
+
 def main() -> None:
+    if sys.argv[1:] == ["prefill"]:
+        main_prefill()
+        return
     device = torch.device("cuda")
     cfg = EngineBenchConfig(model="random:llama3-8b", device="cuda", batch_sizes=(1, 64), context_lens=(512,))
     fp8 = load_weights(resolve_model(cfg.model), dtype=torch.bfloat16, device=device, quant="fp8")
