@@ -305,6 +305,32 @@ class SweepLog:
         print(json.dumps(kw), flush=True)
 
 
+class OneRowSweep(SweepLog):
+    """What the one-row sweeps share (fp8_gemv_f16_h200.py, fp8_gemv_bits.py): the weights
+    (`w8`, `w16`), one bf16 row per linear (`x`) and its per-token quantization (`xq`),
+    cuBLAS's unit scale (`one`), bf16 `F.linear` timed first as the reference (`bf16`), and
+    `record` for each row of the result."""
+
+    def __init__(self) -> None:
+        import torch.nn.functional as F
+
+        from blitzscale.model.triton_ops import quantize_tokens
+
+        super().__init__()
+        self.w8, self.w16 = sweep_weights()
+        self.x = sweep_inputs((1,))[1]
+        self.xq = {s: quantize_tokens(self.x[s]) for s in SHAPES}
+        self.one = torch.ones((), device="cuda")
+        self.bf16 = layer_ms(lambda s, i: F.linear(self.x[s], self.w16[s][i]))
+        self.res["bf16"] = self.bf16
+        self.log(bf16=self.bf16)
+
+    def record(self, kind: str, cfg: dict, t: dict) -> None:
+        row = {"kind": kind, "cfg": cfg, "ms": t, "over_bf16": round(t["layer"] / self.bf16["layer"], 3)}
+        self.res["rows"].append(row)
+        self.log(**row)
+
+
 def per_call(fn_of_copy) -> float:  # type: ignore[no-untyped-def]
     """ms of one call, every copy in turn, replayed from a CUDA graph (no L2 reuse)."""
     from blitzscale.bench.limits import graph_replay_ms

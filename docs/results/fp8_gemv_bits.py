@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -32,32 +31,17 @@ sys.path.insert(0, str(ROOT / "docs" / "results"))
 import fp8_decode_candidates as cand  # noqa: E402
 
 from blitzscale.model import fp8_matmul  # noqa: E402
-from blitzscale.model.triton_ops import quantize_tokens  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
 SHAPES = cand.SHAPES
-SWEEP = cand.SweepLog()
-res, log = SWEEP.res, SWEEP.log
-W8, W16 = cand.sweep_weights()
-X = cand.sweep_inputs((1,))[1]
-XQ = {s: quantize_tokens(X[s]) for s in SHAPES}
-one = torch.ones((), device="cuda")
+SWEEP = cand.OneRowSweep()
+res, log, record = SWEEP.res, SWEEP.log, SWEEP.record
+W8, X, XQ, one = SWEEP.w8, SWEEP.x, SWEEP.xq, SWEEP.one
 CVT = dict(bn=8, bk=1024, acc2d=1, stages=1, warps=4)  # session 24's GEMV, as it was
 
 
 def gemv_kw(cfg: dict) -> dict:
     return dict(block_n=cfg["bn"], block_w=cfg["bw"], warps=cfg["warps"])
-
-
-bf16 = cand.layer_ms(lambda s, i: F.linear(X[s], W16[s][i]))
-res["bf16"] = bf16
-log(bf16=bf16)
-
-
-def record(kind, cfg, t):  # type: ignore[no-untyped-def]
-    row = {"kind": kind, "cfg": cfg, "ms": t, "over_bf16": round(t["layer"] / bf16["layer"], 3)}
-    res["rows"].append(row)
-    log(**row)
 
 
 record("gemv_cvt", CVT, cand.layer_ms(lambda s, i: cand.run_gemv(X[s], *W8[s][i], CVT)))

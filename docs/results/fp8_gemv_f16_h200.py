@@ -21,37 +21,19 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs" / "results"))
 import fp8_decode_candidates as cand  # noqa: E402
 
 from blitzscale.model import fp8_matmul  # noqa: E402
-from blitzscale.model.triton_ops import quantize_tokens  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
 SHAPES = cand.SHAPES
-SWEEP = cand.SweepLog()
-res, log = SWEEP.res, SWEEP.log
-W8, W16 = cand.sweep_weights()
-X = cand.sweep_inputs((1,))[1]
+SWEEP = cand.OneRowSweep()
+res, log, record = SWEEP.res, SWEEP.log, SWEEP.record
+W8, X, XQ, one = SWEEP.w8, SWEEP.x, SWEEP.xq, SWEEP.one
 PRE = {s: cand.prescale_f16(X[s]) for s in SHAPES}
-XQ = {s: quantize_tokens(X[s]) for s in SHAPES}
-one = torch.ones((), device="cuda")
-
-
-bf16 = cand.layer_ms(lambda s, i: F.linear(X[s], W16[s][i]))
-res["bf16"] = bf16
-log(bf16=bf16)
-
-
-def record(kind, cfg, t):  # type: ignore[no-untyped-def]
-    row = {"kind": kind, "cfg": cfg, "ms": t, "over_bf16": round(t["layer"] / bf16["layer"], 3)}
-    res["rows"].append(row)
-    log(**row)
 
 
 record("gemv_product", {}, cand.layer_ms(lambda s, i: fp8_matmul.w8a16_matmul(X[s], *W8[s][i])))
