@@ -18,7 +18,8 @@ After `RECOVER_STEPS` steps that fit, the cap doubles; it goes once it reaches t
 configured limits. Only when a step of one request and one token does not fit does that
 request fail (finish_reason "error", a message naming memory); the others go on. A
 tensor-parallel instance's step is not retried (its shards would be left mid-step): there
-the error fails the step's requests as any other step error does.
+the error ends the leader's worker (worker/serving.py), the cluster rebuilds the whole
+group, and the router runs the step's requests again.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ MAX_FAILED_STEPS = 3  # engine steps failing in a row mean the worker itself is 
 
 
 class WorkerBrokenError(BlitzScaleError):
-    """The engine fails step after step (a sticky device error): the worker must go."""
+    """The engine fails step after step (a sticky device error), or a tensor-parallel step
+    failed part-way: the worker must go."""
 
 
 class ServingLoop:
@@ -328,12 +329,21 @@ class ServingLoop:
         (Out of device memory in its forward the engine retries smaller steps itself,
         engine/oom.py; elsewhere in a step, that error fails it too, and the allocator's
         cache is freed.) Paced, it lasts its reference time: the rest of it is slept, before
-        the outputs go."""
+        the outputs go. A tensor-parallel instance's step that fails ends the worker at
+        once: its other shards may be inside that step's collectives, and the next step's
+        would pair with theirs (a hang, or sums of the wrong tensors); the cluster stops
+        the rest of the group and respawns it, and the router runs the requests again."""
         started = time.perf_counter()
         try:
             outs = e.step()
         except Exception as err:
             log.exception("rank %d: an engine step failed", self.rank)
+            if self.tp is not None:
+                members = list(self.tp.instance.members)
+                raise WorkerBrokenError(
+                    f"rank {self.rank}: a step of the tensor-parallel instance {members} failed"
+                    f" ({short_error(err)}); its other shards may be mid-step, so the group must be rebuilt"
+                ) from err
             self._failed_steps += 1
             if self._failed_steps >= MAX_FAILED_STEPS:  # broken, not a bad request: die, so the
                 raise WorkerBrokenError(  # cluster reruns what it can elsewhere

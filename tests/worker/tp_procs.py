@@ -151,3 +151,59 @@ def live_shard_main(
         threading.Thread(target=land, daemon=True).start()
         follow(inbox, follower, {spec: weights}.get)
     os._exit(0)
+
+
+def failing_leader_main(rank: int, port: int, spec: str, out: Any) -> None:
+    """A TP2 instance behind shard 0's serving loop (the worker's `ServingLoop`): a request
+    served end to end, then a step whose leader fails after its shards began the layers
+    (they wait in that step's all-reduce). Shard 0 puts {"tokens", "raised", "message"}
+    in `out`: what the loop raised on that step, if anything, within 50 ticks."""
+    import zmq
+
+    from blitzscale.checkpoint import load_weights, resolve_model
+    from blitzscale.engine import EngineConfig, SamplingParams
+    from blitzscale.messages import ActivateMsg, GenerateMsg, OutputsMsg, sampling_msg
+    from blitzscale.worker.serving import ServingLoop
+    from blitzscale.worker.tp_follower import TPFollower, TPInbox
+    from blitzscale.worker.world import Links
+
+    torch.set_num_threads(1)
+    links = Links(rank, 0, "127.0.0.1", port, torch.device("cpu"), 120.0, 2)
+    links.connect_instance({0: 0, 1: 0})
+    group = links.instance
+    assert group is not None
+    weights = load_weights(resolve_model(spec), dtype=torch.float32, tp_size=2, tp_rank=rank)
+    if rank != 0:  # follows until killed: the failed step leaves it in an all-reduce
+        follow(TPInbox(zmq.Context.instance(), group), TPFollower(links, group), {spec: weights}.get)
+        os._exit(0)
+    sent: list[Any] = []
+    serving = ServingLoop(0, links, sent.append, lambda *a: None)
+    engine = EngineConfig(block_size=16, num_kv_blocks=64, max_model_len=256)
+    serving.activate(
+        weights, None, ActivateMsg(op_id=1, model=spec, source=spec, role="colocated", engine=engine)
+    )
+    params = sampling_msg(SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    serving.handle(GenerateMsg(request_id="ok", prompt_token_ids=[5, 9, 17, 33, 2], params=params))
+    while not serving.is_idle:
+        serving.tick()
+    tokens = [t for m in sent if isinstance(m, OutputsMsg) for o in m.outputs for t in o.new_token_ids]
+    tp = serving.tp
+    assert tp is not None
+    real = tp.on_layers
+
+    def failing(*args: Any) -> None:
+        real(*args)  # the shards have the command: they run the layers, then all-reduce
+        raise RuntimeError("injected: shard 0 failed after its shards began the layers")
+
+    tp.on_layers = failing  # type: ignore[method-assign]
+    serving.handle(GenerateMsg(request_id="bad", prompt_token_ids=[7, 7, 7], params=params))
+    result: dict[str, Any] = {"tokens": tokens, "raised": None, "message": ""}
+    try:
+        for _ in range(50):
+            serving.tick()
+    except Exception as e:  # what the worker's main loop would die of
+        result.update(raised=type(e).__name__, message=str(e))
+    out.put(result)
+    out.close()
+    out.join_thread()
+    os._exit(0)
