@@ -125,3 +125,24 @@ def test_a_move_whose_destination_stopped_serving_leaves_the_task_where_it_is() 
     asyncio.run(live.on_relayed(RelayedMsg(rank=1, request_id="late", layer=2, live_layers=2)))
     assert not [m for _, m in owner.data.sent if isinstance(m, RelayInMsg)]
     assert head.prefill_rank == 1 and live.moves_total == 0 and not live.relays
+
+
+def test_two_heads_moved_in_one_round_do_not_both_count_on_the_same_instance() -> None:
+    """Two loading targets sharing partner 2, each with a head that would miss its SLO: the
+    first moves to rank 0 (0.6 s there, 0.9 on rank 4); for the second, rank 0 holds the
+    first's 600 tokens on their way (over its 1,024-token budget with its own 600), so it
+    moves to rank 4. Counting rank 0 as empty sent both there (paper-b, session 31: the
+    second of two such prompts finished 0.2 s late)."""
+    owner, live = _setup(slo_s=1.0, loaded_in_s=3.0)
+    st = owner.state
+    st.move(4, S.LOADING)
+    st.move(4, S.PREFILL)
+    st.move(3, S.NEW_PREFILL)
+    live.begin((3,), 2, (2,))
+    live.on_live_event(LiveReadyMsg(rank=3, loaded_in_s=3.0))
+    owner.connected |= {3, 4}
+    st.assign(4, 300)
+    _task(owner, "first", 1, 600, waited_s=0.1)
+    _task(owner, "second", 3, 600, waited_s=0.1)
+    asyncio.run(live.round())
+    assert _relay_asks(owner) == [(1, 0), (3, 4)]
