@@ -5,63 +5,26 @@ of each family at TP=2, and the real SmolLM2-135M (9 heads, 3 KV heads) at TP=3.
 
 from __future__ import annotations
 
-import queue
-import time
-from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from blitzscale.checkpoint import load_weights, resolve_model
-from blitzscale.cluster.spawn import worker_context
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
 from blitzscale.errors import CheckpointError
 from tests.model.test_tiny_reference import hf_greedy, random_prompts
-from tests.worker.tp_procs import live_shard_main, shard_main
+from tests.worker.tp_procs import live_shard_main, run_shards, shard_main
 
 PRESETS = ("tiny-llama3", "tiny-mistral", "tiny-qwen2")
 LENS = (1, 5, 17, 33, 70)
 TOKENS = 12
-LIMIT_S = 600  # generous: a loaded 2-core machine
 
 
 def run_instance(
     tp: int, specs: list[str], prompts: dict[str, list[list[int]]], tokens: int
 ) -> dict[str, Any]:
-    return _run(tp, shard_main, lambda r, port, out: (r, tp, port, specs, prompts, tokens, out))
-
-
-def _run(tp: int, target: Any, args: Any) -> Any:
-    """Run `target(*args(rank, store port, out queue))` in one process per shard; shard 0's
-    result."""
-    store = dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
-    )
-    ctx = worker_context()  # forked from a server that imported torch once, as workers are
-    out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=args(r, store.port, out), daemon=True) for r in range(tp)]
-    for p in procs:
-        p.start()
-    try:
-        deadline = time.monotonic() + LIMIT_S
-        while True:  # a shard that dies fails the test at once, not at the deadline
-            try:
-                results = out.get(timeout=1.0)
-                break
-            except queue.Empty:
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                assert not dead, f"a shard exited with {dead}"
-                assert time.monotonic() < deadline, "no result in time"
-        for p in procs:
-            p.join(timeout=60)
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-        return results
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    return run_shards(tp, shard_main, lambda r, port, out: (r, tp, port, specs, prompts, tokens, out))
 
 
 def tp1_tokens(weights: Any, prompts: list[list[int]], tokens: int) -> list[list[int]]:
@@ -105,7 +68,7 @@ def test_live_tp2_leader_runs_a_segment_only_once_every_shard_has_it(tiny_weight
     live queue follows the slower shard (a layer run early would fail on shard 1, whose
     weights refuse an unready layer), and the tokens are those of the whole model."""
     spec, prompts = "random:tiny-llama3", random_prompts(512, (5, 17, 33), seed=7)
-    got = _run(2, live_shard_main, lambda r, port, out: (r, port, spec, prompts, TOKENS, out))
+    got = run_shards(2, live_shard_main, lambda r, port, out: (r, port, spec, prompts, TOKENS, out))
     hf = hf_twin(tiny_weights("tiny-llama3"))
     assert got["tokens"] == [hf_greedy(hf, p, TOKENS) for p in prompts]
     prefixes = got["prefixes"]

@@ -5,9 +5,52 @@ the leader stops. The same classes a serving worker uses (worker/tp.py, worker/w
 from __future__ import annotations
 
 import os
+import queue
+import time
+from datetime import timedelta
 from typing import Any
 
 import torch
+
+LIMIT_S = 600  # for shard 0's result: generous, a loaded 2-core machine
+
+
+def run_shards(tp: int, target: Any, args: Any, others_finish: bool = True) -> Any:
+    """Run `target(*args(rank, store port, out queue))` in one process per shard; shard 0's
+    result. `others_finish`: every shard must then exit cleanly; else the others are killed
+    (a shard left waiting on purpose)."""
+    import torch.distributed as dist
+
+    from blitzscale.cluster.spawn import worker_context
+
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
+    )
+    ctx = worker_context()  # forked from a server that imported torch once, as workers are
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=args(r, store.port, out), daemon=True) for r in range(tp)]
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.monotonic() + LIMIT_S
+        while True:  # a shard that dies fails the test at once, not at the deadline
+            try:
+                results = out.get(timeout=1.0)
+                break
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not dead, f"a shard exited with {dead}"
+                assert time.monotonic() < deadline, "no result in time"
+        if others_finish:
+            for p in procs:
+                p.join(timeout=60)
+            assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        return results
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=60)
 
 
 def follow(inbox: Any, follower: Any, weights_of: Any) -> None:
@@ -20,6 +63,19 @@ def follow(inbox: Any, follower: Any, weights_of: Any) -> None:
         follower.handle(cmd, weights_of)
         if isinstance(cmd, TPStopMsg):
             return
+
+
+def instance_links(rank: int, port: int, tp: int) -> tuple[Any, Any]:
+    """This shard's links (world.py) in a one-node instance of `tp` ranks on the store at
+    `port`, and its instance group."""
+    from blitzscale.worker.world import Links
+
+    torch.set_num_threads(1)
+    links = Links(rank, 0, "127.0.0.1", port, torch.device("cpu"), 120.0, tp)
+    links.connect_instance(dict.fromkeys(range(tp), 0))
+    group = links.instance
+    assert group is not None
+    return links, group
 
 
 def shard_main(
@@ -39,14 +95,9 @@ def shard_main(
     from blitzscale.messages import TPSetupMsg, TPStopMsg
     from blitzscale.worker.tp import TPLeader
     from blitzscale.worker.tp_follower import TPFollower, TPInbox
-    from blitzscale.worker.world import Links
 
-    torch.set_num_threads(1)
     os.environ.setdefault("BLITZSCALE_CHECK_INTEGRITY", "1")
-    links = Links(rank, 0, "127.0.0.1", port, torch.device("cpu"), 120.0, tp)
-    links.connect_instance(dict.fromkeys(range(tp), 0))
-    group = links.instance
-    assert group is not None
+    links, group = instance_links(rank, port, tp)
     results: dict[str, list[list[int]]] = {}
     cfg = EngineConfig(block_size=16, num_kv_blocks=64, max_num_batched_tokens=24, max_num_seqs=8)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -96,13 +147,8 @@ def live_shard_main(
     from blitzscale.messages import TPSetupMsg, TPStopMsg
     from blitzscale.worker.tp import InstanceReadiness, TPLeader
     from blitzscale.worker.tp_follower import TPFollower, TPInbox
-    from blitzscale.worker.world import Links
 
-    torch.set_num_threads(1)
-    links = Links(rank, 0, "127.0.0.1", port, torch.device("cpu"), 120.0, 2)
-    links.connect_instance({0: 0, 1: 0})
-    group = links.instance
-    assert group is not None
+    links, group = instance_links(rank, port, 2)
     weights = load_weights(resolve_model(spec), dtype=torch.float32, tp_size=2, tp_rank=rank)
     cfg = EngineConfig(block_size=16, num_kv_blocks=64, max_num_batched_tokens=256, max_num_seqs=8)
     if rank == 0:
@@ -165,13 +211,8 @@ def failing_leader_main(rank: int, port: int, spec: str, out: Any) -> None:
     from blitzscale.messages import ActivateMsg, GenerateMsg, OutputsMsg, sampling_msg
     from blitzscale.worker.serving import ServingLoop
     from blitzscale.worker.tp_follower import TPFollower, TPInbox
-    from blitzscale.worker.world import Links
 
-    torch.set_num_threads(1)
-    links = Links(rank, 0, "127.0.0.1", port, torch.device("cpu"), 120.0, 2)
-    links.connect_instance({0: 0, 1: 0})
-    group = links.instance
-    assert group is not None
+    links, group = instance_links(rank, port, 2)
     weights = load_weights(resolve_model(spec), dtype=torch.float32, tp_size=2, tp_rank=rank)
     if rank != 0:  # follows until killed: the failed step leaves it in an all-reduce
         follow(TPInbox(zmq.Context.instance(), group), TPFollower(links, group), {spec: weights}.get)
