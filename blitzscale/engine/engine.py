@@ -98,6 +98,9 @@ class LLMEngine:
         self.kv_room = kv_room
         self.config = config.for_device(weights.device.type)
         self.tp_group = tp_group
+        # a tensor-parallel forward raised part-way: the other shards may be inside its
+        # collectives, so this engine must not step again (worker/serving.py ends the worker)
+        self.tp_forward_broken = False
         self.tokenizer = tokenizer
         self.model_config = weights.config
         self._init_limits(weights)
@@ -434,8 +437,12 @@ class LLMEngine:
             logits = self.runner.execute(sched, ov.in_flight if ov is not None else None)
         except torch.OutOfMemoryError as err:
             if self.tp_group is not None:
+                self.tp_forward_broken = True
                 raise  # (its shards are mid-step: the step fails as a whole)
             error = oom_error(err)
+        except Exception:
+            self.tp_forward_broken = self.tp_group is not None
+            raise
         else:
             self.backoff.fitted()
             return logits

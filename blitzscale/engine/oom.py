@@ -18,8 +18,9 @@ After `RECOVER_STEPS` steps that fit, the cap doubles; it goes once it reaches t
 configured limits. Only when a step of one request and one token does not fit does that
 request fail (finish_reason "error", a message naming memory); the others go on. A
 tensor-parallel instance's step is not retried (its shards would be left mid-step): there
-the error ends the leader's worker (worker/serving.py), the cluster rebuilds the whole
-group, and the router runs the step's requests again.
+the error marks the engine's forward broken and ends the leader's worker
+(worker/serving.py); the cluster rebuilds the whole group, and the router runs the step's
+requests again.
 """
 
 from __future__ import annotations

@@ -329,16 +329,18 @@ class ServingLoop:
         (Out of device memory in its forward the engine retries smaller steps itself,
         engine/oom.py; elsewhere in a step, that error fails it too, and the allocator's
         cache is freed.) Paced, it lasts its reference time: the rest of it is slept, before
-        the outputs go. A tensor-parallel instance's step that fails ends the worker at
-        once: its other shards may be inside that step's collectives, and the next step's
-        would pair with theirs (a hang, or sums of the wrong tensors); the cluster stops
-        the rest of the group and respawns it, and the router runs the requests again."""
+        the outputs go. A tensor-parallel instance's step whose forward failed ends the
+        worker at once: its other shards may be inside that step's collectives, and the
+        next step's would pair with theirs (a hang, or sums of the wrong tensors); the
+        cluster stops the rest of the group and respawns it, and the router runs the
+        requests again. (A failure after the forward, in sampling or detokenizing, fails
+        the step's requests as on any instance.)"""
         started = time.perf_counter()
         try:
             outs = e.step()
         except Exception as err:
             log.exception("rank %d: an engine step failed", self.rank)
-            if self.tp is not None:
+            if self.tp is not None and e.tp_forward_broken:
                 members = list(self.tp.instance.members)
                 raise WorkerBrokenError(
                     f"rank {self.rank}: a step of the tensor-parallel instance {members} failed"

@@ -201,9 +201,11 @@ def live_shard_main(
 
 def failing_leader_main(rank: int, port: int, spec: str, out: Any) -> None:
     """A TP2 instance behind shard 0's serving loop (the worker's `ServingLoop`): a request
-    served end to end, then a step whose leader fails after its shards began the layers
-    (they wait in that step's all-reduce). Shard 0 puts {"tokens", "raised", "message"}
-    in `out`: what the loop raised on that step, if anything, within 50 ticks."""
+    served end to end; one whose step fails after the forward (in its stop check), then the
+    first prompt again; then a step whose leader fails after its shards began the layers
+    (they wait in that step's all-reduce). Shard 0 puts {"tokens", "post" (the second's
+    finish reason and error), "again" (the third's tokens), "raised", "message"} in `out`:
+    what the loop raised on the last step, if anything, within 50 ticks."""
     import zmq
 
     from blitzscale.checkpoint import load_weights, resolve_model
@@ -224,10 +226,29 @@ def failing_leader_main(rank: int, port: int, spec: str, out: Any) -> None:
         weights, None, ActivateMsg(op_id=1, model=spec, source=spec, role="colocated", engine=engine)
     )
     params = sampling_msg(SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
-    serving.handle(GenerateMsg(request_id="ok", prompt_token_ids=[5, 9, 17, 33, 2], params=params))
-    while not serving.is_idle:
-        serving.tick()
-    tokens = [t for m in sent if isinstance(m, OutputsMsg) for o in m.outputs for t in o.new_token_ids]
+    prompt = [5, 9, 17, 33, 2]
+
+    def run(rid: str) -> list[Any]:
+        serving.handle(GenerateMsg(request_id=rid, prompt_token_ids=prompt, params=params))
+        while not serving.is_idle:
+            serving.tick()
+        return [o for m in sent if isinstance(m, OutputsMsg) for o in m.outputs if o.request_id == rid]
+
+    tokens = [t for o in run("ok") for t in o.new_token_ids]
+    # a failure after the forward (its collectives done) fails only its request
+    e = serving.engine
+    assert e is not None
+    real_stop = e.outputs.check_stop
+
+    def check_stop(req: Any) -> Any:
+        if req.request_id == "post":
+            raise RuntimeError("injected: after the forward")
+        return real_stop(req)
+
+    e.outputs.check_stop = check_stop  # type: ignore[method-assign]
+    post = run("post")[-1]
+    e.outputs.check_stop = real_stop  # type: ignore[method-assign]
+    again = [t for o in run("again") for t in o.new_token_ids]
     tp = serving.tp
     assert tp is not None
     real = tp.on_layers
@@ -238,7 +259,13 @@ def failing_leader_main(rank: int, port: int, spec: str, out: Any) -> None:
 
     tp.on_layers = failing  # type: ignore[method-assign]
     serving.handle(GenerateMsg(request_id="bad", prompt_token_ids=[7, 7, 7], params=params))
-    result: dict[str, Any] = {"tokens": tokens, "raised": None, "message": ""}
+    result: dict[str, Any] = {
+        "tokens": tokens,
+        "post": (post.finish_reason, post.error),
+        "again": again,
+        "raised": None,
+        "message": "",
+    }
     try:
         for _ in range(50):
             serving.tick()
