@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,42 +80,14 @@ def cost_report(
     profile = costprobe.cached_profile(folder, key) if folder is not None else None
     cached = profile is not None
     if profile is None:
-        points = costprobe.probe_points(device, engine_cfg)
-        if msg.tp > 1:
-            leader = _leader_of(instance, msg.tp, rank)
-            profile = _measure_tp(msg, config, dtype, device, engine_cfg, points, leader)
-        else:
-            profile = _measure(msg, config, dtype, device, engine_cfg, points, standby)
+        probe = _Probe(msg, config, dtype, device, engine_cfg, costprobe.probe_points(device, engine_cfg))
+        profile = probe.on_instance(_leader_of(instance, msg.tp, rank)) if msg.tp > 1 else probe.here(standby)
     if not cached and folder is not None:
         costprobe.save_profile(folder, key, profile)
     took = time.perf_counter() - t
     how = "read back" if cached else "measured"
     log.info("rank %d: cost model of %s %s in %.2f s", rank, msg.model, how, took)
     return msgspec.structs.replace(out, profile=profile, cached=cached, probe_s=took)
-
-
-def _measure(
-    msg: ProfileMsg,
-    config: Any,
-    dtype: torch.dtype,
-    device: torch.device,
-    engine_cfg: EngineConfig,
-    points: costprobe.ProbePoints,
-    sb: Standby,
-) -> Profile:
-    """On the standby engine when it is this model's and of this engine configuration (its
-    buffer filled with stand-in weights: none have arrived in it), else a scratch engine."""
-    ours = sb.spec is not None and sb.spec.model == msg.model and sb.weights is not None
-    if ours and sb.engine is not None and sb.engine.config == engine_cfg:
-        assert sb.weights is not None
-        with costprobe.stand_in(sb.weights):
-            return costprobe.measure(sb.engine, points, msg.model)
-    engine = costprobe.scratch_engine(config, dtype, device, engine_cfg, points)
-    try:
-        return costprobe.measure(engine, points, msg.model)
-    finally:
-        del engine
-        free_device_memory(device)
 
 
 def _leader_of(instance: InstanceGroup | None, tp: int, rank: int) -> TPLeader:
@@ -126,36 +100,64 @@ def _leader_of(instance: InstanceGroup | None, tp: int, rank: int) -> TPLeader:
     return TPLeader(instance)
 
 
-def _measure_tp(
-    msg: ProfileMsg,
-    config: Any,
-    dtype: torch.dtype,
-    device: torch.device,
-    engine_cfg: EngineConfig,
-    points: costprobe.ProbePoints,
-    leader: TPLeader,
-) -> Profile:
-    """A scratch instance across `leader`'s group: shard 0's engine here, the other shards
-    on stand-in weights of their own with KV caches of its size, dropped after."""
-    engine = costprobe.scratch_engine(config, dtype, device, engine_cfg, points, leader)
-    setup = TPSetupMsg(
-        model=msg.model,
-        num_blocks=engine.counts()["total_blocks"],
-        block_size=engine_cfg.block_size,
-        max_model_len=engine.max_model_len,
-        stand_in_source=msg.source,
-    )
-    leader.send(setup)
-    try:
-        if not leader.all_ok():
-            members = list(leader.instance.members)
-            raise BlitzScaleError(f"ranks {members}: a shard could not build its stand-in of {msg.model}")
-        return costprobe.measure(engine, points, msg.model)
-    finally:
+@dataclass(frozen=True)
+class _Probe:
+    """One measurement of `msg.model`'s cost model on this device: its config, the engine
+    configuration and the points to time."""
+
+    msg: ProfileMsg
+    config: Any
+    dtype: torch.dtype
+    device: torch.device
+    engine_cfg: EngineConfig
+    points: costprobe.ProbePoints
+
+    def here(self, sb: Standby) -> Profile:
+        """On the standby engine when it is this model's and of this engine configuration
+        (its buffer filled with stand-in weights: none have arrived in it), else a scratch
+        engine."""
+        ours = sb.spec is not None and sb.spec.model == self.msg.model and sb.weights is not None
+        if ours and sb.engine is not None and sb.engine.config == self.engine_cfg:
+            assert sb.weights is not None
+            with costprobe.stand_in(sb.weights):
+                return costprobe.measure(sb.engine, self.points, self.msg.model)
+        return self._on_scratch(lambda engine: costprobe.measure(engine, self.points, self.msg.model))
+
+    def on_instance(self, leader: TPLeader) -> Profile:
+        """A scratch instance across `leader`'s group: shard 0's engine here, the other
+        shards on stand-in weights of their own with KV caches of its size, dropped after."""
+        return self._on_scratch(lambda engine: self._lead(engine, leader), leader)
+
+    def _lead(self, engine: Any, leader: TPLeader) -> Profile:
+        msg = self.msg
+        setup = TPSetupMsg(
+            model=msg.model,
+            num_blocks=engine.counts()["total_blocks"],
+            block_size=self.engine_cfg.block_size,
+            max_model_len=engine.max_model_len,
+            stand_in_source=msg.source,
+        )
+        leader.send(setup)
         try:
-            leader.send(TPStopMsg())
-            leader.flush()
-        except Exception as e:  # (a broken group: keep what broke the probe, not this)
-            log.error("the cost probe's instance group could not be stopped: %s", e)
-        del engine
-        free_device_memory(device)
+            if not leader.all_ok():
+                members = list(leader.instance.members)
+                raise BlitzScaleError(f"ranks {members}: a shard could not build its stand-in of {msg.model}")
+            return costprobe.measure(engine, self.points, msg.model)
+        finally:
+            try:
+                leader.send(TPStopMsg())
+                leader.flush()
+            except Exception as e:  # (a broken group: keep what broke the probe, not this)
+                log.error("the cost probe's instance group could not be stopped: %s", e)
+
+    def _on_scratch(self, run: Callable[[Any], Profile], leader: TPLeader | None = None) -> Profile:
+        """`run` on a scratch engine for the probe (shard 0's, leading `leader`), freed after
+        (this frame holds its only reference, so the device memory goes back here)."""
+        engine = costprobe.scratch_engine(
+            self.config, self.dtype, self.device, self.engine_cfg, self.points, leader
+        )
+        try:
+            return run(engine)
+        finally:
+            del engine
+            free_device_memory(self.device)
