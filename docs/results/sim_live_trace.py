@@ -6,7 +6,9 @@ between two moments of each run's virtual clock:
   tokens outstanding, seconds until a live target's last layer lands, its partner's
   pipeline) with `control/routing.py`'s finish estimate, and the rank chosen;
 - `relay`: each round of `serve/live.py`: per live target, its partner, whether the partner
-  has prompts of its own, and the prompts queued on the target.
+  has prompts of its own, and the prompts queued on the target;
+- `ask`: each relay the round asks a target for (its head pulled by the partner, or moved to
+  another instance by `_rescue`), with the head's request id and tokens.
 
     .venv/bin/python docs/results/sim_live_trace.py --from 94.9 --to 96.6 --min-tokens 2000 -- \\
         simulate --preset paper-b --model llama3-8b --trace /tmp/win.csv --format azure --policy blitz \\
@@ -25,6 +27,7 @@ import sys
 from blitzscale import clock
 from blitzscale.cli.main import main as blitzscale_main
 from blitzscale.control import routing
+from blitzscale.messages import RelayMsg
 from blitzscale.serve import live, placement
 
 
@@ -50,15 +53,29 @@ def _relays(lo: float, hi: float) -> None:
     rounds = live.LiveScaling.round
 
     async def traced(self):  # type: ignore[no-untyped-def]
-        if lo <= clock.now() <= hi:
-            for target, source in self.pairs.items():
-                src = self.state.get(source) if source is not None else None
-                queued = [len(r.prompt) for r in self.router.prefilling_on(target)]
-                print(
-                    f"relay t={clock.now():.3f} target={target} partner={source} "
-                    f"partner_tokens={getattr(src, 'outstanding_tokens', None)} queued={queued}"
-                )
-        await rounds(self)
+        rt = self.router
+        if not lo <= clock.now() <= hi:
+            return await rounds(self)
+        for target, source in self.pairs.items():
+            src = self.state.get(source) if source is not None else None
+            queued = [len(r.prompt) for r in rt.prefilling_on(target)]
+            print(
+                f"relay t={clock.now():.3f} target={target} partner={source} "
+                f"partner_tokens={getattr(src, 'outstanding_tokens', None)} queued={queued}"
+            )
+        send = rt.data.send
+
+        async def asked(rank, msg):  # type: ignore[no-untyped-def]
+            if isinstance(msg, RelayMsg):  # a pull by the partner, or a move elsewhere
+                head = [(r.id, len(r.prompt)) for r in rt.prefilling_on(rank)[:1]]
+                print(f"ask t={clock.now():.3f} target={rank} -> rank {msg.dst_rank}: head={head}")
+            await send(rank, msg)
+
+        rt.data.send = asked
+        try:
+            await rounds(self)
+        finally:
+            rt.data.send = send
 
     live.LiveScaling.round = traced
 
