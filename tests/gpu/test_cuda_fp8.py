@@ -250,7 +250,7 @@ def test_the_gemv_widens_every_e4m3_value_exactly() -> None:
         assert torch.equal(got, q.t().float().to(torch.bfloat16)), k
 
 
-@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("rows", [1, 5, 64, 600])
 @torch.inference_mode()
 def test_fused_norm_and_silu_quantize_as_the_torch_reference_does(rows: int) -> None:
     """The Triton norm and SiLU kernels that quantize their output (and apply an FP8
@@ -279,7 +279,14 @@ def test_fused_norm_and_silu_quantize_as_the_torch_reference_does(rows: int) -> 
         (qa, ra), (qb, rb) = (ops.add_rms_norm_quant(delta, residual, weight, 1e-5) for ops in (fused, ref))
         assert same(qa, qb) and torch.equal(ra, rb), type(delta).__name__
     for gate_up in (randn(rows, 2 * inter), unscaled(2 * inter)):
-        assert same(fused.silu_mul_quant(gate_up), ref.silu_mul_quant(gate_up)), type(gate_up).__name__
+        want = ref.silu_mul_quant(gate_up)
+        assert same(fused.silu_mul_quant(gate_up), want), type(gate_up).__name__
+        # both kernels whatever the rows: one program a row, and two over every block
+        for row_from in (0, 1 << 30):
+            assert same(fused.silu_mul_quant(gate_up, row_from=row_from), want), (
+                type(gate_up).__name__,
+                row_from,
+            )
 
 
 class Unfused:

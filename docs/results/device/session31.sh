@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 31's device runs (the FP8 GEMV widening by moving bits), one step per call:
-#   bash docs/results/device/session31.sh fp8|profiles
+#   bash docs/results/device/session31.sh fp8|profiles|silu
 # Writes under $OUT (the device tool's folder; ./out elsewhere). Needs the wheels in .whl/.
 set -u
 OUT=${OUT:-out}
@@ -20,6 +20,19 @@ fp8)
         python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['fp8_over_dense'])" \
             "$OUT/bench_engine_fp8_run$run.json" 2>&1 | tail -3
     done
+    ;;
+silu)
+    # one program a row for the FP8 SiLU's quantization of many rows (prefill)
+    timeout 120 python3 -m pytest tests/gpu/test_cuda_fp8.py -m gpu -q -x -p no:cacheprovider \
+        --confcutdir=tests/gpu 2>&1 | tail -2
+    timeout 90 python3 docs/results/fp8_silu_rows.py 2>&1 | tail -12
+    for run in 1 2; do
+        timeout 200 python3 -m blitzscale.cli.main bench engine --model random:llama3-8b --device cuda \
+            --dtype fp8 --batch-sizes 1,64 --context-lens 512 --no-hf > "$OUT/bench_engine_fp8_silu_run$run.json" 2>/dev/null
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['fp8_over_dense'], d['dense']['prefill_ms'], d['fp8']['prefill_ms'])" \
+            "$OUT/bench_engine_fp8_silu_run$run.json" 2>&1 | tail -2
+    done
+    timeout 100 python3 docs/results/fp8_step_kernels.py prefill 2>&1 | cut -c1-300 | tail -4
     ;;
 profiles)
     # the simulator's H200 profiles (bf16 and FP8) again: the GEMV, and mixed steps as graphs
