@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from blitzscale.model import pdl
+
 MAX_ROWS = 1  # steps of this many tokens take the GEMV
 W8A8_MAX_ROWS = 64  # steps of up to this many that it does not take: `w8a8_matmul`; more
 # (prefill): rowwise `_scaled_mm`
@@ -42,6 +44,10 @@ GEMV_BLOCK_N = 8
 GEMV_BLOCK_W = 512
 GEMV_MIN_BLOCK_W = 256
 GEMV_WARPS = 4
+# Launch the GEMV with programmatic dependent launch where the GPU has it (model/pdl.py):
+# its programs read their first weight strip while the kernel before (a norm, the
+# attention's merge, the SiLU) still runs, and wait for it only to read the row.
+GEMV_PDL = True
 E4M3_BITS = tl.constexpr(-2014314496)  # 0x87F00000 as int32: a float32's sign and its bits 20-26
 TWO_60 = tl.constexpr(1.152921504606847e18)  # 2^60
 
@@ -59,16 +65,34 @@ def e4m3_byte_as_f32(word, SHIFT: tl.constexpr):
     return ((t >> 4) & E4M3_BITS).to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def _gemv_strip(acc, word, xp):
+    """acc + the strip's products: `word` the strip's int32 words of four weights, `xp` the
+    row's entries at the first weight of each word (scaled by 2^60 as they are read)."""
+    x0 = tl.load(xp).to(tl.float32) * TWO_60
+    x1 = tl.load(xp + 1).to(tl.float32) * TWO_60
+    x2 = tl.load(xp + 2).to(tl.float32) * TWO_60
+    x3 = tl.load(xp + 3).to(tl.float32) * TWO_60
+    acc += e4m3_byte_as_f32(word, 24) * x0[None, :]
+    acc += e4m3_byte_as_f32(word, 16) * x1[None, :]
+    acc += e4m3_byte_as_f32(word, 8) * x2[None, :]
+    acc += e4m3_byte_as_f32(word, 0) * x3[None, :]
+    return acc
+
+
 @triton.jit(do_not_specialize=["stride_x"])
 def _w8a16_gemv(
     x_ptr, w_ptr, s_ptr, out_ptr, N, KW, stride_x, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """out[row] = x[row] @ (w * s)^T for w_ptr the [N, K] e4m3 weight viewed as int32
     [N, KW = K / 4] (little-endian: byte j of a word is column 4 * word + j). The row is
     multiplied by 2^60 and the sum by 2^60 * s, so each product is the fp32 GEMV's times
     2^-60 (powers of two: exact) and stays a normal float down to |w x| of 2^-66. (A row
     entry past 2^68, 3e20, would overflow; a bf16 activation of a working model is
-    nowhere near.)"""
+    nowhere near.) PDL: launched with programmatic dependent launch; the first strip is
+    read before waiting for the kernel that writes x (each next strip at the end of an
+    iteration, so the loop is the same loads in the same order)."""
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -77,18 +101,19 @@ def _w8a16_gemv(
     xp = x_ptr + row * stride_x + rw * 4
     wp = w_ptr + rn[:, None].to(tl.int64) * KW + rw[None, :]
     acc = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-    for _ in range(0, KW, BLOCK_W):
+    if PDL:
         word = tl.load(wp, mask=n_ok[:, None], other=0)
-        x0 = tl.load(xp).to(tl.float32) * TWO_60
-        x1 = tl.load(xp + 1).to(tl.float32) * TWO_60
-        x2 = tl.load(xp + 2).to(tl.float32) * TWO_60
-        x3 = tl.load(xp + 3).to(tl.float32) * TWO_60
-        acc += e4m3_byte_as_f32(word, 24) * x0[None, :]
-        acc += e4m3_byte_as_f32(word, 16) * x1[None, :]
-        acc += e4m3_byte_as_f32(word, 8) * x2[None, :]
-        acc += e4m3_byte_as_f32(word, 0) * x3[None, :]
-        xp += BLOCK_W * 4
-        wp += BLOCK_W
+        pdl.wait_for_previous()
+        for k0 in range(0, KW, BLOCK_W):
+            acc = _gemv_strip(acc, word, xp)
+            xp += BLOCK_W * 4
+            wp += BLOCK_W
+            word = tl.load(wp, mask=n_ok[:, None] & (k0 + BLOCK_W < KW), other=0)
+    else:
+        for _ in range(0, KW, BLOCK_W):
+            acc = _gemv_strip(acc, tl.load(wp, mask=n_ok[:, None], other=0), xp)
+            xp += BLOCK_W * 4
+            wp += BLOCK_W
     s = tl.load(s_ptr + rn, mask=n_ok, other=0.0)
     out = tl.sum(acc, axis=1) * TWO_60 * s
     tl.store(out_ptr + row * N + rn, out.to(out_ptr.dtype.element_ty), mask=n_ok)
@@ -157,19 +182,23 @@ def w8a16_matmul(
     block_n: int = GEMV_BLOCK_N,
     block_w: int | None = None,
     warps: int = GEMV_WARPS,
+    launch_pdl: bool | None = None,
 ) -> torch.Tensor:
     """x [M, K] bf16 times (weight [N, K] e4m3 * scale [N] fp32)^T -> [M, N] bf16 (M <=
     MAX_ROWS: one program row per row of x; the strip's shape is the sweep's to vary,
     block_w by default GEMV_BLOCK_W words where they divide K / 4, else GEMV_MIN_BLOCK_W).
+    `launch_pdl`: programmatic dependent launch (default: GEMV_PDL where the GPU has it).
     Compiled by the first CUDA graph capture, so no step compiles while serving."""
     m, k = x.shape
     n = weight.shape[0]
     if block_w is None:
         block_w = GEMV_BLOCK_W if (k // 4) % GEMV_BLOCK_W == 0 else GEMV_MIN_BLOCK_W
     x = x if x.stride(1) == 1 else x.contiguous()
+    if launch_pdl is None:
+        launch_pdl = GEMV_PDL and pdl.supported(x.device)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _w8a16_gemv[(triton.cdiv(n, block_n), m)](
         x, weight.view(torch.int32), scale, out, n, k // 4, x.stride(0),
-        BLOCK_N=block_n, BLOCK_W=block_w, num_warps=warps,
+        BLOCK_N=block_n, BLOCK_W=block_w, PDL=launch_pdl, num_warps=warps, launch_pdl=launch_pdl,
     )  # fmt: skip
     return out

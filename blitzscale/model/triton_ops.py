@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from blitzscale.model import pdl
 from blitzscale.model.attention.triton_kernels import rope_pair
 from blitzscale.model.fp8_values import QuantRows, Unscaled
 from blitzscale.model.quant import FP8_MAX, MIN_SCALE
@@ -59,7 +60,9 @@ def _rms_norm(
     QUANT: tl.constexpr,
 ):  # fmt: skip
     """out = rms_norm(x [+ residual]) * w. SCALED: x is an FP8 product without its scales
-    (x * xs[row] * ws[col], rounded, first); QUANT: out is e4m3, its row's scale in s."""
+    (x * xs[row] * ws[col], rounded, first); QUANT: out is e4m3, its row's scale in s.
+    The linear after it may start at once (model/pdl.py)."""
+    pdl.let_dependents_launch()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < N
@@ -105,6 +108,7 @@ def _silu_mul_cols(gu_ptr, xs_ptr, ws_ptr, row, stride_gu, N, cols, SCALED: tl.c
 
 @triton.jit
 def _silu_mul(gu_ptr, out_ptr, stride_gu, N, BLOCK: tl.constexpr):
+    pdl.let_dependents_launch()  # down_proj's GEMV may start (model/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     out = _silu_mul_cols(gu_ptr, gu_ptr, gu_ptr, row, stride_gu, N, cols, False)

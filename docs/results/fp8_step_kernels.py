@@ -119,12 +119,18 @@ def prefill_kernels(engine, cfg: EngineBenchConfig, device: torch.device) -> dic
     return {"wall_ms": round(wall, 3), **summarize(events, 1)}
 
 
-def main_prefill() -> None:
-    device = torch.device("cuda")
-    cfg = EngineBenchConfig(model="random:llama3-8b", device="cuda", batch_sizes=(1,), context_lens=(512,))
+def fp8_and_dense(cfg: EngineBenchConfig, device: torch.device) -> tuple[ModelWeights, ModelWeights]:
+    """cfg.model's random weights in FP8, and the same weights dequantized to bf16."""
     fp8 = load_weights(resolve_model(cfg.model), dtype=torch.bfloat16, device=device, quant="fp8")
     dense = ModelWeights.empty(replace(fp8.config, quant="none"), torch.bfloat16, device)
     pack_into(dense, hf_state_dict(fp8).__getitem__)
+    return fp8, dense
+
+
+def main_prefill() -> None:
+    device = torch.device("cuda")
+    cfg = EngineBenchConfig(model="random:llama3-8b", device="cuda", batch_sizes=(1,), context_lens=(512,))
+    fp8, dense = fp8_and_dense(cfg, device)
     res: dict = {"device": torch.cuda.get_device_name(), "prefill_len": cfg.prefill_len}
     engines = {"bf16": eb._engine(dense, cfg, 1), "fp8": eb._engine(fp8, cfg, 1)}
     for rep in range(2):
@@ -141,9 +147,7 @@ def main() -> None:
         return
     device = torch.device("cuda")
     cfg = EngineBenchConfig(model="random:llama3-8b", device="cuda", batch_sizes=(1, 64), context_lens=(512,))
-    fp8 = load_weights(resolve_model(cfg.model), dtype=torch.bfloat16, device=device, quant="fp8")
-    dense = ModelWeights.empty(replace(fp8.config, quant="none"), torch.bfloat16, device)
-    pack_into(dense, hf_state_dict(fp8).__getitem__)
+    fp8, dense = fp8_and_dense(cfg, device)
     res: dict = {"device": torch.cuda.get_device_name(), "context": cfg.context_lens[0]}
     for label, w in (("bf16", dense), ("fp8", fp8)):
         engine = eb._engine(w, cfg, 64)

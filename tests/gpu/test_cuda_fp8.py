@@ -250,6 +250,42 @@ def test_the_gemv_widens_every_e4m3_value_exactly() -> None:
         assert torch.equal(got, q.t().float().to(torch.bfloat16)), k
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
+    reason="programmatic dependent launch needs sm_90",
+)
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)])
+@torch.inference_mode()
+def test_a_gemv_launched_early_still_reads_the_row_its_norm_wrote(n: int, k: int) -> None:
+    """The GEMV launched with programmatic dependent launch (model/pdl.py) reads its first
+    weights while the norm before it runs: inside a CUDA graph replayed with a new input
+    each time, every replay must multiply the row that replay's norm wrote (a GEMV that
+    did not wait would read the last replay's), and give the bits of the GEMV launched
+    the ordinary way; on every Llama-3-8B linear shape."""
+    from blitzscale.model import fp8_matmul
+    from blitzscale.model.triton_ops import TritonOps
+
+    ops = TritonOps()
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, s = quantize_rows(torch.randn(n, k, device="cuda", generator=gen))
+    norm_w = torch.rand(k, device="cuda", generator=gen).to(torch.bfloat16) + 0.5
+    inp = torch.zeros(1, k, device="cuda", dtype=torch.bfloat16)
+    step = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def gemv(pdl: bool) -> torch.Tensor:
+        return fp8_matmul.w8a16_matmul(ops.rms_norm(inp, norm_w, 1e-5), q, s, launch_pdl=pdl)
+
+    gemv(True), gemv(False)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inp.add_(step)
+        out = gemv(True)
+    for rep in range(20):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, gemv(False)), (n, k, rep)
+
+
 @pytest.mark.parametrize("rows", [1, 5, 64, 600])
 @torch.inference_mode()
 def test_fused_norm_and_silu_quantize_as_the_torch_reference_does(rows: int) -> None:

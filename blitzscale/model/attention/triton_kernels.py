@@ -19,6 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from blitzscale.model import pdl
+
 LOG2E = 1.4426950408889634
 # Integer arguments that change from step to step (the block table's width, the decode
 # splits): Triton would compile a variant for each of value 1, a multiple of 16 and any
@@ -101,7 +103,8 @@ def decode_split(
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
 ):  # fmt: skip
     """With DIRECT (one split) the result goes straight to the output (mid_o_ptr is it,
-    mid_lse_ptr unused): no merge launch."""
+    mid_lse_ptr unused): no merge launch. o_proj's GEMV may start at once (model/pdl.py)."""
+    pdl.let_dependents_launch()
     i = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -160,6 +163,7 @@ def decode_merge(
     mid_o_ptr, mid_lse_ptr, out_ptr, qsl_ptr, seqs_ptr, stride_ot, stride_oh, num_splits,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
+    pdl.let_dependents_launch()  # o_proj's GEMV may start (model/pdl.py)
     i = tl.program_id(0)
     h = tl.program_id(1)
     seq = tl.load(seqs_ptr + i)
