@@ -35,6 +35,11 @@ from blitzscale.worker.worker import WorkerConfig
 log = logging.getLogger("blitzscale.cluster")
 INSTALL_HINT = "the ray backend needs Ray: pip install 'blitzscale[ray]'"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# A local Ray instance whose raylet missed Ray's own node-startup limit (30 s, not
+# configurable; seen on a 2-core machine running two test suites) is stopped and started
+# again, up to this many starts in all.
+LOCAL_STARTS = 3
+STARTUP_TIMED_OUT = "timed out during startup"
 AUTH_HINT = (
     " (the cluster uses Ray's token authentication: set RAY_AUTH_MODE=token and the head's"
     " token, RAY_AUTH_TOKEN=$(ray get-auth-token) on the head node, here too; docs/ray.md)"
@@ -168,7 +173,7 @@ class RaySpawner:
         if not ray.is_initialized():
             _check_reachable(self.address)  # (Ray waits for ever on an address with no GCS)
             try:
-                ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=True)
+                self._init()
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise BlitzScaleError(
                     f"cannot join the Ray cluster at {self.address!r} (--ray-address): {e}"
@@ -178,6 +183,20 @@ class RaySpawner:
         if not self.host:
             self.host = self._advertise(host)
         return self.host
+
+    def _init(self) -> None:
+        """`ray.init`; a local instance that timed out starting is started again
+        (LOCAL_STARTS); joining a cluster is tried once."""
+        ray = self.ray
+        for start in range(1, LOCAL_STARTS + 1):
+            try:
+                ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=True)
+                return
+            except Exception as e:  # Ray raises a bare Exception for this one
+                if self.address or STARTUP_TIMED_OUT not in str(e) or start == LOCAL_STARTS:
+                    raise
+                log.warning("the local Ray instance did not start (%s); starting it again", e)
+                ray.shutdown()
 
     def _advertise(self, host: str) -> str:
         """Loopback only works if every node is this machine; otherwise this node's IP."""
