@@ -39,6 +39,11 @@ from blitzscale.model.fp8_values import QuantRows, Unscaled
 from blitzscale.model.quant import FP8_MAX, MIN_SCALE
 
 FP8 = torch.float8_e4m3fn
+# Steps of more than W8A8_MAX_ROWS rows (prefill) take `torch._scaled_mm` with rowwise
+# scales; `use_fast_accum` lets Hopper's tensor cores accumulate the FP8 products without
+# promoting partial sums to fp32 every few K steps (what vLLM's CUTLASS FP8 kernels do):
+# docs/results/fp8_fast_accum.py measures both, speed and error.
+PREFILL_FAST_ACCUM = False
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,7 +187,12 @@ class ScaledMMLinear:
             out = few.apply_scales(product)
         else:
             out = torch._scaled_mm(
-                x.q, weight.t(), scale_a=x.s, scale_b=scale.view(1, n), out_dtype=self.dtype
+                x.q,
+                weight.t(),
+                scale_a=x.s,
+                scale_b=scale.view(1, n),
+                out_dtype=self.dtype,
+                use_fast_accum=PREFILL_FAST_ACCUM,
             )
         return out if bias is None else out + bias
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 32's device runs (issue 32: the FP8 GEMV launched early, the many-row SiLU
-# quantization), one step per call:   bash docs/results/device/session32.sh fp8|tests
+# quantization), one step per call:   bash docs/results/device/session32.sh fp8|prefill|tests
 # Writes under $OUT (the device tool's folder; ./out elsewhere). Needs the wheels in .whl/.
 set -u
 OUT=${OUT:-out}
@@ -16,7 +16,11 @@ fp8)
     timeout 260 python3 docs/results/fp8_pdl.py > "$OUT/fp8_pdl.log" 2>&1
     echo "pdl rc=$?"; cut -c1-400 "$OUT/fp8_pdl.log" | tail -8
     timeout 60 python3 docs/results/fp8_silu_rows.py 2>&1 | tail -11
-    timeout 100 python3 -m blitzscale.cli.main bench engine --model random:llama3-8b --device cuda \
+    ;;
+prefill)
+    timeout 240 python3 docs/results/fp8_fast_accum.py > "$OUT/fp8_fast_accum.log" 2>&1
+    echo "fast_accum rc=$?"; cut -c1-600 "$OUT/fp8_fast_accum.log" | tail -9
+    timeout 150 python3 -m blitzscale.cli.main bench engine --model random:llama3-8b --device cuda \
         --dtype fp8 --batch-sizes 1,64 --context-lens 512 --no-hf > "$OUT/bench_engine_fp8.json" 2>/dev/null
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['fp8_over_dense'], d['dense']['prefill_ms'], d['fp8']['prefill_ms'])" \
         "$OUT/bench_engine_fp8.json" 2>&1 | tail -2
