@@ -32,10 +32,6 @@ from blitzscale.model.quant import FP8_MAX, MIN_SCALE
 from blitzscale.model.rope import RotaryEmbedding
 
 SILU_BLOCK = 1024  # columns of a row per program in `silu_mul` and `silu_mul_quant`
-# `silu_mul_quant` of at least this many rows per SM runs one program a row (each row's
-# SiLU computed twice, never stored); fewer rows take two kernels over every block of every
-# row (one program a row would leave SMs idle): docs/results/fp8_silu_rows.py
-SILU_ROW_PROGRAMS_PER_SM = 2
 
 
 @triton.jit
@@ -147,42 +143,6 @@ def _quantize_part(
     m = cols < N
     x = tl.load(x_ptr + row * N + cols, mask=m, other=0.0).to(tl.float32)
     tl.store(q_ptr + row * N + cols, _quantize_block(x, scale, fp8_max, q_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _silu_mul_quant_row(
-    gu_ptr, xs_ptr, ws_ptr, q_ptr, s_ptr, stride_gu, N, fp8_max, min_scale, BLOCK: tl.constexpr,
-    SCALED: tl.constexpr,
-):  # fmt: skip
-    """`silu_mul_quant` for steps of many rows, one program a row: the row's SiLU(gate) *
-    up once for its largest magnitude, then again to quantize it (the values and so the
-    bits of `_silu_mul_part` + `_quantize_part`, without storing and re-reading them)."""
-    row = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for c0 in range(0, N, BLOCK):
-        act = _silu_mul_cols(gu_ptr, xs_ptr, ws_ptr, row, stride_gu, N, c0 + tl.arange(0, BLOCK), SCALED)
-        amax = tl.maximum(amax, tl.abs(act))
-    scale = _row_scale(tl.max(amax, 0), fp8_max, min_scale)
-    tl.store(s_ptr + row, scale)
-    for c0 in range(0, N, BLOCK):
-        cols = c0 + tl.arange(0, BLOCK)
-        act = _silu_mul_cols(gu_ptr, xs_ptr, ws_ptr, row, stride_gu, N, cols, SCALED)
-        q = _quantize_block(act, scale, fp8_max, q_ptr.dtype.element_ty)
-        tl.store(q_ptr + row * N + cols, q, mask=cols < N)
-
-
-def row_programs(device: torch.device) -> int:
-    """Rows from which `silu_mul_quant` runs one program a row on `device`."""
-    return SILU_ROW_PROGRAMS_PER_SM * _sm_count(device.index or 0)
-
-
-_SMS: dict[int, int] = {}
-
-
-def _sm_count(index: int) -> int:
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
 
 
 @triton.jit
@@ -304,23 +264,16 @@ class TritonOps:
             )
         return out
 
-    def silu_mul_quant(self, gate_up: torch.Tensor | Unscaled, row_from: int | None = None) -> QuantRows:
-        """Steps of few rows: two kernels, each over every block of every row (one program a
-        row, looping over 14,336 columns twice, took 61 us on an H100 for a decode step where
-        these take a few); from `row_from` rows (`row_programs`: a few programs per SM) one
-        program a row, which neither stores nor re-reads the bf16 activations."""
+    def silu_mul_quant(self, gate_up: torch.Tensor | Unscaled) -> QuantRows:
+        """Two kernels, each over every block of every row (one program a row, looping over
+        14,336 columns twice, took 61 us on an H100 where these take a few)."""
         gu = gate_up.out if isinstance(gate_up, Unscaled) else gate_up
         xs, ws = (gate_up.xs, gate_up.ws) if isinstance(gate_up, Unscaled) else (gu, gu)
         n, two = gu.shape
         half = two // 2
         q = torch.empty((n, half), dtype=torch.float8_e4m3fn, device=gu.device)
         scales = torch.empty((n, 1), dtype=torch.float32, device=gu.device)
-        if n and n >= (row_programs(gu.device) if row_from is None else row_from):
-            _silu_mul_quant_row[(n,)](
-                gu, xs, ws, q, scales, gu.stride(0), half, FP8_MAX, MIN_SCALE, BLOCK=SILU_BLOCK,
-                SCALED=isinstance(gate_up, Unscaled), num_warps=4,
-            )  # fmt: skip
-        elif n:
+        if n:
             blocks = triton.cdiv(half, SILU_BLOCK)
             act = torch.empty((n, half), dtype=gu.dtype, device=gu.device)
             amax = torch.empty((n, blocks), dtype=torch.float32, device=gu.device)

@@ -202,8 +202,9 @@ def test_each_step_size_takes_its_fp8_path_and_matches_its_reference(m: int) -> 
     """One row: the weight-only GEMV (model/fp8_matmul.py), against the product of bf16
     activations and the dequantized weights in fp32; 2..W8A8_MAX_ROWS rows: activations
     quantized per token and cuBLAS's FP8 GEMM with the scales applied after; more: rowwise
-    `_scaled_mm`; both against the fp32 product of the same FP8 values. The same bits on a
-    second call, whatever the path."""
+    `_scaled_mm` with fast accumulation (its partial sums not promoted to fp32: up to 2% of
+    the largest output where the others stay under 1%); both against the fp32 product of
+    the same FP8 values. The same bits on a second call, whatever the path."""
     from blitzscale.model import fp8_matmul
     from blitzscale.model.linear import select_linear
     from blitzscale.model.triton_ops import quantize_tokens
@@ -225,7 +226,7 @@ def test_each_step_size_takes_its_fp8_path_and_matches_its_reference(m: int) -> 
             xq, xs = quantize_tokens(x)
             ref = (xq.float() * xs) @ (q.float() * s[:, None]).t()
         err = (out.float() - ref).abs().max() / ref.abs().max()
-        assert float(err) < 0.01, (n, k, float(err))
+        assert float(err) < (0.02 if m > fp8_matmul.W8A8_MAX_ROWS else 0.01), (n, k, float(err))
         assert torch.equal(out, linear(x, q, s))
         cos = torch.nn.functional.cosine_similarity(out.float(), x.float() @ (q.float() * s[:, None]).t(), -1)
         assert float(cos.min()) > 0.99
@@ -315,14 +316,7 @@ def test_fused_norm_and_silu_quantize_as_the_torch_reference_does(rows: int) -> 
         (qa, ra), (qb, rb) = (ops.add_rms_norm_quant(delta, residual, weight, 1e-5) for ops in (fused, ref))
         assert same(qa, qb) and torch.equal(ra, rb), type(delta).__name__
     for gate_up in (randn(rows, 2 * inter), unscaled(2 * inter)):
-        want = ref.silu_mul_quant(gate_up)
-        assert same(fused.silu_mul_quant(gate_up), want), type(gate_up).__name__
-        # both kernels whatever the rows: one program a row, and two over every block
-        for row_from in (0, 1 << 30):
-            assert same(fused.silu_mul_quant(gate_up, row_from=row_from), want), (
-                type(gate_up).__name__,
-                row_from,
-            )
+        assert same(fused.silu_mul_quant(gate_up), ref.silu_mul_quant(gate_up)), type(gate_up).__name__
 
 
 class Unfused:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 32's device runs (issue 32: the FP8 GEMV launched early, the many-row SiLU
-# quantization), one step per call:   bash docs/results/device/session32.sh fp8|prefill|tests
+# quantization), one step per call:   bash docs/results/device/session32.sh fp8|prefill|check|tests
 # Writes under $OUT (the device tool's folder; ./out elsewhere). Needs the wheels in .whl/.
 set -u
 OUT=${OUT:-out}
@@ -15,7 +15,19 @@ fp8)
     tail -3 "$OUT/test_cuda_fp8.log"
     timeout 260 python3 docs/results/fp8_pdl.py > "$OUT/fp8_pdl.log" 2>&1
     echo "pdl rc=$?"; cut -c1-400 "$OUT/fp8_pdl.log" | tail -8
-    timeout 60 python3 docs/results/fp8_silu_rows.py 2>&1 | tail -11
+    ;;
+check)
+    # after: fast accumulation on for prefill; the FP8 tests and bench engine twice
+    timeout 150 python3 -m pytest tests/gpu/test_cuda_fp8.py -m gpu -q -x -p no:cacheprovider \
+        --confcutdir=tests/gpu > "$OUT/test_cuda_fp8.log" 2>&1
+    tail -3 "$OUT/test_cuda_fp8.log"
+    for run in 1 2; do
+        timeout 150 python3 -m blitzscale.cli.main bench engine --model random:llama3-8b --device cuda \
+            --dtype fp8 --batch-sizes 1,2,4,8,16,32,64 --context-lens 512 --no-hf \
+            > "$OUT/bench_engine_fp8_run$run.json" 2> "$OUT/bench_engine_fp8_run$run.err"
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['fp8_over_dense'], d['dense']['prefill_ms'], d['fp8']['prefill_ms'])" \
+            "$OUT/bench_engine_fp8_run$run.json" 2>&1 | tail -2
+    done
     ;;
 prefill)
     timeout 240 python3 docs/results/fp8_fast_accum.py > "$OUT/fp8_fast_accum.log" 2>&1
