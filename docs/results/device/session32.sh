@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 32's device runs (issue 32: the FP8 GEMV launched early, the many-row SiLU
-# quantization), one step per call:   bash docs/results/device/session32.sh fp8|prefill|check|tests
+# quantization), one step per call:   bash docs/results/device/session32.sh fp8|prefill|check|profile|tests
 # Writes under $OUT (the device tool's folder; ./out elsewhere). Needs the wheels in .whl/.
 set -u
 OUT=${OUT:-out}
@@ -36,6 +36,14 @@ prefill)
         --dtype fp8 --batch-sizes 1,64 --context-lens 512 --no-hf > "$OUT/bench_engine_fp8.json" 2>/dev/null
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['fp8_over_dense'], d['dense']['prefill_ms'], d['fp8']['prefill_ms'])" \
         "$OUT/bench_engine_fp8.json" 2>&1 | tail -2
+    ;;
+profile)
+    # the simulator's H200 FP8 profile again (PDL GEMV, fast-accumulation prefill)
+    grep -q H200 "$OUT/gpu.txt" || { echo "not an H200: no profile"; exit 0; }
+    timeout 280 python3 -m blitzscale.cli.main profile --model random:llama3-8b:fp8 --device cuda \
+        --batches 1,8,32,64,128 --contexts 128,512,2048 --prefill 128,512,1024,2048,4096 \
+        --out "$OUT/profile_llama3-8b-fp8.json" > "$OUT/profile_llama3-8b-fp8.log" 2>&1
+    echo "rc=$?"; tail -2 "$OUT/profile_llama3-8b-fp8.log"
     ;;
 tests)
     timeout 560 make test-gpu > "$OUT/test_gpu.log" 2>&1
