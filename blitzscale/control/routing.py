@@ -26,12 +26,15 @@ class Option:
     has_room: bool  # it may take the prompt now (its token budget and batch)
     loaded_in_s: float = 0.0  # a loading live target: seconds until its last layer lands
     pipeline_tokens: int | None = None  # a live target's partner: its and all its targets' tokens
+    cached_tokens: int = 0  # of the prompt, what its prefix cache likely holds (work not done)
 
 
 def finish_s(o: Option, tokens: int, rate: float) -> float:
     """Seconds until a prompt of `tokens` sent to `o` now would be prefilled, at `rate`
-    prompt tokens a second (one instance's)."""
-    alone = max(o.loaded_in_s, (o.outstanding_tokens + tokens) / rate)
+    prompt tokens a second (one instance's); the tokens `o` likely has cached are not
+    prefilled again there (a live target's partner pipeline is timed on the whole prompt:
+    the partner runs its share of the layers for every token)."""
+    alone = max(o.loaded_in_s, (o.outstanding_tokens + max(0, tokens - o.cached_tokens)) / rate)
     if o.pipeline_tokens is None:
         return alone
     return min(alone, (o.pipeline_tokens + tokens) / rate)

@@ -7,7 +7,7 @@ a loading live target is among them, where the prompt is prefilled first
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from blitzscale import clock
@@ -78,10 +78,21 @@ class Placement:
         fits = self._candidates(role, need_tokens, want)
         if not fits:
             return None
+        cached = self._cached(want, fits, prefix)
         if any(self.live.loading_target(i.rank) for i in fits):
-            return self._finish_first(role, need_tokens, want, fits)
+            return self._finish_first(role, need_tokens, want, fits, cached)
         if not prefix:
             return min(fits, key=lambda i: (i.outstanding_tokens, i.num_assigned))
+        return min(fits, key=lambda i: (i.outstanding_tokens - cached(i), i.num_assigned))
+
+    def _cached(
+        self, want: str, fits: list[Instance], prefix: list[bytes] | None
+    ) -> Callable[[Instance], int]:
+        """Tokens of a prompt with block hashes `prefix` that an instance likely holds in its
+        prefix cache; 0 past a quarter of the engine's batch more requests than the least
+        loaded of `fits` (the cache no longer pulls work there), or without a prefix."""
+        if not prefix:
+            return lambda inst: 0
         rt = self.router
         block = rt.prefix_block_size(want)
         near = min(i.num_assigned for i in fits) + max(1, rt.max_requests(want) // 4)
@@ -91,7 +102,7 @@ class Placement:
                 return 0
             return block * rt.prefixes.cached_blocks(want, inst.rank, inst.loaded_at, prefix)
 
-        return min(fits, key=lambda i: (i.outstanding_tokens - cached(i), i.num_assigned))
+        return cached
 
     def _candidates(
         self, role: Role, need_tokens: int, want: str, over_budget: list[Instance] | None = None
@@ -116,10 +127,13 @@ class Placement:
             fits.append(inst)
         return fits
 
-    def _finish_first(self, role: Role, need_tokens: int, want: str, fits: list[Instance]) -> Instance | None:
+    def _finish_first(
+        self, role: Role, need_tokens: int, want: str, fits: list[Instance], cached: Callable[[Instance], int]
+    ) -> Instance | None:
         """With a loading live target among `fits`: the instance where the prompt is
         prefilled first, or None if it finishes sooner by waiting for one whose prompt
-        budget is full (control/routing.py)."""
+        budget is full (control/routing.py); an instance holding the prompt's prefix
+        (`cached`) prefills only the rest."""
         st, live = self.router.state, self.live
         cost = self.router.cost(want)
         if cost is None:  # (no rate to compare in: the least loaded, as for the rest)
@@ -138,6 +152,6 @@ class Placement:
                 targets = [st.get(t) for t, s in live.pairs.items() if s == source]
                 pipeline = src.outstanding_tokens + sum(t.outstanding_tokens for t in targets if t)
             left = max(0.0, eta - now) if eta is not None else 0.0
-            options.append(Option(inst.rank, inst.outstanding_tokens, room, left, pipeline))
+            options.append(Option(inst.rank, inst.outstanding_tokens, room, left, pipeline, cached(inst)))
         rank = finish_first(options, need_tokens, cost.prefill_rate())
         return st.instances[rank] if rank is not None else None

@@ -39,7 +39,7 @@ def _route(lo: float, hi: float, min_tokens: int) -> None:
         if tokens >= min_tokens and lo <= clock.now() <= hi:
             cells = [
                 f"{o.rank}:{'room' if o.has_room else 'full'} out={o.outstanding_tokens} "
-                f"load={o.loaded_in_s:.3f} pipe={o.pipeline_tokens} "
+                f"cached={o.cached_tokens} load={o.loaded_in_s:.3f} pipe={o.pipeline_tokens} "
                 f"finish={routing.finish_s(o, tokens, rate):.3f}"
                 for o in options
             ]

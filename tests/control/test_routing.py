@@ -44,3 +44,18 @@ def test_ties_go_to_the_fewest_outstanding_tokens_and_a_bad_rate_is_refused() ->
     assert finish_first([a, b], 10, RATE) == 2
     with pytest.raises(ValueError, match="rate"):
         finish_first([a], 10, 0.0)
+
+
+def test_tokens_an_instance_has_cached_are_not_prefilled_again() -> None:
+    target = Option(rank=1, outstanding_tokens=0, has_room=True, loaded_in_s=1.5)
+    holder = Option(rank=2, outstanding_tokens=1000, has_room=True, cached_tokens=700)
+    assert finish_s(holder, 800, RATE) == pytest.approx(1.1)  # 1000 + the 100 not cached
+    assert finish_first([target, holder], 800, RATE) == 2
+    whole = Option(rank=2, outstanding_tokens=1000, has_room=True)
+    assert finish_first([target, whole], 800, RATE) == 1  # 1.8 s without the cache
+    assert finish_s(Option(rank=3, outstanding_tokens=0, has_room=True, cached_tokens=900), 800, RATE) == 0.0
+    # a live target's partner runs its layers for the whole prompt, cached there or not
+    piped = Option(
+        rank=4, outstanding_tokens=0, has_room=True, loaded_in_s=2.0, pipeline_tokens=200, cached_tokens=700
+    )
+    assert finish_s(piped, 800, RATE) == pytest.approx(1.0)

@@ -40,7 +40,12 @@ def profile(tokens_per_s: float, name: str = "m", device: str = "NVIDIA H200") -
 
 
 def _router(
-    cfg: RouterConfig, cost: Profile | None, workers: int = 2, max_num_seqs: int = 32, per_rank: int = 1
+    cfg: RouterConfig,
+    cost: Profile | None,
+    workers: int = 2,
+    max_num_seqs: int = 32,
+    per_rank: int = 1,
+    prefix_block_size: int = 0,
 ) -> Router:
     topo = Topology(
         nodes=1, gpus_per_node=workers, nvlink_bytes_per_s=1e11, nic_bytes_per_s=1e10,
@@ -48,7 +53,11 @@ def _router(
     )  # fmt: skip
     cluster = SimCluster(topo, cost or profile(1000.0), ClusterConfig(num_workers=workers), slots=per_rank)
     router = Router(cfg, slotted(cluster, per_rank), cluster.data, None, "m", 1000, 8192)
-    router.add_model(ServedModel("m", None, 1000, 8192, cost=cost, max_num_seqs=max_num_seqs))
+    router.add_model(
+        ServedModel(
+            "m", None, 1000, 8192, cost=cost, max_num_seqs=max_num_seqs, prefix_block_size=prefix_block_size
+        )
+    )
     return router
 
 

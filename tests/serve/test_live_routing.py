@@ -10,6 +10,7 @@ from blitzscale import clock
 from blitzscale.control.costmodel import Profile
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.messages import LiveReadyMsg
+from blitzscale.serve.prefixes import PrefixIndex
 from blitzscale.serve.router import Router, RouterConfig
 from tests.serve.test_budgets import _router, profile
 
@@ -18,10 +19,13 @@ BUDGET = 2000  # prompt tokens one instance may have outstanding
 COST = profile(RATE)
 
 
-def _live(loaded_in_s: float, cost: Profile | None = COST) -> Router:
+def _live(loaded_in_s: float, cost: Profile | None = COST, block: int = 0) -> Router:
     """Rank 0 serves (colocated); rank 2 partners rank 1, a live target whose first layers
-    landed and whose last land `loaded_in_s` from now (`cost`: the model's cost model)."""
-    router = _router(RouterConfig(mode="colocated", prefill_budget_tokens=BUDGET), cost, workers=3)
+    landed and whose last land `loaded_in_s` from now (`cost`: the model's cost model;
+    `block`: its prefix cache's block size, 0 for none)."""
+    router = _router(
+        RouterConfig(mode="colocated", prefill_budget_tokens=BUDGET), cost, workers=3, prefix_block_size=block
+    )
     for rank in (0, 2):
         router.state.move(rank, InstanceState.LOADING)
         router.state.move(rank, InstanceState.COLOCATED)
@@ -67,3 +71,18 @@ def test_without_a_cost_model_the_least_loaded_takes_it() -> None:
     router = _live(9.0, cost=None)
     router.state.assign(0, 100)
     assert router.pick("colocated", 400) is router.instances[1]
+
+
+def test_a_prompt_whose_prefix_an_instance_holds_is_timed_there_by_the_rest_of_it() -> None:
+    """An 800-token prompt whose first 768 tokens rank 0 has cached: whole, it would finish
+    there in 19 s against the target's 15; only its last 32 tokens to prefill, in 11.3 s.
+    (Session 32: with a live target loading, routing had stopped counting cached prefixes,
+    and prompts left their prefix for an idle target.)"""
+    router = _live(15.0, block=16)
+    router.state.assign(0, 1100)  # rank 0: 11 s of prompts, room for 800 more
+    router.state.assign(2, 3000)  # the partner is busy: the target finishes nothing for 15 s
+    hashes = PrefixIndex.hashes(list(range(801)), 16)  # 50 full blocks
+    assert router.pick("colocated", 800, "m", hashes) is router.instances[1]  # nothing cached yet
+    router.prefixes.record("m", 0, router.instances[0].loaded_at, hashes[:48], 1000)
+    assert router.pick("colocated", 800, "m", hashes) is router.instances[0]
+    assert router.pick("colocated", 800, "m", None) is router.instances[1]  # (no prefix given)
