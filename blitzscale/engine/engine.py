@@ -435,14 +435,13 @@ class LLMEngine:
         ov = self.overlap
         try:
             logits = self.runner.execute(sched, ov.in_flight if ov is not None else None)
-        except torch.OutOfMemoryError as err:
+        except Exception as err:
             if self.tp_group is not None:
                 self.tp_forward_broken = True
-                raise  # (its shards are mid-step: the step fails as a whole)
+                raise  # (its shards are mid-step: the step fails as a whole, out of memory or not)
+            if not isinstance(err, torch.OutOfMemoryError):
+                raise
             error = oom_error(err)
-        except Exception:
-            self.tp_forward_broken = self.tp_group is not None
-            raise
         else:
             self.backoff.fitted()
             return logits
