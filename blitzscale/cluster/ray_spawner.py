@@ -193,10 +193,15 @@ class RaySpawner:
                 ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=True)
                 return
             except Exception as e:  # Ray raises a bare Exception for this one
-                if self.address or STARTUP_TIMED_OUT not in str(e) or start == LOCAL_STARTS:
+                if self.address or STARTUP_TIMED_OUT not in str(e):
                     raise
-                log.warning("the local Ray instance did not start (%s); starting it again", e)
                 ray.shutdown()
+                if start == LOCAL_STARTS:
+                    raise BlitzScaleError(
+                        f"the local Ray instance did not start in {LOCAL_STARTS} tries (each time: {e}); "
+                        "is the machine overloaded? or start Ray yourself and pass --ray-address"
+                    ) from e
+                log.warning("the local Ray instance did not start (%s); starting it again", e)
 
     def _advertise(self, host: str) -> str:
         """Loopback only works if every node is this machine; otherwise this node's IP."""
