@@ -353,19 +353,28 @@ def _speed(weights: ModelWeights, cfg: EngineBenchConfig, device: torch.device) 
     return out
 
 
-def run_fp8_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
-    """FP8 linears (`torch._scaled_mm` on Hopper) against the bf16 model holding the same
-    weights dequantized: logits agreement and speed, in one run on one device."""
+def fp8_and_dequantized(
+    model: str, device: torch.device, dtype: torch.dtype
+) -> tuple[ModelWeights, ModelWeights]:
+    """`model`'s weights in FP8, and the unquantized model (activations in `dtype`) holding
+    the same weights dequantized: the pair every FP8-against-bf16 measurement compares."""
     from dataclasses import replace
 
     from blitzscale.checkpoint.pack import pack_into
 
+    fp8 = load_weights(resolve_model(model), dtype=dtype, device=device, quant="fp8")
+    dense = ModelWeights.empty(replace(fp8.config, quant="none"), dtype, device)
+    pack_into(dense, hf_state_dict(fp8).__getitem__)
+    return fp8, dense
+
+
+def run_fp8_engine_bench(cfg: EngineBenchConfig) -> dict[str, Any]:
+    """FP8 linears (`torch._scaled_mm` on Hopper) against the bf16 model holding the same
+    weights dequantized: logits agreement and speed, in one run on one device."""
     device = torch.device(cfg.device)
     dtype = default_dtype(device)
     t0 = time.perf_counter()
-    fp8 = load_weights(resolve_model(cfg.model), dtype=dtype, device=device, quant="fp8")
-    dense = ModelWeights.empty(replace(fp8.config, quant="none"), dtype, device)
-    pack_into(dense, hf_state_dict(fp8).__getitem__)  # the same weights, dequantized
+    fp8, dense = fp8_and_dequantized(cfg.model, device, dtype)
     result: dict[str, Any] = {
         "config": asdict(cfg),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

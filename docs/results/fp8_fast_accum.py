@@ -33,7 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs" / "results"))
 import fp8_decode_candidates as cand  # noqa: E402
-from fp8_step_kernels import fp8_and_dense  # noqa: E402
 
 from blitzscale.bench import engine_bench as eb  # noqa: E402
 from blitzscale.kvcache.cache import KVCache  # noqa: E402
@@ -102,7 +101,7 @@ torch.cuda.empty_cache()
 # 3. the engine's prefill and logits
 cfg = eb.EngineBenchConfig(batch_sizes=(1,), context_lens=(512,), with_hf=False, dtype="fp8")
 dev = torch.device("cuda")
-fp8, dense = fp8_and_dense(cfg, dev)
+fp8, dense = eb.fp8_and_dequantized(cfg.model, dev, torch.bfloat16)
 fast_of = {"bf16": False, "fp8": False, "fp8_fast": True}
 engines = {}
 for name, fast in fast_of.items():  # (the mixed-step graphs are captured as the flag is)

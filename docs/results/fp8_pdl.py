@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs" / "results"))
 
-from fp8_step_kernels import fp8_and_dense, graph_kernels  # noqa: E402
+from fp8_step_kernels import graph_kernels  # noqa: E402
 
 from blitzscale.bench import engine_bench as eb  # noqa: E402
 from blitzscale.bench.engine_bench import EngineBenchConfig  # noqa: E402
@@ -40,7 +40,7 @@ BATCHES = (1, 2, 64)
 def main() -> None:
     device = torch.device("cuda")
     cfg = EngineBenchConfig(model="random:llama3-8b", device="cuda", batch_sizes=BATCHES, context_lens=(512,))
-    fp8, dense = fp8_and_dense(cfg, device)
+    fp8, dense = eb.fp8_and_dequantized(cfg.model, device, torch.bfloat16)
     res: dict = {"device": torch.cuda.get_device_name(), "context": 512, "runs": []}
     for rep in range(2):
         for label, weights, pdl in (("bf16", dense, False), ("fp8", fp8, False), ("fp8_pdl", fp8, True)):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,12 +35,8 @@ sys.path.insert(0, str(ROOT / "docs" / "results"))
 import fp8_decode_candidates as cand  # noqa: E402
 
 from blitzscale.bench import engine_bench as eb  # noqa: E402
-from blitzscale.checkpoint.loader import load_weights  # noqa: E402
-from blitzscale.checkpoint.pack import hf_state_dict, pack_into  # noqa: E402
-from blitzscale.checkpoint.resolve import resolve_model  # noqa: E402
 from blitzscale.model import fp8_matmul  # noqa: E402
 from blitzscale.model.triton_ops import quantize_tokens  # noqa: E402
-from blitzscale.model.weights import ModelWeights  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
 SWEEP = cand.SweepLog()
@@ -81,9 +76,7 @@ torch.cuda.empty_cache()
 
 # 2. the engine's prefill
 cfg = eb.EngineBenchConfig(batch_sizes=(1,), context_lens=(512,), with_hf=False, dtype="fp8")
-fp8 = load_weights(resolve_model(cfg.model), dtype=torch.bfloat16, device="cuda", quant="fp8")
-dense = ModelWeights.empty(replace(fp8.config, quant="none"), torch.bfloat16, torch.device("cuda"))
-pack_into(dense, hf_state_dict(fp8).__getitem__)
+fp8, dense = eb.fp8_and_dequantized(cfg.model, torch.device("cuda"), torch.bfloat16)
 engines = {"bf16": eb._engine(dense, cfg, 1), "fp8": eb._engine(fp8, cfg, 1)}
 shipped = fp8_matmul.W8A8_MAX_ROWS
 fp8_matmul.W8A8_MAX_ROWS = 8192

@@ -18,7 +18,6 @@ import json
 import os
 import sys
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,9 +28,6 @@ sys.path.insert(0, str(ROOT))
 
 from blitzscale.bench import engine_bench as eb  # noqa: E402
 from blitzscale.bench.engine_bench import EngineBenchConfig  # noqa: E402
-from blitzscale.checkpoint import load_weights, resolve_model  # noqa: E402
-from blitzscale.checkpoint.pack import hf_state_dict, pack_into  # noqa: E402
-from blitzscale.model.weights import ModelWeights  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
 KINDS = (  # first match wins
@@ -119,18 +115,10 @@ def prefill_kernels(engine, cfg: EngineBenchConfig, device: torch.device) -> dic
     return {"wall_ms": round(wall, 3), **summarize(events, 1)}
 
 
-def fp8_and_dense(cfg: EngineBenchConfig, device: torch.device) -> tuple[ModelWeights, ModelWeights]:
-    """cfg.model's random weights in FP8, and the same weights dequantized to bf16."""
-    fp8 = load_weights(resolve_model(cfg.model), dtype=torch.bfloat16, device=device, quant="fp8")
-    dense = ModelWeights.empty(replace(fp8.config, quant="none"), torch.bfloat16, device)
-    pack_into(dense, hf_state_dict(fp8).__getitem__)
-    return fp8, dense
-
-
 def main_prefill() -> None:
     device = torch.device("cuda")
     cfg = EngineBenchConfig(model="random:llama3-8b", device="cuda", batch_sizes=(1,), context_lens=(512,))
-    fp8, dense = fp8_and_dense(cfg, device)
+    fp8, dense = eb.fp8_and_dequantized(cfg.model, device, torch.bfloat16)
     res: dict = {"device": torch.cuda.get_device_name(), "prefill_len": cfg.prefill_len}
     engines = {"bf16": eb._engine(dense, cfg, 1), "fp8": eb._engine(fp8, cfg, 1)}
     for rep in range(2):
@@ -147,7 +135,7 @@ def main() -> None:
         return
     device = torch.device("cuda")
     cfg = EngineBenchConfig(model="random:llama3-8b", device="cuda", batch_sizes=(1, 64), context_lens=(512,))
-    fp8, dense = fp8_and_dense(cfg, device)
+    fp8, dense = eb.fp8_and_dequantized(cfg.model, device, torch.bfloat16)
     res: dict = {"device": torch.cuda.get_device_name(), "context": cfg.context_lens[0]}
     for label, w in (("bf16", dense), ("fp8", fp8)):
         engine = eb._engine(w, cfg, 64)
