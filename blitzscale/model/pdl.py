@@ -14,6 +14,8 @@ ordered.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl  # noqa: F401 (Triton's interpreter looks for it here)
@@ -39,4 +41,11 @@ def wait_for_previous():
 
 def supported(device: torch.device) -> bool:
     """Whether kernels on `device` may be launched with `launch_pdl` (sm_90 and later)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    return device.type == "cuda" and _sm90(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+
+
+@functools.cache
+def _sm90(index: int) -> bool:  # (asked at every GEMV launch: once per GPU)
+    return torch.cuda.get_device_capability(index) >= (9, 0)
