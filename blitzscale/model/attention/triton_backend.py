@@ -27,7 +27,6 @@ from blitzscale.model.attention import triton_kernels as K
 from blitzscale.model.attention.base import AttentionBackend
 from blitzscale.model.attention.metadata import AttentionMetadata
 
-DECODE_BLOCK_N = 64
 MAX_SPLITS = 32
 MERGE_BLOCK_S = triton.next_power_of_2(MAX_SPLITS)  # one merge kernel for any number of splits
 # (the best of 48 tile settings on an H200 for 8B's heads, a 512-token chunk after 0 or 1536
@@ -53,14 +52,68 @@ class _Plan:
     fresh: tuple[tuple[int, int], ...] | None  # (first token, length) when no chunk has a prefix
 
 
-DECODE_WAVES = 2
+@dataclass(frozen=True)
+class DecodeTiles:
+    """How the decode kernel is launched: `block_n` keys a loop iteration, `warps` and
+    `stages` (Triton's software pipelining), and `waves`: the keys are split until the
+    programs fill this many waves over the SMs (`splits` fixes the split count instead)."""
+
+    block_n: int = 64
+    warps: int = 4
+    stages: int = 2
+    waves: int = 2
+    splits: int = 0
+
+    def num_splits(self, num_decode: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
+        """Enough programs for `waves` waves over the GPU, but no split shorter than one key
+        tile."""
+        want = self.splits or -(-self.waves * num_sms // max(1, num_decode * num_kv_heads))
+        return max(1, min(MAX_SPLITS, want, -(-max_len // self.block_n)))
 
 
-def decode_splits(num_decode: int, num_kv_heads: int, max_len: int, num_sms: int) -> int:
-    """Enough programs for DECODE_WAVES waves over the GPU, but no split shorter than one
-    key tile."""
-    want = -(-DECODE_WAVES * num_sms // max(1, num_decode * num_kv_heads))
-    return max(1, min(MAX_SPLITS, want, -(-max_len // DECODE_BLOCK_N)))
+DECODE_TILES = DecodeTiles()
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    out: torch.Tensor,
+    qk_scale: float,
+    num_decode: int,
+    max_len: int,
+    tiles: DecodeTiles | None = None,
+) -> None:
+    """The decode rows' attention into `out` (their `num_decode` sequences, the longest
+    `max_len` keys): `decode_split`, then `decode_merge` where the keys were split.
+    `tiles`: DECODE_TILES unless given."""
+    tiles = tiles or DECODE_TILES
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv = k_cache.shape[2]
+    block_d = triton.next_power_of_2(head_dim)
+    splits = tiles.num_splits(num_decode, num_kv, max_len, _num_sms(q.device.index or 0))
+    direct = splits == 1
+    rows = num_decode * num_heads * splits
+    mid_o = out if direct else torch.empty(rows, block_d, dtype=torch.float32, device=q.device)
+    mid_lse = out if direct else torch.empty(rows, dtype=torch.float32, device=q.device)
+    bt = meta.block_tables
+    group = num_heads // num_kv
+    K.decode_split[(num_decode, num_kv, splits)](
+        q, k_cache, v_cache, bt, meta.seq_lens, meta.query_start_loc, meta.decode_seqs,
+        mid_o, mid_lse, q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
+        bt.stride(0), out.stride(0), out.stride(1), qk_scale, splits,
+        PAGE=k_cache.shape[1], NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim,
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=tiles.block_n,
+        DIRECT=direct, num_warps=tiles.warps, num_stages=tiles.stages,
+    )  # fmt: skip
+    if not direct:
+        K.decode_merge[(num_decode, num_heads)](
+            mid_o, mid_lse, out, meta.query_start_loc, meta.decode_seqs,
+            out.stride(0), out.stride(1), splits,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            BLOCK_S=MERGE_BLOCK_S, num_warps=4,
+        )  # fmt: skip
 
 
 class TritonBackend(AttentionBackend):
@@ -122,27 +175,7 @@ class TritonBackend(AttentionBackend):
         page = k_cache.shape[1]
         bt = meta.block_tables
         if plan.num_decode:
-            sms = _num_sms(q.device.index or 0)
-            splits = decode_splits(plan.num_decode, num_kv, plan.max_decode_len, sms)
-            direct = splits == 1
-            rows = plan.num_decode * num_heads * splits
-            mid_o = out if direct else torch.empty(rows, block_d, dtype=torch.float32, device=q.device)
-            mid_lse = out if direct else torch.empty(rows, dtype=torch.float32, device=q.device)
-            K.decode_split[(plan.num_decode, num_kv, splits)](
-                q, k_cache, v_cache, bt, meta.seq_lens, meta.query_start_loc, meta.decode_seqs,
-                mid_o, mid_lse, q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
-                bt.stride(0), out.stride(0), out.stride(1), qk_scale, splits,
-                PAGE=page, NUM_HEADS=num_heads, GROUP=group, HEAD_DIM=head_dim,
-                BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=DECODE_BLOCK_N,
-                DIRECT=direct, num_warps=4, num_stages=2,
-            )  # fmt: skip
-            if not direct:
-                K.decode_merge[(plan.num_decode, num_heads)](
-                    mid_o, mid_lse, out, meta.query_start_loc, meta.decode_seqs,
-                    out.stride(0), out.stride(1), splits,
-                    NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-                    BLOCK_S=MERGE_BLOCK_S, num_warps=4,
-                )  # fmt: skip
+            decode_attention(q, k_cache, v_cache, meta, out, qk_scale, plan.num_decode, plan.max_decode_len)
         if plan.fresh is not None:  # whole prompts: SDPA's flash kernel on this step's q, k, v
             with sdpa_kernel(FRESH_SDPA, set_priority=True):
                 for first, n in plan.fresh:
