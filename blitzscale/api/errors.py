@@ -89,7 +89,10 @@ def _field_path(loc: Sequence[Any]) -> str:
 
 
 def _is_type_tag(part: str) -> bool:
-    return not part.isidentifier() or part in {"str", "int", "float", "bool", "list", "dict", "none"}
+    """A union member's tag in pydantic's loc (`list[str]`, `function-after[...]`), not a
+    field or dict key (`logit_bias`'s keys are token ids: digits)."""
+    named = part.isidentifier() or part.isdigit()
+    return not named or part in {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
 def describe_validation_error(errors: Sequence[dict[str, Any]]) -> tuple[str, str | None]:
@@ -101,6 +104,8 @@ def describe_validation_error(errors: Sequence[dict[str, Any]]) -> tuple[str, st
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
         return f"malformed JSON body: {detail}".rstrip(": "), None
+    if first.get("type") == "invalid_unicode":  # (protocol.ApiRequest: the field is in ctx)
+        return first.get("msg", "invalid Unicode"), (first.get("ctx") or {}).get("path")
     param = _field_path(first.get("loc", ()))
     msgs = dict.fromkeys(
         e.get("msg", "invalid value") for e in errors if _field_path(e.get("loc", ())) == param

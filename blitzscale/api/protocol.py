@@ -13,11 +13,17 @@ explicit `null` as "not given", because several clients send one. OpenAI's own r
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic_core import PydanticCustomError
 
 from blitzscale.core.sampling import MAX_LOGPROBS
+
+# A JSON number: no string ("0.5"), boolean or NaN / infinity stands in for one.
+Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # Fields that change nothing a client gets back: accepted and ignored.
 HARMLESS_FIELDS = frozenset(
@@ -46,6 +52,43 @@ def first_set_extra(
 MESSAGE_UNSET = (None, [])  # what an echoed message's unused fields hold
 
 
+def lone_surrogate(body: Any) -> tuple[str, str] | None:
+    """(where, "U+XXXX") of the first text in a parsed JSON body, key or value, that holds
+    a lone surrogate: JSON lets a client write one as an escape (`"\\ud800"`), but no UTF-8
+    text carries it, so neither the tokenizer nor the messages to the workers could."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, str):
+            if (bad := _SURROGATE.search(node)) is not None:
+                return where or "the body", f"U+{ord(bad.group()):04X}"
+        elif isinstance(node, dict):
+            for key, value in reversed(list(node.items())):
+                name = str(key).encode("utf-8", "backslashreplace").decode()
+                at = f"{where}.{name}" if where else name
+                stack += [(at, value), (at, key)]
+        elif isinstance(node, list):
+            stack += [(f"{where}[{i}]", v) for i, v in reversed(list(enumerate(node)))]
+    return None
+
+
+class ApiRequest(BaseModel):
+    """A request body: refused whole, naming the field, if any text in it is not Unicode
+    (`lone_surrogate`; api/errors.py reports the `invalid_unicode` error's `path`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode_only(cls, data: Any) -> Any:
+        if (found := lone_surrogate(data)) is not None:
+            where, char = found
+            raise PydanticCustomError(
+                "invalid_unicode",
+                "{path} is not valid Unicode: it holds a lone surrogate ({char})",
+                {"path": where, "char": char},
+            )
+        return data
+
+
 # --- OpenAI requests -------------------------------------------------------------------
 
 
@@ -67,7 +110,7 @@ class JsonSchemaFormat(BaseModel):
     name: str | None = None
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class ResponseFormat(BaseModel):
@@ -80,7 +123,7 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(ApiRequest):
     """What completions and chat completions share, including vLLM's `top_k`, `min_tokens`,
     `repetition_penalty`, `ignore_eos` and `stop_token_ids`, and `response_format` (vLLM
     takes it on completions too)."""
@@ -89,18 +132,18 @@ class SamplingFields(BaseModel):
 
     model: str | None = None
     max_tokens: StrictInt | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = None
+    temperature: Number | None = Field(None, ge=0, le=2)
+    top_p: Number | None = None
     top_k: StrictInt | None = None
     seed: StrictInt | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool = False
     n: StrictInt | None = Field(None, ge=1, le=MAX_N)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=2)
-    logit_bias: dict[int, float] | None = None  # token id (a string in JSON) -> bias
+    presence_penalty: Number | None = Field(None, ge=-2, le=2)
+    frequency_penalty: Number | None = Field(None, ge=-2, le=2)
+    repetition_penalty: Number | None = Field(None, gt=0, le=2)
+    logit_bias: dict[int, Number] | None = None  # token id (a string in JSON) -> bias
     min_tokens: StrictInt | None = Field(None, ge=0)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -311,7 +354,7 @@ class ModelList(BaseModel):
 # --- tokenizer (vLLM's /tokenize and /detokenize) --------------------------------------
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ApiRequest):
     """A text (`prompt`) or chat `messages` (rendered with the chat template)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -319,8 +362,8 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True  # with messages (the template always adds it here)
-    add_special_tokens: bool = True
+    add_generation_prompt: StrictBool = True  # with messages (the template always adds it here)
+    add_special_tokens: StrictBool = True
 
 
 class TokenizeResponse(BaseModel):
@@ -330,7 +373,7 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(ApiRequest):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from blitzscale.api.protocol import ApiRequest, Number
+
 TGI_DEFAULT_MAX_NEW_TOKENS = 100  # TGI's documented default
 TgiFinishReason = Literal["length", "eos_token", "stop_sequence"]
 
@@ -21,8 +23,8 @@ class TgiParameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_new_tokens: StrictInt | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
     top_k: StrictInt | None = None
     seed: StrictInt | None = None
     stop: list[str] | str | None = None
@@ -31,14 +33,14 @@ class TgiParameters(BaseModel):
     decoder_input_details: StrictBool = False  # details.prefill: the prompt's tokens
     return_full_text: StrictBool = False
     ignore_eos: StrictBool = False
-    repetition_penalty: float | None = Field(None, gt=0)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: Number | None = Field(None, gt=0)
+    frequency_penalty: Number | None = Field(None, ge=-2, le=2)
     # TGI's knobs this server does not have: refused when set, never ignored
-    watermark: bool = False
-    truncate: int | None = None
-    typical_p: float | None = None
-    best_of: int | None = None
-    top_n_tokens: int | None = None
+    watermark: StrictBool = False
+    truncate: StrictInt | None = None
+    typical_p: Number | None = None
+    best_of: StrictInt | None = None
+    top_n_tokens: StrictInt | None = None
     grammar: dict[str, Any] | None = None
     adapter_id: str | None = None
 
@@ -58,7 +60,7 @@ class TgiParameters(BaseModel):
         return self.do_sample or changes
 
 
-class TgiRequest(BaseModel):
+class TgiRequest(ApiRequest):
     model_config = ConfigDict(extra="forbid")
 
     inputs: str

@@ -510,12 +510,15 @@ class Router:
             self.live.dispatched(inst.rank)
             self._note_prefix(r, inst, prefix)
             hold = self.cfg.mode == "pd"
-            await self._send(
-                inst.rank,
-                GenerateMsg(
-                    request_id=r.wire_id, prompt_token_ids=r.prompt, params=r.sampling_msg(), hold_kv=hold
-                ),
+            msg = GenerateMsg(
+                request_id=r.wire_id, prompt_token_ids=r.prompt, params=r.sampling_msg(), hold_kv=hold
             )
+            try:
+                await self._send(inst.rank, msg)
+            except Exception as e:  # (one that cannot be encoded): it fails, the queue goes on
+                log.exception("request %s could not be sent to instance %d", r.id, inst.rank)
+                r.out.put_nowait(RequestFailedError(f"the request could not be sent ({type(e).__name__})"))
+                self.finish(r)
 
     # --- lost requests ------------------------------------------------------------------
 

@@ -13,11 +13,12 @@ from blitzscale.api.app import create_app
 
 from .conftest import BASE_URL
 from .fake_backend import FakeBackend
-from .helpers import assert_error, sse_json
+from .helpers import assert_error, assert_tgi_error, sse_json
 
 pytestmark = pytest.mark.anyio
 
 GOOD = {"prompt": "hello", "max_tokens": 2}
+CHAT = "/v1/chat/completions"
 
 COMPLETION_CASES = [
     # (raw body, status, param, words the message must contain)
@@ -51,6 +52,14 @@ COMPLETION_CASES = [
     ('{"prompt": "x", "model": "gpt-4"}', 404, "model", "gpt-4"),
     ("[1, 2]", 400, None, "valid dictionary"),
     ('{"prompt": "x", "echo": true}', 400, "echo", "not supported"),
+    # text no UTF-8 can carry (a JSON escape of a lone surrogate), numbers with no stand-ins
+    ('{"prompt": "x", "stop": ["ok", "\\ud800"]}', 400, "stop[1]", "not valid Unicode: it holds a lone"),
+    ('{"prompt": "a\\udfffb"}', 400, "prompt", "lone surrogate (U+DFFF)"),
+    ('{"prompt": "x", "logit_bias": {"\\ud800": 1}}', 400, "logit_bias.\\ud800", "not valid Unicode"),
+    ('{"prompt": "x", "temperature": "0.5"}', 400, "temperature", "valid number"),
+    ('{"prompt": "x", "top_p": true}', 400, "top_p", "valid number"),
+    ('{"prompt": "x", "temperature": NaN}', 400, "temperature", "finite number"),
+    ('{"prompt": "x", "logit_bias": {"5": "1"}}', 400, "logit_bias.5", "valid number"),
     ('{"prompt": "x", "best_of": 3}', 400, "best_of", "not supported"),
 ]
 
@@ -125,6 +134,12 @@ async def test_completion_errors(
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}, 400, "max_tokens", "integer"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, 400, "max_tokens", "integer"),
         ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream", "boolean"),
+        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": "1"}, 400, "presence_penalty",
+         "valid number"),
+        ({"messages": [{"role": "user", "content": "x"}],
+          "response_format": {"type": "json_schema",
+                              "json_schema": {"name": "a", "schema": {}, "strict": "yes"}}},
+         400, "response_format.json_schema.strict", "valid boolean"),
         ({"messages": [{"role": "user", "content": "x"}], "stream": True,
           "stream_options": {"include_obfuscation": True}}, 400, "stream_options.include_obfuscation",
          "not supported"),
@@ -136,6 +151,35 @@ async def test_chat_errors(
     assert_error(await client.post("/v1/chat/completions", json=body), status, param=param, says=says)
     good = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
     assert (await client.post("/v1/chat/completions", json=good)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, {"messages": [{"role": "user", "content": "hi \ud83d"}]}, "messages[0].content"),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+         "messages[0].content[0].text"),
+        (CHAT, {"messages": [{"role": "user", "content": "x", "name": "\ud800"}]}, "messages[0].name"),
+        ("/tokenize", {"prompt": "\ud800"}, "prompt"),
+        ("/generate", {"inputs": "x", "parameters": {"stop": ["\ud800"]}}, "parameters.stop[0]"),
+        ("/generate_stream", {"inputs": "\ud800"}, "inputs"),
+    ],
+)  # fmt: skip
+async def test_text_that_is_not_unicode_is_refused_naming_where_it_is(
+    client: httpx.AsyncClient, path: str, body: dict, param: str
+) -> None:
+    """A lone surrogate (valid JSON as an escape, but no UTF-8 text) could reach neither the
+    tokenizer nor the workers: it is refused at the door, on every route."""
+    r = await client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    tgi = path.startswith("/generate")
+    if tgi:
+        assert_tgi_error(r, 422, param=param, says="lone surrogate")
+    else:
+        assert_error(r, 400, param=param, says="not valid Unicode: it holds a lone surrogate")
+    good = {"inputs": "ok"} if tgi else {"prompt": "x"}
+    if path == CHAT:
+        good = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    assert (await client.post(path, json=good)).status_code == 200
 
 
 async def test_harmless_or_null_extra_fields_are_accepted(client: httpx.AsyncClient) -> None:

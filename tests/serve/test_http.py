@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+from blitzscale.core.sampling import SamplingParams
+from blitzscale.errors import RequestFailedError
 from blitzscale.serve.background import LoopThread
 from blitzscale.serve.server import ServingCluster
 from tests.serve.conftest import start_http, stop_http
@@ -187,3 +189,27 @@ def test_a_repeated_long_prompt_hits_the_prefix_cache_and_reset_forgets_it(pd_ur
     again = c.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=6, temperature=0)
     assert again.choices[0].text == texts[0]
     assert _prefix_hits(pd_url, ROUTED) - routed == 1  # after the reset the router expected nothing
+
+
+def test_a_request_that_cannot_be_sent_fails_alone_and_the_queue_goes_on(
+    pd_service: tuple[ServingCluster, LoopThread],
+) -> None:
+    """A stop string holding a lone surrogate cannot be encoded for the workers (the HTTP
+    API refuses such text first; the router's other callers need not). That request fails
+    with its reason; it is not left assigned and unsent, blocking the instance."""
+    service, lt = pd_service
+    router = service.router
+    assert router is not None
+    ids = router.encode("Once upon a time")
+
+    async def run(stop: tuple[str, ...]) -> list[int]:
+        out: list[int] = []
+        params = SamplingParams(max_tokens=2, temperature=0, stop=stop, ignore_eos=True)
+        async for o in router.generate(f"unsendable-{len(stop)}", ids, params):
+            out += o.new_token_ids
+        return out
+
+    with pytest.raises(RequestFailedError, match="could not be sent"):
+        lt.run(run(("\ud800",)), timeout=120)
+    assert len(lt.run(run(()), timeout=120)) == 2
+    assert not router.reqs
