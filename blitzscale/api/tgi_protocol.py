@@ -51,6 +51,11 @@ class TgiParameters(BaseModel):
         return next((name for name, is_set in asked.items() if is_set), None)
 
     @property
+    def wants_details(self) -> bool:
+        """TGI answers `details` when either is set (prefill lives in details)."""
+        return self.details or self.decoder_input_details
+
+    @property
     def is_sampling(self) -> bool:
         changes = (
             self.temperature not in (None, 1.0)

@@ -4,7 +4,8 @@ Both answer with `x-request-id` and TGI's timing headers in integer milliseconds
 at this API (see `timing.Timing`). `/generate` sends them all. `/generate_stream` sends its
 headers once the first output arrived, before later tokens exist, so as a rule it can only
 send `x-queue-time`, `x-first-token-time` and `x-request-id` (every header when the request
-had already finished by then); the final event's `details.timings` carries the complete set.
+had already finished by then); the final event's `details.timings` (with `details: true`)
+carries the complete set.
 TGI's own errors are `{"error": str}`; ours keep the OpenAI shape on every route.
 `/info` answers TGI's fields; `/generate`'s `details` carries `tokens` (each with its
 logprob: such a request reads every step, like any request with logprobs; a stream's final
@@ -70,6 +71,13 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         if body.stream is not None and body.stream != stream:
             route = "/generate_stream" if body.stream else "/generate"
             raise ApiError(400, f"stream is {str(body.stream).lower()}: send it to {route}", param="stream")
+        if stream and body.parameters.decoder_input_details:  # (TGI refuses it too)
+            message = "parameters.decoder_input_details is not supported when streaming tokens: use /generate"
+            raise ApiError(400, message, param="parameters.decoder_input_details")
+        temperature = body.parameters.temperature
+        if body.parameters.do_sample and temperature is not None and temperature <= 0:
+            message = f"parameters.temperature must be positive when do_sample is true, got {temperature:g}"
+            raise ApiError(400, message, param="parameters.temperature")
         given = body.parameters.max_new_tokens
         if given is not None and given < 1:
             raise ApiError(400, f"parameters.max_new_tokens must be at least 1, got {given}", param=MAX_NEW)
@@ -78,7 +86,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
             check_context(len(prompt_ids), given, backend.max_model_len, MAX_NEW)
         room = max(1, backend.max_model_len - len(prompt_ids))  # (the default fits the context)
         params = tgi_sampling_params(body.parameters, room)
-        if body.parameters.details and not stream:  # details.tokens carry each token's logprob
+        if body.parameters.wants_details and not stream:  # details.tokens carry each token's logprob
             params = dataclasses.replace(params, logprobs=0)  # (a stream's details have none)
         request_id = f"gen-{uuid.uuid4().hex}"
         args = (request_id, prompt_ids, params, arrival, stream, generation.stopping_of(request))
@@ -106,7 +114,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
             raise ApiError(503, ABORTED_MESSAGE)
         prefix = body.inputs if body.parameters.return_full_text else ""
         details = None
-        if body.parameters.details:
+        if body.parameters.wants_details:
             prefill = (
                 await off_loop(backend.encode, body.inputs) if body.parameters.decoder_input_details else []
             )
@@ -121,7 +129,8 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         gen, first = await start(body, request, stream=True)
         prefix = body.inputs if body.parameters.return_full_text else ""
         headers = gen.timing.tgi_headers(gen.request_id)
-        return EventStreamResponse(tgi_events(gen, first, prefix), gen.close, headers)
+        events = tgi_events(gen, first, prefix, body.parameters.details)
+        return EventStreamResponse(events, gen.close, headers)
 
     @router.post("/")
     async def generate_at_root(body: TgiRequest, request: Request) -> Response:
@@ -198,11 +207,13 @@ def tgi_details(final: RequestOutput, gen: Generation) -> TgiDetails:
     )
 
 
-def token_events(out: RequestOutput, gen: Generation, prefix: str, index: int) -> list[TgiStreamEvent]:
+def token_events(
+    out: RequestOutput, gen: Generation, prefix: str, index: int, details: bool
+) -> list[TgiStreamEvent]:
     """TGI sends one event per token. An output of k tokens becomes k events, its text on the
     last (the text of one token alone may not decode); the last event of the request carries
-    `generated_text` and `details`. Text that came without a token (only possible at the end)
-    goes out on a placeholder `special` token with id -1."""
+    `generated_text`, and `details` when asked (as TGI). Text that came without a token (only
+    possible at the end) goes out on a placeholder `special` token with id -1."""
     lps: list[float | None] = [lp.logprob for lp in out.logprobs]
     if len(lps) != len(out.new_token_ids):
         lps = [None] * len(out.new_token_ids)
@@ -215,12 +226,13 @@ def token_events(out: RequestOutput, gen: Generation, prefix: str, index: int) -
     events = [TgiStreamEvent(index=index + i + 1, token=tok) for i, tok in enumerate(tokens)]
     if out.finished:
         events[-1].generated_text = prefix + out.text
-        events[-1].details = tgi_details(out, gen)
+        events[-1].details = tgi_details(out, gen) if details else None
     return events
 
 
-async def tgi_events(gen: Generation, first: RequestOutput, prefix: str) -> AsyncIterator[str]:
-    """The token events of a request; a failure after the start is one `{"error": ...}` event."""
+async def tgi_events(gen: Generation, first: RequestOutput, prefix: str, details: bool) -> AsyncIterator[str]:
+    """The token events of a request (`details` on the last where asked); a failure after the
+    start is one `{"error": ...}` event."""
     index = 0
     out = first
     try:
@@ -228,7 +240,7 @@ async def tgi_events(gen: Generation, first: RequestOutput, prefix: str) -> Asyn
             if out.finished and out.finish_reason == "abort":
                 yield sse_event(tgi_error_body(503, ABORTED_MESSAGE))
                 return
-            for event in token_events(out, gen, prefix, index):
+            for event in token_events(out, gen, prefix, index, details):
                 index = event.index
                 yield sse_event(event)
             if out.finished:

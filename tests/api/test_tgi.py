@@ -95,7 +95,8 @@ async def test_parameters_map_like_tgi(
 
 
 async def test_generate_stream_events(client: httpx.AsyncClient) -> None:
-    r = await client.post("/generate_stream", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}})
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": 3, "details": True}}
+    r = await client.post("/generate_stream", json=body)
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
     events = tgi_events(r.text)
@@ -126,7 +127,7 @@ async def test_stream_headers_are_what_is_known_at_the_start(fake: FakeBackend) 
         transport=httpx.ASGITransport(create_app(fake)), base_url=BASE_URL
     ) as client:
         r = await client.post(
-            "/generate_stream", json={"inputs": "hello", "parameters": {"max_new_tokens": 4}}
+            "/generate_stream", json={"inputs": "hello", "parameters": {"max_new_tokens": 4, "details": True}}
         )
     assert r.headers["x-request-id"].startswith("gen-")
     assert 0 <= ms(r.headers, "x-queue-time") <= ms(r.headers, "x-first-token-time")
@@ -231,6 +232,34 @@ async def test_details_carry_tokens_and_prefill(client: httpx.AsyncClient) -> No
     assert [(t["id"], t["text"]) for t in details["prefill"]] == [(ord(c), c) for c in "abc"]
     plain = {"inputs": "abc", "parameters": {"max_new_tokens": 4, "details": True}}
     assert (await client.post("/generate", json=plain)).json()["details"]["prefill"] == []
+    # as TGI: asking for the prompt's tokens asks for details
+    alone = {"inputs": "abc", "parameters": {"max_new_tokens": 4, "decoder_input_details": True}}
+    assert len((await client.post("/generate", json=alone)).json()["details"]["prefill"]) == 3
+
+
+async def test_a_stream_carries_details_only_when_asked_and_never_the_prompts_tokens(
+    client: httpx.AsyncClient,
+) -> None:
+    """As TGI: the last event's `details` are null unless asked for; `decoder_input_details`
+    cannot be streamed, and is refused rather than answered with an empty prefill."""
+    plain = {"inputs": "hello", "parameters": {"max_new_tokens": 2}}
+    events = tgi_events((await client.post("/generate_stream", json=plain)).text)
+    assert events[-1]["generated_text"] == "he" and events[-1]["details"] is None
+    prefill = {"inputs": "hello", "parameters": {"max_new_tokens": 2, "decoder_input_details": True}}
+    r = await client.post("/generate_stream", json=prefill)
+    assert_tgi_error(r, 422, param="parameters.decoder_input_details", says="not supported when streaming")
+
+
+@pytest.mark.parametrize("path", ["/generate", "/generate_stream"])
+async def test_sampling_asked_for_at_temperature_zero_is_refused(
+    client: httpx.AsyncClient, path: str
+) -> None:
+    """`do_sample` with a temperature of 0 asks for two things at once (TGI refuses it);
+    temperature 0 alone is greedy decoding."""
+    body = {"inputs": "a", "parameters": {"max_new_tokens": 2, "do_sample": True, "temperature": 0}}
+    assert_tgi_error(await client.post(path, json=body), 422, param="parameters.temperature", says="positive")
+    body["parameters"]["do_sample"] = False
+    assert (await client.post(path, json=body)).status_code == 200
 
 
 @pytest.mark.parametrize(
