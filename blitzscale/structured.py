@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from blitzscale.core.sampling import Grammar
 from blitzscale.errors import InvalidRequestError
+from blitzscale.schema_support import unsupported
 
 if TYPE_CHECKING:
     import torch
@@ -101,10 +102,8 @@ class Grammars:
         grammar.validate()
         compiler = self._xgr_compiler()
         schema = grammar.schema if grammar.kind == "json_schema" else JSON_OBJECT_SCHEMA
-        if (problem := _ignored_by_library(json.loads(schema))) is not None:
-            raise InvalidRequestError(
-                f"response_format: the schema cannot be compiled: {problem}", "response_format"
-            )
+        if (problem := unsupported(json.loads(schema))) is not None:
+            raise InvalidRequestError(f"response_format: {problem}", "response_format")
         try:
             compiled = _compile_schema(compiler, schema, strict=grammar.kind == "json_schema")
         except (RuntimeError, ValueError, TypeError) as e:
@@ -134,22 +133,6 @@ def _compile_schema(compiler: Any, schema: str, strict: bool) -> Any:
     ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict))
     ebnf = ebnf.replace(_LENGTH_CHARS, _JSON_CHARS).replace(_STRING_CHARS, _JSON_CHARS)
     return compiler.compile_grammar(ebnf)
-
-
-def _ignored_by_library(schema: Any) -> str | None:
-    """What xgrammar would silently drop (so answers could break the schema): a string's
-    pattern together with minLength / maxLength (it keeps the pattern only)."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack += node
-        elif isinstance(node, dict):
-            lengths = (isinstance(node.get(k), int) for k in ("minLength", "maxLength"))
-            if isinstance(node.get("pattern"), str) and any(lengths):
-                return "a string's pattern together with minLength or maxLength is not supported"
-            stack += list(node.values())
-    return None
 
 
 class Matcher:

@@ -285,6 +285,9 @@ def grammar_of(body: SamplingFields) -> Grammar | None:
     """The grammar `response_format` asks for (None: text); a 400 naming what is wrong for
     a type this server does not have or a json_schema without a schema."""
     rf = body.response_format
+    if rf is not None and rf.json_schema is not None and rf.type != "json_schema":
+        message = f"response_format.json_schema is read only with type json_schema (the type is {rf.type!r})"
+        raise ApiError(400, message, param="response_format.json_schema")
     if rf is None or rf.type == "text":
         return None
     if rf.type not in GRAMMAR_KINDS:

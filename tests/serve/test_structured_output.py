@@ -111,6 +111,14 @@ def test_a_schema_the_library_cannot_compile_is_a_400_and_the_cluster_serves_on(
     body = err.value.body
     assert isinstance(body, dict) and body["param"] == "response_format"
     assert "cannot be compiled" in body["message"] and "parenthesis is not closed" in body["message"]
+    unique = {"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 2, "maxItems": 3}
+    with pytest.raises(openai.BadRequestError, match=r"uniqueItems \(at #\) is not enforced"):
+        client.chat.completions.create(
+            model=MODEL,
+            messages=_messages("Hi."),  # type: ignore[arg-type]
+            max_tokens=8,
+            response_format=_format("unique", unique),  # type: ignore[arg-type]
+        )
     with pytest.raises(openai.BadRequestError, match="'grammar' is not supported"):
         client.chat.completions.create(
             model=MODEL,
