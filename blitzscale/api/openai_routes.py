@@ -78,7 +78,7 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         backend = backend_for(default, body.model)
         check_features(body)
         messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
-        prompt_ids = await off_loop(backend.encode_chat, messages)
+        prompt_ids = await off_loop(encode_chat, backend, messages)
         given = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), None)
         if given is not None:
             name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -274,6 +274,20 @@ def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
     if message.name is not None:
         out["name"] = message.name
     return out
+
+
+def encode_chat(backend: ServingBackend, messages: list[dict[str, Any]]) -> list[int]:
+    """`backend.encode_chat`, refusing a message's `name` that the model's chat template does
+    not render (it would be dropped unseen; SmolLM2's drops it): the prompt is rendered again
+    without the names, only when a message has one, and compared."""
+    ids = backend.encode_chat(messages)
+    named = [i for i, m in enumerate(messages) if "name" in m]
+    if named and backend.encode_chat([{k: v for k, v in m.items() if k != "name"} for m in messages]) == ids:
+        where = f"messages[{named[0]}].name"
+        raise ApiError(
+            400, f"{where} is not supported: this model's chat template does not use it", param=where
+        )
+    return ids
 
 
 def chat_default_max_tokens(num_prompt_tokens: int, max_model_len: int) -> int:

@@ -53,7 +53,9 @@ class FakeBackend:
         return "".join(chr(t) for t in token_ids)
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        rendered = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        rendered = "".join(
+            f"<{m['role']}{' ' + m['name'] if 'name' in m else ''}>{m['content']}\n" for m in messages
+        )
         return self.encode(rendered + "<assistant>")
 
     def health(self) -> dict[str, Any]:

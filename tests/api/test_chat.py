@@ -108,3 +108,18 @@ async def test_chat_stream_ends_with_empty_delta_when_last_output_has_no_text(
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert text == "<user>"  # the echo of the rendered prompt up to the EOS "#"
     assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+
+
+async def test_a_message_name_the_chat_template_drops_is_refused(
+    client: httpx.AsyncClient, fake: FakeBackend
+) -> None:
+    """A template that renders names takes them; one that drops them (SmolLM2's) would
+    answer as if none was sent: a 400 naming the message instead."""
+    named = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "x", "name": "bob"}]}
+    assert (await client.post("/v1/chat/completions", json=named | {"max_tokens": 1})).status_code == 200
+    fake.encode_chat = lambda messages: fake.encode("".join(m["content"] for m in messages))  # type: ignore[method-assign]
+    for path in ("/v1/chat/completions", "/tokenize"):
+        r = await client.post(path, json=named)
+        assert_error(r, 400, param="messages[1].name", says="chat template does not use it")
+    plain = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    assert (await client.post("/v1/chat/completions", json=plain)).status_code == 200
