@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 CLIENT_CLOSED_STATUS = 499
 
 _TYPE_BY_STATUS = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+FASTAPI_BODY_ERROR = "There was an error parsing the body"  # a body json.loads refused otherwise
 
 
 class ApiError(Exception):
@@ -157,6 +158,12 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if request.method == "POST" and kind and kind != "application/json" and not kind.endswith("+json"):
+        # (FastAPI leaves such a body unparsed: "Input should be a valid dictionary" says less)
+        return _respond(
+            request, 415, f"the body must be JSON sent as Content-Type application/json, not {kind}"
+        )
     message, param = describe_validation_error(exc.errors())
     return _respond(request, 400, message, param)
 
@@ -176,6 +183,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         message = f"{where}: no such endpoint"
     elif exc.status_code == 405:
         message = f"{where}: method not allowed"
+    elif exc.status_code == 400 and exc.detail == FASTAPI_BODY_ERROR:  # (its text says no more)
+        message = "the request body could not be read as JSON: it must be UTF-8 text, nested not too deeply"
     else:
         message = str(exc.detail)
     return _respond(request, exc.status_code, message)

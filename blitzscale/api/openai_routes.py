@@ -82,6 +82,8 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         given = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), None)
         if given is not None:
             name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+            if given < 1:  # (named here: the engine's own check knows it as max_tokens)
+                raise ApiError(400, f"{name} must be at least 1, got {given}", param=name)
             check_context(len(prompt_ids), given, backend.max_model_len, name)
         max_tokens = (
             given if given is not None else chat_default_max_tokens(len(prompt_ids), backend.max_model_len)

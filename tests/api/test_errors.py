@@ -277,3 +277,27 @@ async def test_failure_mid_tgi_stream_is_an_error_event(client: httpx.AsyncClien
     events = [json.loads(e[len("data: ") :]) for e in r.text.strip().split("\n\n")]
     assert events[0]["token"]["text"] == "h"
     assert events[-1]["error_type"] == "generation" and "internal server error" in events[-1]["error"]
+
+
+async def test_a_body_that_is_not_json_says_why(client: httpx.AsyncClient) -> None:
+    """JSON under another Content-Type is a 415 naming it; bytes that are not UTF-8 say so
+    (FastAPI's own texts, "Input should be a valid dictionary" and "There was an error
+    parsing the body", named neither)."""
+    body = json.dumps(GOOD)
+    r = await client.post("/v1/completions", content=body, headers={"content-type": "text/plain"})
+    assert_error(r, 415, says="Content-Type application/json, not text/plain")
+    r = await client.post(
+        "/v1/completions", content=b'{"prompt": "\xff\xfe"}', headers={"content-type": "application/json"}
+    )
+    assert_error(r, 400, says="could not be read as JSON: it must be UTF-8 text")
+    for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        assert (
+            await client.post("/v1/completions", content=body, headers={"content-type": kind})
+        ).status_code == 200
+
+
+async def test_max_completion_tokens_below_one_is_named_as_sent(client: httpx.AsyncClient) -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "max_completion_tokens": 0}
+    assert_error(
+        await client.post("/v1/chat/completions", json=body), 400, param="max_completion_tokens", says="got 0"
+    )
