@@ -2,8 +2,9 @@
 pydantic (TGI's: api/tgi_protocol.py).
 
 Fields we act on are declared. Any other field a client sends is refused with a 400 that
-names it (`unsupported_field`), never silently ignored, unless it cannot change the answer
-(`HARMLESS_FIELDS`: `user`, `metadata`...) or is `null`. Most optional fields accept an
+names it (`unsupported_field`), never silently ignored, unless it is `null`. Fields that
+cannot change the answer (`user`, `metadata`, ...: `SamplingFields`) are declared with
+OpenAI's types, checked, and otherwise ignored. Most optional fields accept an
 explicit `null` as "not given", because several clients send one. OpenAI's own ranges
 (temperature in [0, 2], penalties in [-2, 2], logit_bias in [-100, 100], top_logprobs in
 [0, 20], n in [1, 128]) are checked here; what the engine itself can run (max_tokens >= 1,
@@ -25,28 +26,14 @@ from blitzscale.core.sampling import MAX_LOGPROBS
 Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-# Fields that change nothing a client gets back: accepted and ignored.
-HARMLESS_FIELDS = frozenset(
-    {
-        "user",
-        "metadata",
-        "store",
-        "service_tier",
-        "parallel_tool_calls",
-        "prompt_cache_key",
-        "safety_identifier",
-    }
-)
 MAX_N = 128  # OpenAI's limit on choices per request
 
 
-def first_set_extra(
-    extra: dict[str, Any] | None, harmless: frozenset[str] = frozenset(), unset: tuple[Any, ...] = (None,)
-) -> str | None:
-    """The first undeclared field that asks for something: not harmless, and not one of the
-    `unset` values (null; in messages also `[]`: clients echo back an assistant message with
+def first_set_extra(extra: dict[str, Any] | None, unset: tuple[Any, ...] = (None,)) -> str | None:
+    """The first undeclared field that asks for something: not one of the `unset` values
+    (null; in messages also `[]`: clients echo back an assistant message with
     `"tool_calls": null, "annotations": []`)."""
-    return next((k for k, v in (extra or {}).items() if k not in harmless and v not in unset), None)
+    return next((k for k, v in (extra or {}).items() if v not in unset), None)
 
 
 MESSAGE_UNSET = (None, [])  # what an echoed message's unused fields hold
@@ -148,6 +135,15 @@ class SamplingFields(ApiRequest):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    # OpenAI's fields that change nothing a client gets back: typed as OpenAI has them, and
+    # otherwise ignored
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: StrictBool | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: StrictBool | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     @property
     def num_choices(self) -> int:
@@ -161,8 +157,8 @@ class SamplingFields(ApiRequest):
         return None
 
     def extra_field(self) -> str | None:
-        """The first undeclared field that could change the answer (not harmless, not null)."""
-        return first_set_extra(self.model_extra, HARMLESS_FIELDS)
+        """The first undeclared field that could change the answer (not null)."""
+        return first_set_extra(self.model_extra)
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -57,6 +57,8 @@ COMPLETION_CASES = [
     ('{"prompt": "a\\udfffb"}', 400, "prompt", "lone surrogate (U+DFFF)"),
     ('{"prompt": "x", "logit_bias": {"\\ud800": 1}}', 400, "logit_bias.\\ud800", "not valid Unicode"),
     ('{"prompt": "x", "temperature": "0.5"}', 400, "temperature", "valid number"),
+    ('{"prompt": "x", "user": 5}', 400, "user", "valid string"),
+    ('{"prompt": "x", "store": "no"}', 400, "store", "valid boolean"),
     ('{"prompt": "x", "top_p": true}', 400, "top_p", "valid number"),
     ('{"prompt": "x", "temperature": NaN}', 400, "temperature", "finite number"),
     ('{"prompt": "x", "logit_bias": {"5": "1"}}', 400, "logit_bias.5", "valid number"),
