@@ -4,8 +4,8 @@ which answers are valid.
 
 xgrammar compiles some keywords into nothing: answers would then break the schema the
 client sent, with `finish_reason: "stop"`. Probed one by one (each with an instance that
-breaks only that keyword, docs/benchmarks.md "Structured output's schema keywords"), these
-are not enforced: `uniqueItems`, `not`, `if` / `then` / `else`, `dependentRequired`,
+breaks only that keyword: tests/engine/test_schema_support.py, which fails when a new
+xgrammar starts enforcing one), these are not enforced: `uniqueItems`, `not`, `if` / `then` / `else`, `dependentRequired`,
 `dependentSchemas` (and draft 7's `dependencies`), every member of an `allOf` but the
 first, `oneOf`'s "exactly one" (it is taken as `anyOf`), a string's `pattern` together
 with `minLength` / `maxLength` (the pattern alone is kept), and the `format`s outside
