@@ -5,15 +5,16 @@ which answers are valid.
 xgrammar compiles some keywords into nothing: answers would then break the schema the
 client sent, with `finish_reason: "stop"`. Probed one by one (each with an instance that
 breaks only that keyword: tests/engine/test_schema_support.py, which fails when a new
-xgrammar starts enforcing one), these are not enforced: `uniqueItems`, `not`, `if` / `then` / `else`, `dependentRequired`,
-`dependentSchemas` (and draft 7's `dependencies`), every member of an `allOf` but the
-first, `oneOf`'s "exactly one" (it is taken as `anyOf`), a string's `pattern` together
-with `minLength` / `maxLength` (the pattern alone is kept), and the `format`s outside
-ENFORCED_FORMATS. Each is refused with a 400 naming it and where it is, except a `oneOf`
-whose branches no instance can match twice (told apart by `type`, `const` / `enum`, or a
-required property's `const` / `enum`: pydantic's discriminated unions), where "any" and
-"exactly one" agree. Annotations (`title`, `description`, `default`, `examples`,
-`contentEncoding`, ...) change no answer's validity and pass.
+xgrammar starts enforcing one), these are not enforced: `uniqueItems`, `not`, `if` /
+`then` / `else`, `dependentRequired`, `dependentSchemas` (and draft 7's `dependencies`),
+every member of an `allOf` but the first, `oneOf`'s "exactly one" (it is taken as
+`anyOf`), a string's `pattern` together with `minLength` / `maxLength` (the pattern alone
+is kept), and the `format`s outside ENFORCED_FORMATS. Each is refused with a 400 naming it
+and where it is, except a `oneOf` whose branches no instance can match twice (told apart
+by `type`, `const` / `enum`, or a required property's `const` / `enum`: pydantic's
+discriminated unions), where "any" and "exactly one" agree. Annotations (`title`,
+`description`, `default`, `examples`, `contentEncoding`, ...) change no answer's validity
+and pass.
 """
 
 from __future__ import annotations
