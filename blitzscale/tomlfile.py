@@ -15,5 +15,7 @@ def read_toml(path: Path, label: str) -> dict[str, Any]:
         return tomllib.loads(Path(path).read_text())
     except OSError as e:
         raise InvalidRequestError(f"{label}: cannot read: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise InvalidRequestError(f"{label}: not UTF-8 text, so not TOML ({e.reason}, byte {e.start})") from e
     except tomllib.TOMLDecodeError as e:
         raise InvalidRequestError(f"{label}: not valid TOML: {e}") from e

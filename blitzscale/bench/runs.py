@@ -38,7 +38,11 @@ def compare_runs(dirs: list[Path], ttft_slo_s: float, tbt_slo_s: float) -> dict[
     missing = [str(d) for d in dirs if not (d / "requests.jsonl").is_file()]
     if missing:
         raise InvalidRequestError(f"no requests.jsonl in {', '.join(missing)}")
+    records = {str(d): read_records(d / "requests.jsonl") for d in dirs}
+    empty = [d for d, r in records.items() if not r]
+    if empty:
+        raise InvalidRequestError(f"no requests in {', '.join(f'{d}/requests.jsonl' for d in empty)}")
     return {
         "slo": {"ttft_s": ttft_slo_s, "tbt_s": tbt_slo_s},
-        "runs": {str(d): side(read_records(d / "requests.jsonl"), ttft_slo_s, tbt_slo_s) for d in dirs},
+        "runs": {d: side(r, ttft_slo_s, tbt_slo_s) for d, r in records.items()},
     }

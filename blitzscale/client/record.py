@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from blitzscale.errors import InvalidRequestError
+
 _TBT_QS = (90, 95, 99)  # the TBT percentiles a stored record carries
 
 STATUS_OK = "ok"
@@ -110,5 +112,17 @@ def write_records(path: Path, records: Iterable[RequestRecord]) -> None:
 
 
 def read_records(path: Path) -> list[RequestRecord]:
-    with path.open(encoding="utf-8") as f:
-        return [RequestRecord.from_json(json.loads(line)) for line in f if line.strip()]
+    """A run's `requests.jsonl`; InvalidRequestError naming the file and line it cannot read."""
+    out: list[RequestRecord] = []
+    line = 0
+    try:
+        with path.open(encoding="utf-8") as f:
+            for text in f:
+                line += 1
+                if text.strip():
+                    out.append(RequestRecord.from_json(json.loads(text)))
+    except UnicodeDecodeError as e:
+        raise InvalidRequestError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # not JSON, or not a record
+        raise InvalidRequestError(f"{path} line {line}: not a request record ({e})") from None
+    return out

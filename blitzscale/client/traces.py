@@ -47,15 +47,18 @@ def load_trace(path: str | Path, fmt: str, *, skip_failed: bool = False) -> list
     """Parse `path` as `fmt` (one of FORMATS). `skip_failed` drops BurstGPT rows whose response
     has 0 tokens (failed requests upstream); other formats have no failed rows."""
     path = Path(path)
-    if fmt == "azure":
-        return _rebase(_azure_rows(path))
-    if fmt == "burstgpt":
-        return _rebase(_burstgpt_rows(path, skip_failed))
-    if fmt == "mooncake":
-        return _rebase(_mooncake_rows(path))
-    if fmt == "processed":
-        return _rebase(_processed_rows(path))
-    raise ValueError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    readers = {
+        "azure": _azure_rows,
+        "burstgpt": lambda p: _burstgpt_rows(p, skip_failed),
+        "mooncake": _mooncake_rows,
+        "processed": _processed_rows,
+    }
+    if fmt not in readers:
+        raise ValueError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    try:
+        return _rebase(readers[fmt](path))
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(f"{path}: not UTF-8 text (byte {e.start} of a line: {e.reason})") from None
 
 
 def _fail(path: Path, line: int, what: str) -> TraceFormatError:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 BACKENDS = ("local", "ray")
+DTYPES = ("float32", "bfloat16", "float16")  # checkpoint/native.py's, without importing torch
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,15 @@ class ClusterConfig:
             )
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if self.dtype and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or ''), got {self.dtype!r}")
+        for name in ("startup_timeout_s", "op_timeout_s", "transfer_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value}")
+        for name in ("piece_bytes", "ranks_per_host"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: the default), got {getattr(self, name)}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         if self.standby not in ("auto", "on", "off"):
@@ -74,7 +85,7 @@ class ClusterConfig:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0 (0: never respawn), got {self.max_restarts}")
         for name in ("disk_bytes_per_s", "transfer_bytes_per_s"):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:  # (NaN too)
                 raise ValueError(f"{name} must be >= 0 (0: no cap), got {getattr(self, name)}")
 
     @property

@@ -98,12 +98,12 @@ class PlannerConfig:
             lo, hi = getattr(self, f"min_{role}"), getattr(self, f"max_{role}")
             if lo < 1 or (hi != 0 and hi < lo):
                 raise ValueError(f"need 1 <= min_{role} <= max_{role} (0 = no max), got {lo}/{hi}")
-        if self.reload_cost_factor < 0:
-            raise ValueError(f"reload_cost_factor must be >= 0, got {self.reload_cost_factor}")
-        if self.load_retry_s < 0 or self.max_load_failures < 0:
-            raise ValueError("load_retry_s and max_load_failures must be >= 0")
-        if self.scale_down_idle_s < 0 or self.shutting_null_keep_s < 0 or self.interval_s <= 0:
-            raise ValueError("scale_down_idle_s, shutting_null_keep_s must be >= 0 and interval_s > 0")
+        at_least_zero = ("reload_cost_factor", "load_retry_s", "max_load_failures")
+        for name in (*at_least_zero, "scale_down_idle_s", "shutting_null_keep_s"):
+            if not getattr(self, name) >= 0:  # (NaN too)
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.interval_s > 0:
+            raise ValueError(f"interval_s must be > 0 seconds, got {self.interval_s}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Self:
@@ -131,8 +131,9 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.name not in POLICY_NAMES:
             raise ValueError(f"unknown policy {self.name!r}; known: {', '.join(POLICY_NAMES)}")
-        if self.fixed_prefill < 0 or self.fixed_decode < 0:
-            raise ValueError("fixed_prefill and fixed_decode must be >= 0")
+        for name in ("fixed_prefill", "fixed_decode"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.sllm_ttl_s < 0:
             raise ValueError(f"sllm_ttl_s must be >= 0, got {self.sllm_ttl_s}")
         if self.max_sources < 1:

@@ -115,7 +115,7 @@ class ServerSection:
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
-        if self.shutdown_timeout_s < 0:
+        if not self.shutdown_timeout_s >= 0:  # (NaN too)
             raise ValueError(f"shutdown_timeout_s must be >= 0, got {self.shutdown_timeout_s}")
 
 

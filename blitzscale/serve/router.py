@@ -122,8 +122,10 @@ class RouterConfig:
             "max_migration_wait_s",
             "max_pending_migrations",
         ):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:  # (NaN too)
                 raise ValueError(f"{name} must be >= 0 (0: derived or no bound), got {getattr(self, name)}")
+        if not self.health_check_s > 0:
+            raise ValueError(f"health_check_s must be > 0 seconds, got {self.health_check_s}")
 
 
 class Router:

@@ -61,3 +61,22 @@ def test_cli_writes_json_and_names_a_folder_with_no_requests(tmp_path: Path, cap
     assert "no requests.jsonl in" in capsys.readouterr().err
     with pytest.raises(InvalidRequestError, match=r"no requests\.jsonl in"):
         compare_runs([tmp_path / "empty"], 0.45, 0.15)
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"", "no requests in"),
+        (b"\n\n", "no requests in"),
+        (b'{"send_s": 0}\nnot json\n', "line 1: not a request record"),
+        (b"\xff\xfe\n", "not UTF-8 text"),
+    ],
+)
+def test_a_requests_file_that_is_empty_or_not_records_is_named(
+    tmp_path: Path, content: bytes, says: str
+) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "requests.jsonl").write_bytes(content)
+    with pytest.raises(InvalidRequestError, match=says):
+        compare_runs([run], 0.45, 0.15)

@@ -233,3 +233,11 @@ def test_malformed_row_names_file_line_and_problem(
 def test_unknown_format_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown trace format 'csv'"):
         load_trace(write(tmp_path, "x.csv", ""), "csv")
+
+
+@pytest.mark.parametrize("fmt", ["azure", "mooncake", "processed", "burstgpt"])
+def test_a_trace_that_is_not_utf8_text_is_named(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / f"bad.{fmt}"
+    path.write_bytes(b"\x00\xff\xfe,1,2\n")
+    with pytest.raises(TraceFormatError, match=r"bad\.\w+: not UTF-8 text"):
+        load_trace(path, fmt)

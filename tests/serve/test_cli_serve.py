@@ -35,6 +35,14 @@ CLI = [sys.executable, "-m", "blitzscale.cli.main"]
         ("[engine]\nblock_size = true\n", "[engine] block_size must be an integer, got True (bool)"),
         ("[cluster]\ndist_port = 70000\n", "[cluster] dist_port must be in [0, 65535], got 70000"),
         ("[model]\nttft_slo_s = -1\n", "ttft_slo_s must be a number of seconds >= 0 (0: none), got -1"),
+        # checked here, not found by a worker after it started
+        ("[cluster]\ndtype = 'int3'\n", "dtype must be one of float32, bfloat16, float16 (or ''), got"),
+        ("[cluster]\nstartup_timeout_s = -5\n", "startup_timeout_s must be a number of seconds > 0, got -5"),
+        ("[cluster]\npiece_bytes = -100\n", "piece_bytes must be >= 0 (0: the default), got -100"),
+        ("[router]\nhealth_check_s = 0\n", "health_check_s must be > 0 seconds, got 0"),
+        ("[server]\nshutdown_timeout_s = nan\n", "shutdown_timeout_s must be >= 0, got nan"),
+        ("[planner]\ninterval_s = -1\n", "interval_s must be > 0 seconds, got -1"),
+        ("[policy]\nfixed_prefill = -1\n", "fixed_prefill must be >= 0, got -1"),
         ("[[models]]\nname = 'a'\nttft_slo_s = nan\n", "model 'a': ttft_slo_s must be a number of seconds"),
         (
             "[policy]\nname = 'fixed'\nfixed_prefill = 2\nfixed_decode = 2\n[cluster]\nnum_workers = 3\n",
@@ -48,6 +56,15 @@ def test_bad_config_is_named(tmp_path: Path, toml: str, needle: str) -> None:
     r = subprocess.run([*CLI, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert needle in r.stderr, r.stderr
+
+
+def test_a_config_that_is_not_utf8_text_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from blitzscale.cli.main import main
+
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_bytes(b"\x00\xff[cluster]\n")
+    assert main(["serve", "--config", str(cfg)]) == 2
+    assert f"--config {cfg}: not UTF-8 text, so not TOML" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
