@@ -49,6 +49,16 @@ def run(args: argparse.Namespace) -> int:
             "simulated batch only (--simulate PRESET); a live batch takes `fixed` with "
             "[policy] fixed_prefill / fixed_decode"
         )
+    else:  # a live run is a serve: the same checks, before any run starts (a dry run too)
+        from blitzscale.serve.checks import check_serve_config
+
+        for r in plan.runs:
+            try:
+                check_serve_config(r.cfg)
+            except InvalidRequestError as e:
+                raise InvalidRequestError(f"run {r.run_id}: {e}") from e
+    if args.resume is not None and not args.resume.is_dir():
+        raise InvalidRequestError(f"--resume {args.resume}: not a batch folder (no such directory)")
     out = args.out or args.resume or Path("runs/batch") / plan.name
     console = Console()
     console.print(plan_table(plan))

@@ -73,6 +73,21 @@ def test_bad_template_fails_before_anything_runs(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
+def test_a_live_run_that_serve_would_refuse_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """A live run is a serve: pd mode's two first instances on one worker is refused (a dry
+    run too), as is --resume of a folder that does not exist (it was created)."""
+    one = setup(tmp_path, TEMPLATE + "[cluster]\nnum_workers = 1\n")
+    args = parse(["batch", str(one), "--dry-run", "--out", str(tmp_path / "o")])
+    with pytest.raises(
+        InvalidRequestError, match=r"run blitz_mode-pd_\w+: mode 'pd' starts 2 instances .* 1 workers"
+    ):
+        args.func(args)
+    args = parse(["batch", str(setup(tmp_path)), "--dry-run", "--resume", str(tmp_path / "nowhere")])
+    with pytest.raises(InvalidRequestError, match=r"--resume .*nowhere: not a batch folder"):
+        args.func(args)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "nowhere").exists()
+
+
 def test_the_shipped_example_expands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     example = Path(__file__).parents[2] / "configs" / "batch.example.toml"
     args = parse(["batch", str(example), "--dry-run", "--out", str(tmp_path / "ex")])
