@@ -79,9 +79,16 @@ def load_preset(name_or_path: str) -> SimPreset:
         known = sorted(p.stem for p in PRESETS_DIR.glob("*.toml") if p.stem != "models")
         raise SimConfigError(f"no preset {name_or_path!r}; shipped: {', '.join(known)}, or a .toml path")
     d = read_toml(path, f"--preset {path}")
+    if extra := sorted(set(d) - {"topology", "device"}):
+        raise SimConfigError(f"{path}: unknown section [{extra[0]}] (a preset has [topology] and [device])")
     topo, dev = _section(d, "topology", str(path)), _section(d, "device", str(path))
+    ints = ("nodes", "gpus_per_node", "cores_per_node")
+    for key, value in topo.items():  # (TOML's own types: no truncated 2.5, no "four")
+        kind = (int,) if key in ints else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            what = "an integer" if key in ints else "a number"
+            raise SimConfigError(f"{path} [topology] {key} must be {what}, got {value!r}")
     try:
-        ints = ("nodes", "gpus_per_node", "cores_per_node")
         topology = Topology(**{k: (int(v) if k in ints else float(v)) for k, v in topo.items()})
     except (TypeError, ValueError) as e:
         raise SimConfigError(f"{path} [topology]: {e}") from e
