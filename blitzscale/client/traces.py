@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from blitzscale.errors import BlitzScaleError
+from blitzscale.errors import BlitzScaleError, InvalidRequestError
 
 FORMATS = ("azure", "burstgpt", "mooncake", "processed")
 # The block size, in tokens, of the `hash_ids` of Mooncake's traces.
@@ -291,6 +291,9 @@ def scale_hash_blocks(requests: Sequence[TraceRequest], block_tokens: int) -> li
     ]
 
 
+MAX_REQUESTS = 20_000_000  # a shaped trace's bound (~5 GB of requests in memory)
+
+
 def transform(
     requests: Sequence[TraceRequest],
     duration: float | None = None,
@@ -312,18 +315,24 @@ def transform(
     4. max_input / max_output clamp the lengths (prompt truncation, shorter answers).
     """
     if not time_scale > 0:
-        raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        raise InvalidRequestError(f"time_scale must be > 0, got {time_scale}")
     if not rate_scale > 0:
-        raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
+        raise InvalidRequestError(f"rate_scale must be > 0, got {rate_scale}")
     if duration is not None and not duration > 0:
-        raise ValueError(f"duration must be > 0 s, got {duration}")
+        raise InvalidRequestError(f"duration must be > 0 s, got {duration}")
     for name, limit in (("max_input", max_input), ("max_output", max_output)):
         if limit is not None and limit < 1:
-            raise ValueError(f"{name} must be >= 1, got {limit}")
+            raise InvalidRequestError(f"{name} must be >= 1, got {limit}")
     scaled = [replace(r, arrival_s=r.arrival_s / time_scale) for r in requests]
     if duration is not None:
         scaled = [r for r in scaled if r.arrival_s < duration]
     ratio = Fraction(rate_scale).limit_denominator(1_000_000)
+    total = math.ceil(len(scaled) * ratio)  # (the copies below sum to this)
+    if total > MAX_REQUESTS:
+        raise InvalidRequestError(
+            f"rate_scale {rate_scale:g} makes {total:,} requests of {len(scaled):,}; at most "
+            f"{MAX_REQUESTS:,} are replayed or simulated (a smaller rate_scale or a duration)"
+        )
     out: list[TraceRequest] = []
     for i, r in enumerate(scaled):
         copies = math.ceil((i + 1) * ratio) - math.ceil(i * ratio)

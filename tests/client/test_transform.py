@@ -69,3 +69,8 @@ def test_clamps_lengths() -> None:
 def test_transform_rejects_bad_values(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         transform(trace(0.0), **kwargs)
+
+
+def test_a_rate_scale_that_would_fill_the_memory_is_refused_before_it_does() -> None:
+    with pytest.raises(ValueError, match=r"rate_scale 1e\+09 makes 2,000,000,000 requests of 2; at most"):
+        transform(trace(0.0, 1.0), rate_scale=1e9)
