@@ -10,6 +10,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from blitzscale.client.protocols import PROTOCOLS
 from blitzscale.client.traces import FORMATS, MOONCAKE_BLOCK_TOKENS
@@ -102,6 +103,15 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     """Check and convert; raises UsageError naming the first bad flag and value."""
     if not args.url.startswith(("http://", "https://")):
         raise UsageError(f"--url expects http://HOST:PORT or https://..., got {args.url!r}")
+    try:
+        parsed = urlsplit(args.url)
+        port = parsed.port  # (ValueError past 65535)
+    except ValueError as e:
+        raise UsageError(f"--url {args.url!r}: {e}") from None
+    if not parsed.hostname or port == 0:
+        raise UsageError(
+            f"--url expects http://HOST:PORT with a host and a port in [1, 65535], got {args.url!r}"
+        )
     fmt = _choice(args.format, "--format", FORMATS)
     trace = Path(args.trace) if args.trace else None
     if trace is not None and not trace.is_file():
@@ -152,6 +162,9 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
 
 def _seed(value: str) -> int:
     try:
-        return int(value)
+        seed = int(value)
     except ValueError:
         raise UsageError(f"--seed expects an integer, got {value!r}") from None
+    if not 0 <= seed < 2**32:  # (numpy's generators take no other)
+        raise UsageError(f"--seed must be in [0, 2^32), got {seed}")
+    return seed

@@ -104,6 +104,7 @@ def test_all_requests_failing_exits_1(
         (["--trace", "TRACE"], "--format is required with --trace"),
         (["--trace", "missing.csv", "--format", "azure"], "--trace: no such file 'missing.csv'"),
         ([], "give --trace PATH --format FMT, or --gamma RATE,CV --duration S"),
+        (["--gamma", "1,1", "--duration", "1", "--seed", "-1"], "--seed must be in [0, 2^32), got -1"),
     ],
 )
 def test_bad_values_give_one_line_and_exit_2(
@@ -124,6 +125,12 @@ def test_bad_url_and_bad_trace_row(tmp_path: Path, capsys: pytest.CaptureFixture
         main(["--url", "localhost:8000", "--trace", str(trace), "--format", "processed", "--out", "o"]) == 2
     )
     assert "--url expects http://HOST:PORT" in capsys.readouterr().err
+    for url, says in (
+        ("http://127.0.0.1:99999", "Port out of range"),
+        ("http://", "a host and a port in [1, 65535]"),
+    ):
+        assert main(["--url", url, "--trace", str(trace), "--format", "processed", "--out", "o"]) == 2
+        assert says in capsys.readouterr().err
     argv = ["--url", "http://127.0.0.1:1", "--trace", str(trace), "--format", "processed", "--out", "o"]
     assert main(argv) == 1
     assert f"{trace} line 2: prefill must be an integer, got 'x'" in capsys.readouterr().err
