@@ -30,6 +30,7 @@ def in_the_way(tmp_path: Path) -> Path:
         (["bench", "fidelity", "--sim-only", "--out", "{d}"], "is a folder"),
         (["profile", "--out", "{f}/p.json"], "cannot create the folder"),
         (["generate", "--prompt", "Hi", "--system", "be brief"], "--system needs --chat"),
+        (["tokenizer", "smollm2-135m", "{f}/tok"], "Not a directory"),  # (any path the CLI cannot use)
     ],
 )  # fmt: skip
 def test_refused_before_any_work(

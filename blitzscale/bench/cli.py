@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -163,6 +164,7 @@ def _run_standby(args: argparse.Namespace) -> int:
     bad = [r for r in runs if r not in ("on", "off")]
     if bad or not runs:
         raise InvalidRequestError(f"--runs: expected on/off settings, got {args.runs!r}")
+    _check_before_workers(args.device, args.model)
     _emit(run_standby_bench(StandbyBenchConfig(model=args.model, device=args.device, runs=runs)), args.out)
     return 0
 
@@ -283,6 +285,12 @@ def _run_transfer(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"--mode: unknown mode {bad or args.mode!r}; use {', '.join(MODES)} or all")
     if args.workers < 1:
         raise InvalidRequestError(f"--workers must be >= 1, got {args.workers}")
+    if args.readers < 1 or args.piece_bytes < 0:
+        raise InvalidRequestError(
+            f"--readers must be >= 1 and --piece-bytes >= 0 (0: a piece per segment), "
+            f"got {args.readers} and {args.piece_bytes}"
+        )
+    _check_before_workers(args.device, args.model)
     cfg = TransferBenchConfig(
         model=args.model,
         workers=args.workers,
@@ -294,8 +302,22 @@ def _run_transfer(args: argparse.Namespace) -> int:
         limits=args.limits,
         dtype=args.dtype,
     )
-    print(json.dumps(run_transfer_bench(cfg), indent=2))
-    return 0
+    result = run_transfer_bench(cfg)
+    print(json.dumps(result, indent=2))
+    runs = [result[k] for k in ("dense", "fp8") if k in result] or [result]  # (--dtype fp8: both)
+    failed = sorted({m for run in runs for m in modes if "error" in (run.get(m) or {})})
+    if failed:
+        print(f"blitzscale bench transfer: {', '.join(failed)} failed (see their error)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _check_before_workers(device: str, model: str) -> None:
+    """The device exists and the model resolves, before a worker is spawned for either."""
+    from blitzscale.checkpoint import resolve_model
+    from blitzscale.cli.common import check_device
+
+    check_device(device)
+    resolve_model(model)
 
 
 def _run_live(args: argparse.Namespace) -> int:

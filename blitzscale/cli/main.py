@@ -1,4 +1,5 @@
-"""Entry point: `blitzscale SUBCOMMAND ...`. Errors users caused print one line, exit 2."""
+"""Entry point: `blitzscale SUBCOMMAND ...`. Errors users caused print one line, exit 2 (so
+does a file or folder the command cannot read or write: its path and why)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except BlitzScaleError as e:
         print(f"blitzscale {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.filename is None:  # (not a path the user gave: a bug or the machine's, keep the traceback)
+            raise
+        print(f"blitzscale {args.command}: error: {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

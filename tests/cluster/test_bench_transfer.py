@@ -32,10 +32,13 @@ def test_one_worker_measures_host_and_disk_and_says_why_not_p2p(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """One GPU is enough for the host and disk paths; a network mode there is an error in its
-    own entry (it once sent to a rank that did not exist and took the whole bench down)."""
+    own entry (it once sent to a rank that did not exist and took the whole bench down), and
+    the exit status says a mode failed."""
     argv = ["bench", "transfer", "--model", "random:tiny-llama3", "--workers", "1", "--mode", "p2p,host"]
-    assert main([*argv, "--dtype", "fp8", "--workdir", str(tmp_path)]) == 0
-    r = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--dtype", "fp8", "--workdir", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    assert "p2p failed" in out.err
+    r = json.loads(out.out)
     assert "2 workers" in r["fp8"]["p2p"]["error"] and "2 workers" in r["dense"]["p2p"]["error"]
     assert isinstance(r["fp8_over_dense"]["p2p"], str)
     assert 0.3 < r["fp8_over_dense"]["host"]["bytes"] < 0.5
@@ -47,6 +50,8 @@ def test_one_worker_measures_host_and_disk_and_says_why_not_p2p(
         (["--model", "smollm2-135m"], "random:NAME"),
         (["--model", "random:tiny-llama3:fp8"], "random:NAME"),
         (["--model", "random:tiny-llama3", "--mode", "hf"], "hf"),
+        (["--model", "nosuch"], "unknown model 'nosuch'"),
+        (["--model", "random:tiny-llama3", "--readers", "0"], "--readers must be >= 1"),
     ],
 )
 def test_fp8_refuses_what_it_cannot_compare(
