@@ -59,3 +59,12 @@ def test_an_out_file_in_a_folder_yet_to_be_made_is_written(tmp_path: Path) -> No
     ]
     assert main(argv) == 0
     assert out.is_file()
+
+
+def test_generate_past_the_context_is_refused_as_the_api_refuses_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(It once generated until the context ran out: minutes on a CPU for a typo.)"""
+    assert main(["generate", "--prompt", "Hi", "--max-tokens", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-tokens is 100000000 but this model's context is 8192 tokens" in err and err.count("\n") == 1

@@ -18,11 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (%(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0: all)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampling (default: none)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
     add_device_arg(p)
@@ -64,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError("--system needs --chat")
     engine = LLMEngine.from_model(args.model, device=args.device)
     prompt_ids = encode_prompt(engine.tokenizer, args.prompt, args.chat, args.system)
+    room = engine.max_model_len - len(prompt_ids)
+    if args.max_tokens > room:  # (as the HTTP API: never cut short without saying)
+        raise InvalidRequestError(
+            f"--max-tokens is {args.max_tokens} but this model's context is {engine.max_model_len} tokens "
+            f"and the prompt has {len(prompt_ids)}: at most {max(room, 0)} tokens can be generated"
+        )
     start = time.perf_counter()
     first = None
     final = None
