@@ -49,18 +49,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="models on the pool (the model under N names), each with its own slice of the trace, "
         "replayed twice (default 1)",
     )
-    p.add_argument("--keep-alive", type=float, default=5.0, help="--models > 1: idle seconds before zero")
+    p.add_argument(
+        "--keep-alive", type=float, default=None, help="--models > 1: idle seconds before zero (default 5)"
+    )
     p.add_argument(
         "--models-per-rank",
         type=int,
-        default=0,
+        default=None,
         help="--models > 1: models resident on each GPU at once, each with an equal share of it "
         "(default 0: as many as fit, each with its weights and one request of its whole context)",
     )
     p.add_argument(
         "--host-memory-gb",
         type=float,
-        default=0.0,
+        default=None,
         help="--models > 1: host memory per host for copies (0: no bound)",
     )
     p.add_argument(
@@ -231,6 +233,13 @@ def _check(args: argparse.Namespace) -> list[str]:
 
     if not 1 <= args.models <= MAX_MODELS:
         raise InvalidRequestError(f"--models must be in [1, {MAX_MODELS}], got {args.models}")
+    many = {"--keep-alive": args.keep_alive, "--models-per-rank": args.models_per_rank}
+    many["--host-memory-gb"] = args.host_memory_gb
+    if args.models == 1 and (given := [flag for flag, v in many.items() if v is not None]):
+        raise InvalidRequestError(f"{', '.join(given)}: only with --models > 1 (one model here)")
+    args.keep_alive = 5.0 if args.keep_alive is None else args.keep_alive
+    args.models_per_rank = args.models_per_rank or 0
+    args.host_memory_gb = args.host_memory_gb or 0.0
     if args.models_per_rank < 0:
         raise InvalidRequestError(
             f"--models-per-rank must be >= 0 (0: as many as fit), got {args.models_per_rank}"

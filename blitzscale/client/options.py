@@ -128,6 +128,17 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     rate_scale = _number(args.rate_scale, "--rate-scale") or 1.0
     if gamma is not None and (time_scale != 1.0 or rate_scale != 1.0):
         raise UsageError("--time-scale and --rate-scale do not apply to --gamma arrivals; change RATE")
+    misplaced = {  # flags that would be silently ignored with this trace
+        "--skip-failed": bool(args.skip_failed) and fmt != "burstgpt",
+        "--hash-block-tokens": args.hash_block_tokens is not None and fmt != "mooncake",
+        "--input-len": args.input_len is not None and trace is not None,
+        "--output-len": args.output_len is not None and trace is not None,
+    }
+    if wrong := [flag for flag, bad in misplaced.items() if bad]:
+        where = {"--skip-failed": "--format burstgpt", "--hash-block-tokens": "--format mooncake"}
+        raise UsageError(
+            f"{wrong[0]} applies only to {where.get(wrong[0], '--gamma arrivals without --trace')}"
+        )
     protocol = _choice(args.protocol, "--protocol", PROTOCOLS) or "openai"
     if args.token_ids and protocol != "openai":
         raise UsageError(f"--token-ids needs --protocol openai, got {protocol!r}")

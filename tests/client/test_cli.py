@@ -94,14 +94,27 @@ def test_all_requests_failing_exits_1(
             "--token-ids needs --protocol openai, got 'tgi'",
         ),
         (
-            ["--trace", "TRACE", "--format", "processed", "--hash-block-tokens", "0"],
+            ["--trace", "TRACE", "--format", "mooncake", "--hash-block-tokens", "0"],
             "--hash-block-tokens expects an integer >= 1, got '0'",
         ),
         (
-            ["--trace", "TRACE", "--format", "processed", "--hash-block-tokens", "8.5"],
+            ["--trace", "TRACE", "--format", "mooncake", "--hash-block-tokens", "8.5"],
             "--hash-block-tokens expects an integer >= 1, got '8.5'",
         ),
         (["--trace", "TRACE"], "--format is required with --trace"),
+        # flags a run of this kind would ignore
+        (
+            ["--trace", "TRACE", "--format", "processed", "--hash-block-tokens", "64"],
+            "--hash-block-tokens applies only to --format mooncake",
+        ),
+        (
+            ["--trace", "TRACE", "--format", "azure", "--skip-failed"],
+            "--skip-failed applies only to --format burstgpt",
+        ),
+        (
+            ["--trace", "TRACE", "--format", "processed", "--input-len", "64"],
+            "--input-len applies only to --gamma arrivals without --trace",
+        ),
         (["--trace", "missing.csv", "--format", "azure"], "--trace: no such file 'missing.csv'"),
         ([], "give --trace PATH --format FMT, or --gamma RATE,CV --duration S"),
         (["--gamma", "1,1", "--duration", "1", "--seed", "-1"], "--seed must be in [0, 2^32), got -1"),

@@ -99,6 +99,8 @@ def test_the_cli_writes_each_policy_and_a_comparison(tmp_path: Path) -> None:
         (["--preset", "no-such-cluster"], "no-such-cluster"),
         (["--model", "gpt-5"], "gpt-5"),
         (["--live-split", "lp"], "--live-split"),
+        (["--keep-alive", "3", "--host-memory-gb", "8"], "--host-memory-gb: only with --models"),
+        (["--rate-scale", "1e9"], "at most 20,000,000 are replayed or simulated"),
     ],
 )
 def test_bad_values_are_refused_by_name(
