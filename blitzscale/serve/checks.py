@@ -54,6 +54,14 @@ def check_serve_config(cfg: ServeConfig) -> None:
         except ModelNotFoundError as e:
             where = f"[[models]] {m.name!r} source" if cfg.models else "[model] name (--model)"
             raise ModelNotFoundError(f"{where}: {e}") from e
+        if m.tokenizer:
+            try:
+                resolve_model(m.tokenizer)
+            except ModelNotFoundError as e:  # (a name or path of another model, as vLLM's)
+                named = (
+                    f"[[models]] {m.name!r} tokenizer" if cfg.models else "[model] tokenizer (--tokenizer)"
+                )
+                raise ModelNotFoundError(f"{named}: {e}") from e
     if cfg.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise InvalidRequestError(
             "--cluster ray ([cluster] backend = \"ray\") needs Ray: pip install 'blitzscale[ray]'"

@@ -40,7 +40,10 @@ def profile_file(cfg: ServeConfig) -> Profile | None:
     path = cfg.model.profile
     if not path:
         return None
-    profile = load_profile(path)
+    try:
+        profile = load_profile(path)
+    except ProfileError as e:
+        raise ProfileError(f"[model] profile: {e}") from e
     if cfg.cluster.device == "cpu":
         profile.check_device("cpu", f"[model] profile {path}")
     elif profile.device.lower().startswith("cpu"):

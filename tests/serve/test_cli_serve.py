@@ -43,6 +43,8 @@ CLI = [sys.executable, "-m", "blitzscale.cli.main"]
         ("[server]\nshutdown_timeout_s = nan\n", "shutdown_timeout_s must be >= 0, got nan"),
         ("[planner]\ninterval_s = -1\n", "interval_s must be > 0 seconds, got -1"),
         ("[policy]\nfixed_prefill = -1\n", "fixed_prefill must be >= 0, got -1"),
+        ("[model]\ntokenizer = '/nonexistent'\n", "[model] tokenizer (--tokenizer): model '/nonexistent'"),
+        ("[model]\nprofile = '/nonexistent.json'\n", "[model] profile: no profile '/nonexistent.json'"),
         ("[[models]]\nname = 'a'\nttft_slo_s = nan\n", "model 'a': ttft_slo_s must be a number of seconds"),
         (
             "[policy]\nname = 'fixed'\nfixed_prefill = 2\nfixed_decode = 2\n[cluster]\nnum_workers = 3\n",
