@@ -34,20 +34,8 @@ check)
     bench_fp8 bench_engine_fp8_run1 170
     bench_fp8 bench_engine_fp8_run2 170
     ;;
-profile)
-    # the simulator's H200 FP8 profile again (PDL GEMV, fast-accumulation prefill, qkv scales)
-    grep -q H200 "$OUT/gpu.txt" || { echo "not an H200: no profile"; exit 0; }
-    timeout 280 python3 -m blitzscale.cli.main profile --model random:llama3-8b:fp8 --device cuda \
-        --batches 1,8,32,64,128 --contexts 128,512,2048 --prefill 128,512,1024,2048,4096 \
-        --out "$OUT/profile_llama3-8b-fp8.json" > "$OUT/profile_llama3-8b-fp8.log" 2>&1
-    echo "rc=$?"; tail -2 "$OUT/profile_llama3-8b-fp8.log"
-    ;;
-tests)
-    # make test-gpu in its two halves (Makefile: GPU_TESTS), one 600 s call
-    timeout 190 make test-gpu GPU_TESTS="tests/gpu/test_[a-b]*.py tests/gpu/test_cuda_[a-m]*.py" \
-        > "$OUT/test_gpu_a.log" 2>&1
-    echo "a rc=$?"; grep -E "passed|failed|error" "$OUT/test_gpu_a.log" | tail -3
-    timeout 390 make test-gpu GPU_TESTS="tests/gpu/test_cuda_[n-z]*.py" > "$OUT/test_gpu_b.log" 2>&1
-    echo "b rc=$?"; grep -E "passed|failed|error" "$OUT/test_gpu_b.log" | tail -3
+profile|tests)
+    # the simulator's H200 FP8 profile again; make test-gpu in two halves: session 32's steps
+    exec bash docs/results/device/session32.sh "$1"
     ;;
 esac
