@@ -25,6 +25,7 @@ from blitzscale.core.sampling import MAX_LOGPROBS
 # A JSON number: no string ("0.5"), boolean or NaN / infinity stands in for one.
 Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 MAX_N = 128  # OpenAI's limit on choices per request
 
@@ -42,7 +43,8 @@ MESSAGE_UNSET = (None, [])  # what an echoed message's unused fields hold
 def lone_surrogate(body: Any) -> tuple[str, str] | None:
     """(where, "U+XXXX") of the first text in a parsed JSON body, key or value, that holds
     a lone surrogate: JSON lets a client write one as an escape (`"\\ud800"`), but no UTF-8
-    text carries it, so neither the tokenizer nor the messages to the workers could."""
+    text carries it, so neither the tokenizer nor the messages to the workers could. A list of
+    numbers alone is skipped in C (a prompt of 32k token ids: ~1 ms)."""
     stack: list[tuple[str, Any]] = [("", body)]
     while stack:
         where, node = stack.pop()
@@ -54,7 +56,7 @@ def lone_surrogate(body: Any) -> tuple[str, str] | None:
                 name = str(key).encode("utf-8", "backslashreplace").decode()
                 at = f"{where}.{name}" if where else name
                 stack += [(at, value), (at, key)]
-        elif isinstance(node, list):
+        elif isinstance(node, list) and not set(map(type, node)) <= _SCALARS:
             stack += [(f"{where}[{i}]", v) for i, v in reversed(list(enumerate(node)))]
     return None
 
