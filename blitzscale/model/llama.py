@@ -74,6 +74,9 @@ class LlamaModel:
         self.ops = select_ops(weights.device, weights.dtype, ops or _OPS.get(backend, "auto"))
         self.linear = select_linear(weights.device, weights.dtype, cfg.quant, linear)
         self.fuse_rotary = self.attn.fuses_rotary and self.ops.name == "triton"
+        # an FP8 step's qkv product left unscaled for the rotary kernel to scale as it reads
+        # it (one pass over the product fewer: docs/benchmarks.md, session 32)
+        self.fuse_qkv_scales = self.fuse_rotary
         self.check_ready = True  # off only while capturing CUDA graphs ahead of the weights
 
     @property
@@ -128,7 +131,7 @@ class LlamaModel:
     ) -> tuple[torch.Tensor, torch.Tensor | Unscaled]:
         """Layer i on the residual stream `residual + delta` (delta: the last layer's MLP
         output, not yet added); returns the new (residual, delta)."""
-        qkv, residual = self.pre_attention(i, residual, delta)
+        qkv, residual = self.pre_attention(i, residual, delta, raw_qkv=self.fuse_qkv_scales)
         return self.post_attention(i, self.attention(i, qkv, rot, meta, kv_cache), residual)
 
     def _quantized(self, rows: int) -> tuple[bool, bool]:
@@ -139,38 +142,49 @@ class LlamaModel:
         return quant, quant and self.tp_group is None
 
     def pre_attention(
-        self, i: int, residual: torch.Tensor, delta: torch.Tensor | Unscaled | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, i: int, residual: torch.Tensor, delta: torch.Tensor | Unscaled | None, raw_qkv: bool = False
+    ) -> tuple[torch.Tensor | Unscaled, torch.Tensor]:
         """Layer i up to its attention: the input norm of `residual + delta`, then the qkv
-        projection; returns (qkv [T, q + 2 kv], the residual stream)."""
+        projection; returns (qkv [T, q + 2 kv], the residual stream). `raw_qkv`: an FP8 step's
+        qkv product may come `Unscaled` (its scales applied by the attention's rotary kernel,
+        `attention`; not where the step's products are scaled anyway: TP shards)."""
         w, ops = self._weights(i), self.ops
         eps = self.config.rms_norm_eps
-        if self._quantized(residual.shape[0])[0]:
+        quant, raw = self._quantized(residual.shape[0])
+        if quant:
             x, residual = ops.add_rms_norm_quant(delta, residual, w.input_norm, eps)
         elif delta is None:
             x = ops.rms_norm(residual, w.input_norm, eps)
         else:
             x, residual = ops.add_rms_norm(scaled(delta), residual, w.input_norm, eps)
-        return scaled(self.linear(x, w.qkv, w.qkv_scale, w.qkv_bias)), residual
+        qkv = self.linear(x, w.qkv, w.qkv_scale, w.qkv_bias, raw=raw and raw_qkv)
+        return (qkv if raw_qkv else scaled(qkv)), residual
 
     def attention(
         self,
         i: int,
-        qkv: torch.Tensor,
+        qkv: torch.Tensor | Unscaled,
         rot: Any,
         meta: AttentionMetadata,
         kv_cache: KVCache,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Layer i's attention for the step's qkv rows (their keys and values stored in the
-        cache first) -> [T, q_size], into `out` where given."""
+        cache first) -> [T, q_size], into `out` where given. An `Unscaled` qkv (only where
+        `fuse_qkv_scales`) has its scales applied by the backend's rotary kernel."""
+        scales = None
+        if isinstance(qkv, Unscaled):
+            assert self.fuse_qkv_scales, "an unscaled qkv product needs the fused rotary kernel"
+            qkv, scales = qkv.out, (qkv.xs, qkv.ws)
         n, d = qkv.shape[0], self.config.head_dim
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
         q = q.view(n, self.num_heads, d)
         k, v = k.view(n, self.num_kv_heads, d), v.view(n, self.num_kv_heads, d)
         dest = None if out is None else out.view(n, self.num_heads, d)
         if self.fuse_rotary:
-            attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale, rotary=rot, out=dest)
+            attn = self.attn.forward(
+                q, k, v, *kv_cache.layer(i), meta, self.scale, rotary=rot, out=dest, scales=scales
+            )
         else:
             q, k = self.ops.rotary(q, k, rot)
             attn = self.attn.forward(q, k, v, *kv_cache.layer(i), meta, self.scale, out=dest)

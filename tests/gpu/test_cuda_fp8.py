@@ -105,6 +105,30 @@ def _logits(w: ModelWeights, ids: torch.Tensor, linear: object | None = None) ->
     return model.forward(ids, meta, kv).float(), model.linear.name
 
 
+@pytest.mark.parametrize("n", [5, 64])
+@torch.inference_mode()
+def test_the_rotary_kernel_scaling_the_qkv_product_gives_the_same_bits(n: int) -> None:
+    """Steps of 2-64 rows leave the FP8 qkv product unscaled and the attention's rotary
+    kernel applies its scales as it reads q, k and v (`LlamaModel.fuse_qkv_scales`): the
+    logits must be the bits of the separate scale pass, for a prompt (whose attention reads
+    q, k and v where the kernel left them) and for a decode step after it."""
+
+    def run(fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        model = LlamaModel(w8, max_positions=1024)
+        assert model.fuse_qkv_scales and model.linear.takes_quantized(n)
+        model.fuse_qkv_scales = fused
+        kv = KVCache(w8.config, 4, 64, torch.bfloat16, "cuda")
+        prompt = model.forward(ids, AttentionMetadata.build([n], [n], [[3, 1]], 64, "cuda"), kv)
+        # the prompt's next token, and a new one-token sequence beside it (2 rows)
+        step = AttentionMetadata.build([1, 1], [n + 1, 1], [[3, 1], [2]], 64, "cuda")
+        return prompt.float(), model.forward(ids[-2:], step, kv).float()
+
+    w8 = fp8_model()
+    ids = torch.randint(0, w8.config.vocab_size, (n,), generator=torch.Generator().manual_seed(2)).cuda()
+    (p_fused, d_fused), (p_ref, d_ref) = run(True), run(False)
+    assert torch.equal(p_fused, p_ref) and torch.equal(d_fused, d_ref)
+
+
 @torch.inference_mode()
 def test_fp8_model_computes_what_its_quantization_gives() -> None:
     """The FP8 path (Triton quantization, `_scaled_mm`) against the same quantization done

@@ -41,8 +41,11 @@ class AttentionBackend(ABC):
         scale: float,
         rotary: Any = None,
         out: torch.Tensor | None = None,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Store k, v at `meta.slot_mapping`, then return attention output [T, num_heads, head_dim].
         With `rotary` (only where `fuses_rotary`), q and k are first rotated by it. `out`:
         where the output goes (a view of a static buffer: a piecewise graph's input), the
-        tensor returned then."""
+        tensor returned then. `scales` (with `rotary` only): q, k and v are views of an FP8
+        qkv product not yet scaled, (per-token [T, 1], per-column [q + 2 kv]) its scales;
+        they are applied as q, k and v are read, and q, k, v hold the scaled values after."""

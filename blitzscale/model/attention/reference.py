@@ -76,7 +76,9 @@ class ReferenceBackend(AttentionBackend):
         scale: float,
         rotary: Any = None,
         out: torch.Tensor | None = None,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        assert rotary is None and scales is None, "the reference backend fuses neither rotary nor scales"
         plan = self.prepare(meta)
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v)

@@ -146,12 +146,14 @@ class TritonBackend(AttentionBackend):
         scale: float,
         rotary: Any = None,
         out: torch.Tensor | None = None,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         plan = self.prepare(meta)
         num_tokens, num_heads, head_dim = q.shape
         num_kv = k.shape[1]
         block_d = triton.next_power_of_2(head_dim)
         if rotary is None:
+            assert scales is None, "an unscaled qkv product needs the rotary kernel, which applies its scales"
             K.store_kv[(num_tokens,)](
                 k, v, k_cache, v_cache, meta.slot_mapping,
                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(1), k_cache.stride(2),
@@ -160,13 +162,14 @@ class TritonBackend(AttentionBackend):
         else:
             rope, positions = rotary
             half = head_dim // 2
+            xs, ws = scales if scales is not None else (positions, positions)  # (unread)
             K.rotary_store[(num_tokens,)](
-                q, k, v, k_cache, v_cache, meta.slot_mapping, positions, rope.cos, rope.sin,
+                q, k, v, k_cache, v_cache, meta.slot_mapping, positions, rope.cos, rope.sin, xs, ws,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                 k_cache.stride(1), k_cache.stride(2), rope.cos.stride(0),
                 NUM_Q=num_heads, NUM_KV=num_kv, HEAD_DIM=head_dim, HALF=half,
                 BLOCK_Q=triton.next_power_of_2(num_heads), BLOCK_KV=triton.next_power_of_2(num_kv),
-                BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=block_d,
+                BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=block_d, SCALED=scales is not None,
             )  # fmt: skip
         if out is None:
             out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)

@@ -61,15 +61,29 @@ def rope_pair(a, b, c, s):
 
 
 @triton.jit
+def _with_scales(x, xs, ws_ptr, cols, mask, SCALED: tl.constexpr):
+    """x, or with SCALED an FP8 product's entries at `cols` of its row with their scales
+    applied (x * xs * ws[cols] in fp32, rounded once: `fp8_values.scaled`'s arithmetic)."""
+    if SCALED:
+        x = (x.to(tl.float32) * xs * tl.load(ws_ptr + cols, mask=mask, other=0.0)).to(x.dtype)
+    return x
+
+
+@triton.jit
 def rotary_store(
-    q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr,
+    q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, pos_ptr, cos_ptr, sin_ptr, xs_ptr, ws_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch, stride_c,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+    SCALED: tl.constexpr,
 ):  # fmt: skip
+    """SCALED: q, k and v are the columns of an FP8 qkv product without its scales (per
+    token xs [T, 1], per column ws [q + 2 kv]); each is scaled as it is read, and v is
+    written back scaled (a prefill's attention reads it there)."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
+    xs = tl.load(xs_ptr + t) if SCALED else 1.0
     d = tl.arange(0, BLOCK_HALF)
     dm = d < HALF
     c = tl.load(cos_ptr + pos * stride_c + d, mask=dm, other=0.0).to(tl.float32)[None, :]
@@ -77,13 +91,19 @@ def rotary_store(
     hq = tl.arange(0, BLOCK_Q)[:, None]
     mq = (hq < NUM_Q) & dm[None, :]
     p = q_ptr + t * stride_qt + hq * stride_qh + d[None, :]
-    o1, o2 = rope_pair(tl.load(p, mask=mq, other=0.0), tl.load(p + HALF, mask=mq, other=0.0), c, s)
+    col = hq * HEAD_DIM + d[None, :]
+    a = _with_scales(tl.load(p, mask=mq, other=0.0), xs, ws_ptr, col, mq, SCALED)
+    b = _with_scales(tl.load(p + HALF, mask=mq, other=0.0), xs, ws_ptr, col + HALF, mq, SCALED)
+    o1, o2 = rope_pair(a, b, c, s)
     tl.store(p, o1, mask=mq)
     tl.store(p + HALF, o2, mask=mq)
     hk = tl.arange(0, BLOCK_KV)[:, None]
     mk = (hk < NUM_KV) & dm[None, :] & (slot >= 0)
     p = k_ptr + t * stride_kt + hk * stride_kh + d[None, :]
-    o1, o2 = rope_pair(tl.load(p, mask=mk, other=0.0), tl.load(p + HALF, mask=mk, other=0.0), c, s)
+    col = (NUM_Q + hk) * HEAD_DIM + d[None, :]
+    a = _with_scales(tl.load(p, mask=mk, other=0.0), xs, ws_ptr, col, mk, SCALED)
+    b = _with_scales(tl.load(p + HALF, mask=mk, other=0.0), xs, ws_ptr, col + HALF, mk, SCALED)
+    o1, o2 = rope_pair(a, b, c, s)
     tl.store(p, o1, mask=mk)  # k rotated in place too (SDPA prefill reads it)
     tl.store(p + HALF, o2, mask=mk)
     dst = kc_ptr + slot * stride_cs + hk * stride_ch + d[None, :]
@@ -91,7 +111,10 @@ def rotary_store(
     tl.store(dst + HALF, o2, mask=mk)
     dd = tl.arange(0, BLOCK_D)[None, :]
     mv = (hk < NUM_KV) & (dd < HEAD_DIM) & (slot >= 0)
-    v = tl.load(v_ptr + t * stride_vt + hk * stride_vh + dd, mask=mv)
+    pv = v_ptr + t * stride_vt + hk * stride_vh + dd
+    v = _with_scales(tl.load(pv, mask=mv), xs, ws_ptr, (NUM_Q + NUM_KV + hk) * HEAD_DIM + dd, mv, SCALED)
+    if SCALED:
+        tl.store(pv, v, mask=mv)
     tl.store(vc_ptr + slot * stride_cs + hk * stride_ch + dd, v, mask=mv)
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 32's device runs (issue 32: the FP8 GEMV launched early, the many-row SiLU
-# quantization), one step per call:   bash docs/results/device/session32.sh fp8|prefill|check|profile|tests
+# quantization), one step per call:   bash docs/results/device/session32.sh fp8|prefill|check|profile|qkv|tests
 # Writes under $OUT (the device tool's folder; ./out elsewhere). Needs the wheels in .whl/.
 set -u
 OUT=${OUT:-out}
@@ -44,6 +44,17 @@ profile)
         --batches 1,8,32,64,128 --contexts 128,512,2048 --prefill 128,512,1024,2048,4096 \
         --out "$OUT/profile_llama3-8b-fp8.json" > "$OUT/profile_llama3-8b-fp8.log" 2>&1
     echo "rc=$?"; tail -2 "$OUT/profile_llama3-8b-fp8.log"
+    ;;
+qkv)
+    # the qkv product's scales applied by the rotary kernel (steps of 2-64 rows)
+    timeout 200 python3 -m pytest tests/gpu/test_cuda_fp8.py tests/gpu/test_attention_backends.py \
+        tests/gpu/test_cuda_no_compiles.py tests/gpu/test_cuda_mixed_graphs.py -m gpu -q -x -p no:cacheprovider \
+        --confcutdir=tests/gpu > "$OUT/test_qkv.log" 2>&1
+    echo "tests rc=$?"; grep -E "passed|failed|Error" "$OUT/test_qkv.log" | tail -4
+    timeout 200 python3 -m blitzscale.cli.main bench engine --model random:llama3-8b --device cuda \
+        --dtype fp8 --batch-sizes 1,2,4,8,16,32,64 --context-lens 512 --no-hf > "$OUT/bench_engine_fp8_qkv.json" 2>/dev/null
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['device_name'], d['fp8_over_dense'], d['dense']['decode_graph_ms'], d['fp8']['decode_graph_ms'])" \
+        "$OUT/bench_engine_fp8_qkv.json" 2>&1 | tail -2
     ;;
 tests)
     # make test-gpu in its two halves (Makefile: GPU_TESTS), one 600 s call
