@@ -11,7 +11,7 @@ from blitzscale.errors import InvalidRequestError
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (default cpu)")
 
 
 def check_device(device: str) -> None:

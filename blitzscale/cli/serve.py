@@ -71,8 +71,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="with --cluster ray: the Ray cluster to join (auto, host:port); default: start one here",
     )
-    p.add_argument("--policy", choices=POLICIES, default=None)
-    p.add_argument("--mode", choices=["pd", "colocated"], default=None)
+    p.add_argument("--policy", choices=POLICIES, default=None, help="scaling policy ([policy] name)")
+    p.add_argument(
+        "--mode",
+        choices=["pd", "colocated"],
+        default=None,
+        help="prefill and decode on separate instances (pd) or together ([router] mode; default pd)",
+    )
     p.add_argument("--host", default=None, help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="HTTP port (default 8000)")
     p.add_argument("--api-key", default=None, help="require this bearer token")

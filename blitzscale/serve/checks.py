@@ -28,6 +28,8 @@ def check_serve_config(cfg: ServeConfig) -> None:
     from blitzscale.checkpoint import resolve_model
 
     _check_port("[server] port (--port)", cfg.server.port, lo=1)
+    _check_host("[server] host (--host)", cfg.server.host)
+    _check_host("[cluster] host", cfg.cluster.host)
     _check_port("[cluster] dist_port", cfg.cluster.dist_port, lo=0)
     _check_port("[cluster] control_port", cfg.cluster.control_port, lo=0)
     n_pre, n_dec = first_instances(cfg)
@@ -66,6 +68,15 @@ def check_serve_config(cfg: ServeConfig) -> None:
         raise InvalidRequestError(
             "--cluster ray ([cluster] backend = \"ray\") needs Ray: pip install 'blitzscale[ray]'"
         )
+
+
+def _check_host(where: str, host: str) -> None:
+    """An address this machine can bind or reach: a name that does not resolve is named
+    here, not found by ZeroMQ or uvicorn after workers started."""
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as e:
+        raise InvalidRequestError(f"{where}: {host!r} does not resolve to an address ({e})") from None
 
 
 def _check_model_bounds(cfg: ServeConfig) -> None:

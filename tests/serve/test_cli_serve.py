@@ -45,6 +45,7 @@ CLI = [sys.executable, "-m", "blitzscale.cli.main"]
         ("[policy]\nfixed_prefill = -1\n", "fixed_prefill must be >= 0, got -1"),
         ("[model]\ntokenizer = '/nonexistent'\n", "[model] tokenizer (--tokenizer): model '/nonexistent'"),
         ("[model]\nprofile = '/nonexistent.json'\n", "[model] profile: no profile '/nonexistent.json'"),
+        ("[cluster]\nhost = 'nosuchhost.invalid'\n", "[cluster] host: 'nosuchhost.invalid' does not resolve"),
         ("[[models]]\nname = 'a'\nttft_slo_s = nan\n", "model 'a': ttft_slo_s must be a number of seconds"),
         (
             "[policy]\nname = 'fixed'\nfixed_prefill = 2\nfixed_decode = 2\n[cluster]\nnum_workers = 3\n",
