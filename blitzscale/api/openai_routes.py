@@ -279,9 +279,10 @@ def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
 
 
 def encode_chat(backend: ServingBackend, messages: list[dict[str, Any]]) -> list[int]:
-    """`backend.encode_chat`, refusing a message's `name` that the model's chat template does
-    not render (it would be dropped unseen; SmolLM2's drops it): the prompt is rendered again
-    without the names, only when a message has one, and compared."""
+    """`backend.encode_chat`, refusing messages' `name`s when the model's chat template renders
+    none of them (they would be dropped unseen; SmolLM2's drops them): the prompt is rendered
+    again without the names, only when a message has one, and compared. (One render for all
+    names: a template that renders some roles' names and not others' passes.)"""
     ids = backend.encode_chat(messages)
     named = [i for i, m in enumerate(messages) if "name" in m]
     if named and backend.encode_chat([{k: v for k, v in m.items() if k != "name"} for m in messages]) == ids:
