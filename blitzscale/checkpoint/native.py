@@ -22,14 +22,14 @@ import torch
 from blitzscale.checkpoint.folders import INDEX_FILE
 from blitzscale.core.progress import Report
 from blitzscale.errors import CheckpointError
-from blitzscale.model.config import ModelConfig
+from blitzscale.model.config import DTYPE_NAMES, ModelConfig
 from blitzscale.model.layout import SEGMENT_ALIGN
 from blitzscale.model.weights import ModelWeights
 
 MAGIC = b"BLTZWGT1"
 FORMAT_VERSION = 2
 PREAMBLE = struct.Struct("<III")  # header length, data offset, header CRC32
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

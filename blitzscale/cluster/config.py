@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from blitzscale.model.config import DTYPE_NAMES
+
 BACKENDS = ("local", "ray")
-DTYPES = ("float32", "bfloat16", "float16")  # checkpoint/native.py's, without importing torch
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ class ClusterConfig:
             )
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
-        if self.dtype and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or ''), got {self.dtype!r}")
+        if self.dtype and self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)} (or ''), got {self.dtype!r}")
         for name in ("startup_timeout_s", "op_timeout_s", "transfer_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

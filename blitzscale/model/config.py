@@ -9,6 +9,8 @@ from typing import Any
 from blitzscale.errors import CheckpointError
 from blitzscale.model.quant import check_quant, hf_quantization_config, quant_from_hf
 
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # what weights are held in (checkpoint/native.py)
+
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 
 
