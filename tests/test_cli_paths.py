@@ -29,6 +29,10 @@ def in_the_way(tmp_path: Path) -> Path:
          "cannot create the folder"),
         (["bench", "fidelity", "--sim-only", "--out", "{d}"], "is a folder"),
         (["profile", "--out", "{f}/p.json"], "cannot create the folder"),
+        (["profile", "--derive", "smollm2-135m-cpu", "--steps", "9", "--batches", "1,2", "--out", "{d}/p"],
+         "--derive measures nothing; drop --batches, --steps"),
+        (["profile", "--flops-factor", "2", "--name", "x", "--out", "{d}/p.json"],
+         "--flops-factor, --name only with --derive PROFILE"),
         (["generate", "--prompt", "Hi", "--system", "be brief"], "--system needs --chat"),
         (["tokenizer", "smollm2-135m", "{f}/tok"], "Not a directory"),  # (any path the CLI cannot use)
     ],

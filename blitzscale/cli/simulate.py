@@ -15,6 +15,21 @@ from blitzscale.errors import InvalidRequestError
 TRACE_FORMATS = {"azure": "azure", "burstgpt": "burstgpt", "mooncake": "mooncake", "csv": "processed"}
 
 
+_MEASURE_DEFAULTS: dict[str, Any] = {
+    "model": "smollm2-135m",
+    "batches": "1,4,16,64",
+    "contexts": "128,512,1024",
+    "prefill": "16,128,512,1024,2048",
+    "steps": 4,
+    "threads": 1,
+}
+_DERIVE_FLAGS = ("bandwidth_factor", "flops_factor", "memory_bytes", "name", "device_name")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate",
@@ -95,16 +110,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "profile",
         help="measure our engine's prefill and decode step times (the simulator's cost model)",
     )
-    q.add_argument("--model", default="smollm2-135m")
+    # The measurement's flags default to None so that --derive can refuse them by name.
+    q.add_argument("--model", help=f"the model to measure (default {_MEASURE_DEFAULTS['model']})")
     add_device_arg(q)
     q.add_argument("--out", required=True, help="profile JSON file to write")
-    q.add_argument("--batches", default="1,4,16,64", help="decode batch sizes")
-    q.add_argument("--contexts", default="128,512,1024", help="decode contexts (tokens)")
-    q.add_argument("--prefill", default="16,128,512,1024,2048", help="prefill lengths (tokens)")
-    q.add_argument("--steps", type=int, default=4, help="decode steps timed per cell")
-    q.add_argument(
-        "--threads", type=int, default=1, help="CPU: torch threads (default 1, as each CPU worker runs)"
-    )
+    q.add_argument("--batches", help=f"decode batch sizes (default {_MEASURE_DEFAULTS['batches']})")
+    q.add_argument("--contexts", help=f"decode contexts, tokens (default {_MEASURE_DEFAULTS['contexts']})")
+    q.add_argument("--prefill", help=f"prefill lengths, tokens (default {_MEASURE_DEFAULTS['prefill']})")
+    steps = _MEASURE_DEFAULTS["steps"]
+    q.add_argument("--steps", type=int, help=f"decode steps timed a cell (default {steps})")
+    q.add_argument("--threads", type=int, help="CPU: torch threads (default 1, as each CPU worker runs)")
     q.add_argument(
         "--derive",
         metavar="PROFILE",
@@ -130,8 +145,17 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    given = [_flag(n) for n in _MEASURE_DEFAULTS if getattr(args, n) is not None]
     if args.derive:
+        if given:  # a derived profile measures nothing: these would be ignored
+            raise InvalidRequestError(f"--derive measures nothing; drop {', '.join(given)}")
         return _derive(args)
+    stray = [_flag(n) for n in _DERIVE_FLAGS if getattr(args, n) is not None]
+    if stray:
+        raise InvalidRequestError(f"{', '.join(stray)} only with --derive PROFILE")
+    for n, v in _MEASURE_DEFAULTS.items():
+        if getattr(args, n) is None:
+            setattr(args, n, v)
     check_device(args.device)
     for flag, v in (("--steps", args.steps), ("--threads", args.threads)):
         if v < 1:
@@ -160,13 +184,12 @@ def run_profile(args: argparse.Namespace) -> int:
 def _derive(args: argparse.Namespace) -> int:
     from blitzscale.control.costmodel import load_profile
 
-    need = ("bandwidth_factor", "flops_factor", "memory_bytes", "name", "device_name")
-    missing = [f"--{n.replace('_', '-')}" for n in need if getattr(args, n) is None]
+    missing = [_flag(n) for n in _DERIVE_FLAGS if getattr(args, n) is None]
     if missing:
         raise InvalidRequestError(f"--derive needs {', '.join(missing)}")
     for n in ("bandwidth_factor", "flops_factor", "memory_bytes"):
         if not getattr(args, n) > 0:
-            raise InvalidRequestError(f"--{n.replace('_', '-')} must be > 0, got {getattr(args, n)}")
+            raise InvalidRequestError(f"{_flag(n)} must be > 0, got {getattr(args, n)}")
     base = load_profile(args.derive)
     derived = base.derive(
         args.name, args.device_name, args.bandwidth_factor, args.flops_factor, int(args.memory_bytes)

@@ -4,6 +4,7 @@ naming it and what is allowed, never a traceback from a worker or the HTTP serve
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 
 from blitzscale.errors import InvalidRequestError, ModelNotFoundError
@@ -64,9 +65,35 @@ def check_serve_config(cfg: ServeConfig) -> None:
                     f"[[models]] {m.name!r} tokenizer" if cfg.models else "[model] tokenizer (--tokenizer)"
                 )
                 raise ModelNotFoundError(f"{named}: {e}") from e
+    _check_cpu_workers_fit(cfg)
     if cfg.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise InvalidRequestError(
             "--cluster ray ([cluster] backend = \"ray\") needs Ray: pip install 'blitzscale[ray]'"
+        )
+
+
+def _check_cpu_workers_fit(cfg: ServeConfig) -> None:
+    """CPU workers on this machine (the local backend) each hold at least one model's
+    weights in host memory: a worker count whose weights alone exceed the machine's memory
+    (`--workers 500`) is refused here, not found by the kernel's OOM killer mid-start. A GPU
+    worker is one a visible GPU (cluster/spawn.py caps those); Ray's live on other hosts."""
+    cl = cfg.cluster
+    if cl.device != "cpu" or cl.backend != "local":
+        return
+    import torch
+
+    from blitzscale.checkpoint import load_config, resolve_model
+    from blitzscale.model.layout import build_layout
+
+    itemsize = getattr(torch, cl.dtype or "float32").itemsize  # (one of model/config.DTYPE_NAMES)
+    configs = [load_config(resolve_model(m.spec)) for m in cfg.served_models()]
+    largest = max(build_layout(c, itemsize, cfg.model.tp).nbytes for c in configs)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if cl.num_workers * largest > memory:
+        raise InvalidRequestError(
+            f"--workers / [cluster] num_workers = {cl.num_workers}: each CPU worker holds a model's weights "
+            f"({largest / 1e9:.2f} GB a rank), {cl.num_workers * largest / 1e9:.1f} GB in all, more than "
+            f"this machine's {memory / 1e9:.1f} GB; use at most {max(1, memory // largest)}"
         )
 
 

@@ -129,6 +129,7 @@ def test_model_flags_serve_several_models_and_a_bare_one_keeps_its_meaning() -> 
         (["--model", "a=smollm2-135m", "--model", "a=smollm2-135m"], "the name 'a' is given twice"),
         (["--model", "a=nope", "--model", "b=smollm2-135m"], "[[models]] 'a' source: unknown model 'nope'"),
         (["--keep-alive", "-2"], "keep_alive_s must be >= 0"),
+        (["--workers", "100000"], "num_workers = 100000: each CPU worker holds a model's weights"),
     ],
 )
 def test_bad_model_flags_are_refused_before_any_worker_starts(flags: list[str], needle: str) -> None:

@@ -198,14 +198,9 @@ def test_live_tp2_target_serves_as_its_shards_land_and_relays_to_its_partner(
     with _service(folder, tmp_path, "colocated", "blitz", cluster=cfg, **slow) as (service, lt):
         assert service.scaler is not None and service.router is not None
         router = service.router
-        live_seen: set[str] = set()
 
         async def burst(n: int) -> list[list[int]]:
-            tasks = [asyncio.create_task(_one(service, f"l{n}.{i}", TEXTS[i % 3])) for i in range(n)]
-            while not all(t.done() for t in tasks):
-                live_seen.update(rid for rid, r in router.reqs.items() if r.live)
-                await asyncio.sleep(0.01)
-            return [t.result() for t in tasks]
+            return await asyncio.gather(*(_one(service, f"l{n}.{i}", TEXTS[i % 3]) for i in range(n)))
 
         async def waves() -> list[list[int]]:  # prompts keep coming while (2, 3) loads
             out = []
@@ -229,10 +224,15 @@ def test_live_tp2_target_serves_as_its_shards_land_and_relays_to_its_partner(
         target = router.instances[2]
         seen = [b for _, _, b in target.transitions]
         assert seen[:1] == ["new_prefill"], seen  # it served while loading
-        assert live_seen, "no request ran on the loading instance"
         text = generate_latest(service.registry).decode()
         lines = [ln.split() for ln in text.splitlines() if ln.startswith("blitzscale_live_")]
         counts = {name: float(value) for name, value in lines}
+        # (the router's own count of requests that ran a layer there: the test once sampled
+        # `router.reqs` for `live` every 10 ms, which can miss a request that ran there and
+        # finished between two looks; it failed 2 runs in 7 one day and 0 in 24 the next,
+        # so the message carries every live counter should it fail again)
+        ran_there = counts.get("blitzscale_live_requests_total", 0)
+        assert ran_there >= 1, ("no request ran on the loading instance", counts)
         assert counts.get("blitzscale_live_layers_total", 0) > 0, counts
         assert counts.get("blitzscale_live_relays_total", 0) >= 1, counts  # the partner finished some
         while router.live.pairs or _serving(service) != [(0, 1), (2, 3)]:
