@@ -5,6 +5,7 @@ README's Python example runs against a live server in tests/serve/test_http.py."
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
@@ -65,3 +66,20 @@ def test_every_relative_link_leads_to_a_file() -> None:
             if re.match(r"[a-z]+:", target):
                 continue  # (a web address)
             assert (page.parent / target).exists(), f"{page.name}: link to {target} leads nowhere"
+
+
+def test_every_flag_says_what_it_does() -> None:
+    """`blitzscale ... --help` explains every flag (a flag without help text was how
+    `bench engine --prompt-len`, which nothing read any more, went unnoticed)."""
+    bare = []
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    walk(sub, [*path, name])
+            elif a.option_strings and a.help is None:
+                bare.append(f"blitzscale {' '.join(path)} {a.option_strings[0]}")
+
+    walk(build_parser(), [])
+    assert not bare, bare

@@ -20,13 +20,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (print JSON)")
     bsub = p.add_subparsers(dest="bench", required=True)
     e = bsub.add_parser("engine", help="decode / prefill speed and correctness against transformers")
-    e.add_argument("--model", default="random:llama3-8b")
-    e.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    e.add_argument("--batch-sizes", type=_int_list, default=[1, 8, 32, 64])
+    e.add_argument("--model", default="random:llama3-8b", help="model name or path (default %(default)s)")
+    e.add_argument("--device", choices=["cpu", "cuda"], default="cuda", help="where to run (default cuda)")
+    e.add_argument(
+        "--batch-sizes", type=_int_list, default=[1, 8, 32, 64], help="decode batch sizes (1,8,32,64)"
+    )
     e.add_argument("--context-lens", type=_int_list, default=[512, 2048], help="decode contexts")
-    e.add_argument("--prompt-len", type=int, default=128)
-    e.add_argument("--decode-steps", type=int, default=32)
-    e.add_argument("--prefill-len", type=int, default=2048)
+    e.add_argument("--decode-steps", type=int, default=32, help="decode steps timed a cell (default 32)")
+    e.add_argument("--prefill-len", type=int, default=2048, help="prompt tokens of the timed prefill")
     e.add_argument("--block-size", type=int, default=64, help="tokens per KV block (serve's default is 16)")
     e.add_argument("--no-hf", action="store_true", help="skip the transformers reference")
     e.add_argument(
@@ -41,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     s = bsub.add_parser("serve", help="serve's default configuration against its engine alone, same mixes")
     s.add_argument("--model", default="", help="default: random:llama3-8b on cuda, smollm2-135m on cpu")
-    s.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    s.add_argument("--device", choices=["cpu", "cuda"], default="cuda", help="where to run (default cuda)")
     s.add_argument("--streams", type=_int_list, default=None, help="closed-loop streams (default 64,256)")
     s.add_argument("--prompt-len", type=int, default=0, help="closed-loop prompt tokens (default 512)")
     s.add_argument("--max-tokens", type=int, default=0, help="closed-loop output tokens (default 256)")
@@ -62,13 +63,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_run_serve)
 
     t = bsub.add_parser("transfer", help="weight loading by network, host cache and disk paths")
-    t.add_argument("--model", default="smollm2-135m")
-    t.add_argument("--workers", type=int, default=2)
-    t.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    t.add_argument("--model", default="smollm2-135m", help="model name or path (default %(default)s)")
+    t.add_argument("--workers", type=int, default=2, help="worker processes (a source and targets)")
+    t.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (default cpu)")
     t.add_argument("--mode", default="chain", help="p2p|chain|striped|host|disk|hf, comma-separated, or all")
     t.add_argument("--piece-bytes", type=int, default=0, help="split stripes into pieces (0: per segment)")
     t.add_argument("--readers", type=int, default=8, help="parallel disk readers")
-    t.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "blitzscale-bench")
+    t.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "blitzscale-bench",
+        help="where the disk path's converted checkpoint is written (default %(default)s)",
+    )
     t.add_argument("--limits", action="store_true", help="also measure raw NCCL / host copy / disk limits")
     t.add_argument(
         "--dtype",
@@ -81,11 +87,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     v = bsub.add_parser("live", help="TTFT of a burst arriving at a scale decision, per load path")
     v.add_argument("--model", default="", help="default: random:llama3-8b on cuda, smollm2-135m on cpu")
-    v.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    v.add_argument("--device", choices=["cpu", "cuda"], default="cuda", help="where to run (default cuda)")
     v.add_argument("--paths", default="all", help="live,network,host,disk,none (comma-separated) or all")
-    v.add_argument("--requests", type=int, default=64)
-    v.add_argument("--prompt-len", type=int, default=1024)
-    v.add_argument("--max-tokens", type=int, default=4)
+    v.add_argument("--requests", type=int, default=64, help="prompts in the burst (default 64)")
+    v.add_argument("--prompt-len", type=int, default=1024, help="tokens of each prompt (default 1024)")
+    v.add_argument("--max-tokens", type=int, default=4, help="tokens each request generates (default 4)")
     v.add_argument("--transfer-rate", type=float, default=0.0, help="cap network transfers, bytes/s")
     v.add_argument("--disk-rate", type=float, default=0.0, help="cap disk reads, bytes/s")
     v.add_argument("--kv-blocks", type=int, default=0, help="KV blocks per instance (0: from memory)")
@@ -93,15 +99,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.set_defaults(func=_run_live)
 
     b = bsub.add_parser("standby", help="cost of starting an instance's engine, with and without a standby")
-    b.add_argument("--model", default="random:llama3-8b")
-    b.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    b.add_argument("--model", default="random:llama3-8b", help="model name or path (default %(default)s)")
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cuda", help="where to run (default cuda)")
     b.add_argument("--runs", default="off,on,off", help="standby settings, one fresh worker each")
     b.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     b.set_defaults(func=_run_standby)
 
     f = bsub.add_parser("fidelity", help="one small configuration live on CPU workers and simulated")
-    f.add_argument("--workers", type=int, default=2)
-    f.add_argument("--policy", default="blitz-nolive")
+    f.add_argument("--workers", type=int, default=2, help="CPU workers of the live run (default 2)")
+    f.add_argument(
+        "--policy",
+        default="blitz-nolive",
+        help="scaling policy: blitz, blitz-nolive, network, network-multicast, sllm, allcache or fixed "
+        "(default blitz-nolive)",
+    )
     f.add_argument("--rate-scale", type=float, default=0.05, help="share of the shipped slice's requests")
     f.add_argument("--duration", type=float, default=90.0, help="seconds of the slice replayed")
     f.add_argument("--sim-only", action="store_true", help="skip the live run")
@@ -112,31 +123,49 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     f.set_defaults(func=_run_fidelity)
 
     k = bsub.add_parser("soak", help="open-loop load above capacity with worker kills; answers checked")
-    k.add_argument("--minutes", type=float, default=30.0)
+    k.add_argument("--minutes", type=float, default=30.0, help="length of the open-loop load (default 30)")
     k.add_argument("--rate-x", type=float, default=2.0, help="offered load in multiples of capacity")
-    k.add_argument("--workers", type=int, default=4)
-    k.add_argument("--mode", choices=["pd", "colocated"], default="pd")
-    k.add_argument("--policy", default="blitz")
+    k.add_argument("--workers", type=int, default=4, help="CPU workers (default 4)")
+    k.add_argument(
+        "--mode",
+        choices=["pd", "colocated"],
+        default="pd",
+        help="prefill and decode on separate instances (pd) or together (colocated)",
+    )
+    k.add_argument(
+        "--policy",
+        default="blitz",
+        help="scaling policy: blitz, blitz-nolive, network, network-multicast, sllm, allcache or fixed",
+    )
     k.add_argument("--kills", type=int, default=2, help="workers killed during the run")
-    k.add_argument("--max-tokens", type=int, default=16)
-    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--max-tokens", type=int, default=16, help="tokens each request generates (default 16)")
+    k.add_argument("--seed", type=int, default=0, help="seed of the arrivals, prompts and kills")
     k.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     k.set_defaults(func=_run_soak)
 
     r = bsub.add_parser("runs", help="finished runs (their requests.jsonl) side by side, one pair of SLOs")
     r.add_argument("dirs", nargs="+", type=Path, metavar="RUN_DIR")
-    r.add_argument("--slo-ttft-ms", type=float, required=True)
-    r.add_argument("--slo-tbt-ms", type=float, required=True)
+    r.add_argument("--slo-ttft-ms", type=float, required=True, help="time-to-first-token SLO, ms")
+    r.add_argument("--slo-tbt-ms", type=float, required=True, help="time-between-tokens SLO, ms")
     r.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
     r.set_defaults(func=_run_runs)
 
     d = bsub.add_parser("steady", help="closed-loop steady load: scale-ups and releases once settled")
-    d.add_argument("--streams", type=int, default=16)
-    d.add_argument("--seconds", type=float, default=60.0)
+    d.add_argument("--streams", type=int, default=16, help="closed-loop clients (default 16)")
+    d.add_argument("--seconds", type=float, default=60.0, help="length of the load (default 60)")
     d.add_argument("--settle", type=float, default=10.0, help="events before this are not counted")
-    d.add_argument("--workers", type=int, default=4)
-    d.add_argument("--mode", choices=["pd", "colocated"], default="pd")
-    d.add_argument("--policy", default="blitz")
+    d.add_argument("--workers", type=int, default=4, help="CPU workers (default 4)")
+    d.add_argument(
+        "--mode",
+        choices=["pd", "colocated"],
+        default="pd",
+        help="prefill and decode on separate instances (pd) or together (colocated)",
+    )
+    d.add_argument(
+        "--policy",
+        default="blitz",
+        help="scaling policy: blitz, blitz-nolive, network, network-multicast, sllm, allcache or fixed",
+    )
     d.add_argument("--max-tokens", type=int, default=32, help="tokens each streamed completion generates")
     d.add_argument("--prompt-words", type=int, default=0, help="pad each prompt to about this many words")
     d.add_argument("--reload-cost-factor", type=float, default=None, help="override [planner] (0: old rule)")
@@ -433,7 +462,6 @@ def _run_engine(args: argparse.Namespace) -> int:
         device=args.device,
         batch_sizes=tuple(args.batch_sizes),
         context_lens=tuple(args.context_lens),
-        prompt_len=args.prompt_len,
         decode_steps=args.decode_steps,
         prefill_len=args.prefill_len,
         block_size=args.block_size,

@@ -36,7 +36,6 @@ class EngineBenchConfig:
     device: str = "cuda"
     batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
     context_lens: tuple[int, ...] = (512, 2048)
-    prompt_len: int = 128  # (kept for old command lines; decode uses context_lens)
     decode_steps: int = 32
     prefill_len: int = 2048
     with_hf: bool = True

@@ -26,7 +26,7 @@ PLANNER_PREFILL_RATE = 600.0  # [planner] tokens_prefilled_per_sec for one unpac
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="replay a real burst on a local CPU cluster and compare policies")
-    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model name or path (default %(default)s)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated (default: %(default)s)")
     p.add_argument("--workers", type=int, default=3, help="CPU workers (one serves at first)")
     p.add_argument("--rate-scale", type=float, default=0.07, help="share of the trace's requests kept")

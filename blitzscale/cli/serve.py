@@ -50,7 +50,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tp", type=int, default=None, help="tensor-parallel ranks per instance (workers: a multiple)"
     )
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="CPU worker processes or one a GPU ([cluster] device)",
+    )
     p.add_argument(
         "--models-per-rank",
         type=int,
@@ -81,7 +86,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=None, help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="HTTP port (default 8000)")
     p.add_argument("--api-key", default=None, help="require this bearer token")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info"
+    )
     p.add_argument(
         "--log-format",
         default="text",

@@ -56,7 +56,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="a [planner] knob over the profile-derived defaults (repeatable), e.g. prefill_upper=0.5",
     )
-    p.add_argument("--mode", default="pd", choices=["pd", "colocated"])
+    p.add_argument(
+        "--mode",
+        default="pd",
+        choices=["pd", "colocated"],
+        help="prefill and decode on separate instances (pd) or together (colocated)",
+    )
     p.add_argument(
         "--models",
         type=int,
