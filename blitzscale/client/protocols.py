@@ -144,7 +144,9 @@ def request_for(
     hash_ids: Sequence[int] = (),
     block_tokens: int = MOONCAKE_BLOCK_TOKENS,
 ) -> tuple[str, dict]:
-    """The (path, JSON body) asking for exactly `output_tokens` tokens after the prompt.
+    """The (path, JSON body) asking for exactly `output_tokens` tokens after the prompt (at
+    least one: a trace row of 0, a request that failed upstream, is sent as 1, as an API
+    refuses max_tokens 0 and the simulator sends it; so is a prompt of 0 tokens).
     `token_ids`: the prompt goes as a list of token ids (openai only), which models without
     a tokenizer (random weights) accept and which has exactly `input_tokens` tokens.
     `salt`: the request's index, which starts its prompt (no two share a cached prefix),
@@ -152,6 +154,7 @@ def request_for(
     per id (`hashed_prompt`), shared with every request whose ids start the same way."""
     if token_ids and protocol != "openai":
         raise ValueError(f"token-id prompts need the openai protocol, not {protocol!r}")
+    output_tokens = max(1, output_tokens)
     prompt: str | list[int]
     if hash_ids:
         prompt = (

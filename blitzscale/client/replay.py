@@ -136,7 +136,7 @@ def _record(
         "scheduled_s": request.arrival_s,
         "send_s": sent - start,
         "input_tokens": stream.prompt_tokens or request.input_tokens,
-        "requested_output_tokens": request.output_tokens,
+        "requested_output_tokens": max(1, request.output_tokens),  # (as request_for asks)
         "queue_s": stream.queue_s,
         "inference_s": stream.inference_s,
     }

@@ -269,16 +269,19 @@ async def _one(
     queue_s: float | None = None
     parts: TtftParts | None = None
     n_out = 0
+    # A trace row of 0 tokens in or out is sent as 1 (an API refuses an empty prompt and
+    # max_tokens 0), as the replay client sends it; the record says what was sent.
     params = SamplingParams(max_tokens=max(1, tr.output_tokens), temperature=0.0, ignore_eos=True)
+    prompt = _prompt(i, tr)
     common = dict(
         index=i,
         scheduled_s=tr.arrival_s,
         send_s=sent - t0,
-        input_tokens=tr.input_tokens,
-        requested_output_tokens=tr.output_tokens,
+        input_tokens=len(prompt),
+        requested_output_tokens=params.max_tokens,
     )
     try:
-        async for out in router.generate(rid, _prompt(i, tr), params, model=model):
+        async for out in router.generate(rid, prompt, params, model=model):
             if ttft is None and out.new_token_ids:
                 ttft = clock.now() - sent
                 queue_s = router.queue_time_s(rid)

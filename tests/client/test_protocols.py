@@ -40,6 +40,9 @@ def test_token_id_prompt_has_exactly_the_requested_length() -> None:
     _, body = request_for("openai", None, 6, 7, token_ids=True, salt=1)
     assert body["prompt"] == [SALT_FIRST_ID] * 3 + [SALT_FIRST_ID + 1] + [PROMPT_TOKEN_ID] * 2
     assert request_for("openai", None, 0, 1, token_ids=True)[1]["prompt"] == [SALT_FIRST_ID]
+    # a trace row of 0 tokens out (a request that failed upstream) asks for one, as simulate does
+    assert request_for("openai", None, 3, 0)[1]["max_tokens"] == 1
+    assert request_for("tgi", None, 3, 0)[1]["parameters"]["max_new_tokens"] == 1
     with pytest.raises(ValueError, match="token-id prompts need the openai protocol"):
         request_for("tgi", None, 5, 7, token_ids=True)
 

@@ -55,6 +55,21 @@ def test_fixed_provisioning_never_scales(setup: SimSetup, trace: list) -> None:
     assert not [e for e in res.events if e.direction == "down"]
 
 
+def test_a_row_of_zero_tokens_is_sent_as_one_and_recorded_as_sent(setup: SimSetup) -> None:
+    """(An API refuses an empty prompt and max_tokens 0; the replay client sends such a row as
+    one token each way, and so does the simulator, whose record once said 0 for a 1-token
+    prompt.)"""
+    from dataclasses import replace
+
+    from blitzscale.client.traces import TraceRequest
+
+    rows = [TraceRequest(0.0, 0, 0), TraceRequest(0.5, 40, 3)]
+    res = simulate(replace(setup, fixed=(1, 1)), rows, "fixed-peak")
+    assert all(r.is_ok for r in res.records)
+    sent = [(r.input_tokens, r.requested_output_tokens, r.output_tokens) for r in res.records]
+    assert sent == [(1, 1, 1), (40, 3, 3)]
+
+
 def test_a_planned_live_split_is_solved_and_sent(setup: SimSetup) -> None:
     """live_split = "ilp": each dispatch to a loading live target re-plans its tasks (a plan
     that did not fall back is sent), and every request is served. (That an engine follows a
