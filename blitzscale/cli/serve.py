@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -165,5 +166,10 @@ def run(args: argparse.Namespace) -> int:
         except CheckpointError as e:
             raise InvalidRequestError(f"--tp {m.tp} with {m.spec}: {e}") from e
     access = None if args.no_access_log else logging.getLogger(ACCESS_LOGGER)
+    # A SIGTERM before uvicorn takes the signals (while workers start: seconds) stops the
+    # server as a KeyboardInterrupt, through run_server's cleanup, which stops the workers
+    # (exit code 130); its default action ended this process alone, leaving the workers and
+    # the forkserver running. (uvicorn's own handler takes it while serving: exit code 0.)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     asyncio.run(run_server(cfg, access, sock))
     return 0

@@ -115,7 +115,9 @@ class PolicyConfig:
     """Which scaling policy runs (design §6) and its knobs."""
 
     name: str = "blitz"  # one of POLICY_NAMES
-    fixed_prefill: int = 1  # `fixed`: instances the launcher provisions (the policy never scales)
+    # `fixed`: instances the launcher provisions; the policy never scales, but loads again
+    # an instance it lost (policies.fixed_actions)
+    fixed_prefill: int = 1
     fixed_decode: int = 1
     sllm_ttl_s: float = 30.0  # `sllm`: a host keeps a checkpoint this long after last serving it
     max_sources: int = 4  # network policies: at most this many source instances (stripes)

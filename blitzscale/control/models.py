@@ -40,6 +40,7 @@ from blitzscale.control.policies import (
     ReleaseAction,
     ReviveAction,
     ScaleAction,
+    fixed_actions,
     plan_actions,
     to_zero_actions,
 )
@@ -125,8 +126,10 @@ def pool_actions(
 ) -> list[ScaleAction]:
     """Every model's actions for this round, each tagged with its model (see above).
     `host_cache` (sllm) is the cluster's, every model's entries in it."""
-    if policy_cfg.name == "fixed" or not models:
+    if not models:
         return []
+    if policy_cfg.name == "fixed":
+        return _fixed_replacements(models, policy_cfg, planner_cfg, host_cache)
     claimed: set[int] = set()
     planned: list[tuple[str, list[ScaleAction]]] = []
     short: dict[str, int] = {}
@@ -159,6 +162,26 @@ def pool_actions(
         out += [dataclasses.replace(a, model=name) for a in acts]
     if short:
         out += reclaim(models, short, out)
+    return out
+
+
+def _fixed_replacements(
+    models: Sequence[ModelView],
+    policy_cfg: PolicyConfig,
+    planner_cfg: PlannerConfig,
+    host_cache: HostCacheState,
+) -> list[ScaleAction]:
+    """`fixed`: no model scales, none goes to zero; each one's lost instances are loaded
+    again (`policies.fixed_actions`), on ranks no model before it took this round."""
+    claimed: set[int] = set()
+    out: list[ScaleAction] = []
+    for m in models:
+        snap = dataclasses.replace(
+            m.snapshot, free_ranks=tuple(r for r in m.snapshot.free_ranks if r not in claimed)
+        )
+        acts = fixed_actions(snap, policy_cfg, planner_cfg, host_cache)
+        claimed.update(r for a in acts if isinstance(a, LoadAction) for r in a.target_ranks)
+        out += [dataclasses.replace(a, model=m.name) for a in acts]
     return out
 
 

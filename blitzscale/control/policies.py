@@ -1,7 +1,8 @@
 """How to scale (design §4, §6): turn the planner's targets into actions on instances.
 
 Every policy but `fixed` shares the instance logic; they differ only in where new weights
-come from. Per call, in this order:
+come from (`fixed` holds its own counts with the same logic: it only replaces instances it
+lost, `fixed_actions`). Per call, in this order:
 - grow decode: revive draining decode instances, then warm (SHUTTING_NULL) ones, then mutate
   the least loaded PREFILL instances (decode instances are never loaded: loading and KV
   migration would fight for their inbound link), always leaving one serving prefill instance;
@@ -121,7 +122,7 @@ def plan_actions(
     """`scale_actions`, and how many new instances it wanted but found no free ranks for
     (what control/models.py reclaims from other models)."""
     if policy_cfg.name == "fixed":
-        return [], 0
+        return fixed_actions(snapshot, policy_cfg, planner_cfg, host_cache), 0
     make_plan = _pd_plan if snapshot.pd_mode else _colo_plan
     plan = make_plan(snapshot, desired, planner_cfg)
     new_prefill = frozenset(a.instance_id for a in plan.revives if a.role == "prefill")
@@ -129,6 +130,23 @@ def plan_actions(
     unmet = plan.num_new - sum(len(a.target_ranks) for a in loads) // snapshot.tp
     releases = _releases(snapshot, planner_cfg, plan.taken)
     return [*plan.revives, *plan.mutates, *loads, *plan.drains, *releases], max(0, unmet)
+
+
+def fixed_actions(
+    snapshot: ClusterSnapshot,
+    policy_cfg: PolicyConfig,
+    planner_cfg: PlannerConfig,
+    host_cache: HostCacheState,
+) -> list[ScaleAction]:
+    """`fixed` never scales with the load, but holds its counts (`fixed_prefill`,
+    `fixed_decode`): an instance it lost (its worker died) is loaded again on a free rank,
+    from a GPU that holds the model or from disk (it keeps no host copy). Nothing drains.
+    Without this a fixed service whose one instance died waited for ever with idle workers."""
+    n_pre, n_dec = policy_cfg.fixed_prefill, policy_cfg.fixed_decode if snapshot.pd_mode else 0
+    desired = Desired(n_pre, n_pre, n_dec, n_dec, n_pre, n_dec)
+    plan = (_pd_plan if snapshot.pd_mode else _colo_plan)(snapshot, desired, planner_cfg)
+    loads = _loads(snapshot, plan.num_new, policy_cfg, host_cache, frozenset(), frozenset(plan.taken))
+    return [*plan.revives, *plan.mutates, *loads]
 
 
 def to_zero_actions(snapshot: ClusterSnapshot, planner_cfg: PlannerConfig) -> list[ScaleAction]:

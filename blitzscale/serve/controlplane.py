@@ -61,15 +61,21 @@ class ControlPlane:
     _scaling: asyncio.Task[None] | None = None
 
     def start_scaling(self) -> None:
-        """Run the scaler's loop (not under a fixed policy, which never scales)."""
-        if self.scaler.policy.name != "fixed" and self._scaling is None:
+        """Run the scaler's loop (under a fixed policy too, which never scales but loads
+        again an instance it lost: `policies.fixed_actions`)."""
+        if self._scaling is None:
             self._scaling = asyncio.create_task(self.scaler.run())
 
-    async def stop(self) -> None:
+    async def pause_scaling(self) -> None:
+        """Stop the scaler's loop (`start_scaling` runs it again): no round plans anything,
+        instances stay as they are (a test that needs a cluster left short, say)."""
         if self._scaling is not None:
             self._scaling.cancel()
             await asyncio.gather(self._scaling, return_exceptions=True)
             self._scaling = None
+
+    async def stop(self) -> None:
+        await self.pause_scaling()
         await self.scaler.stop()
         await self.router.stop()
 

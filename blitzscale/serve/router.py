@@ -91,7 +91,9 @@ class RouterConfig:
     # that long. 0: no bound.
     max_queue_wait_s: float = 60.0
     max_queue_tokens: int = 0  # an explicit bound on prompt tokens queued as well (0: none)
-    retry_after_s: float = 2.0  # what a refused client is told to wait
+    # what a refused client is told to wait, at least (one refused for the time it could
+    # start is told when the backlog ahead of it would let it start in time)
+    retry_after_s: float = 2.0
     max_migration_wait_s: float = 30.0  # a prefilled request no decode instance took fails
     # pd mode: no new prompt is prefilled while this many prefilled requests wait for a
     # decode instance (0: no bound); they wait in the queue instead, where a request that
@@ -266,7 +268,8 @@ class Router:
                 f"the server is overloaded: the request could start in about {wait:.1f} s "
                 f"({self.queue.tokens_of(name)} prompt tokens are queued for {name}), more than "
                 f"max_queue_wait_s={self.cfg.max_queue_wait_s:g}; retry later",
-                self.cfg.retry_after_s,
+                # (when the backlog ahead would let it start in time, if no more arrives)
+                max(self.cfg.retry_after_s, wait - self.cfg.max_queue_wait_s),
             )
         r = RouterRequest(request_id, list(prompt_token_ids), params, model=name, stream=stream)
         self.last_request_at[name] = clock.now()

@@ -222,10 +222,26 @@ def test_actions_come_in_execution_order() -> None:
 
 
 @pytest.mark.parametrize("policy", ["blitz", "sllm", "allcache", "network"])
-def test_fixed_never_acts_but_the_others_do(policy: str) -> None:
-    s = snap(inst(0, S.PREFILL, running=5), inst(1, S.SHUTTING_NULL, idle_for=9.0), free=(2,))
-    assert act(s, want(3, 2), "fixed") == []
+def test_fixed_never_scales_with_the_load_but_the_others_do(policy: str) -> None:
+    busy = (inst(0, S.PREFILL, running=5, waiting=40), inst(1, S.DECODE, running=9))
+    s = snap(*busy, inst(2, S.SHUTTING_NULL, idle_for=9.0), free=(3,), queued=50_000)
+    assert act(s, want(3, 2), "fixed") == []  # at its counts (1 + 1): nothing, however loaded
     assert act(s, want(3, 2), policy) != []
+    idle = snap(inst(0, S.PREFILL, idle_for=99.0), inst(1, S.DECODE, idle_for=99.0), free=(2,))
+    assert act(idle, want(1, 1), "fixed") == []  # and never drains
+
+
+def test_fixed_loads_again_an_instance_it_lost() -> None:
+    """(Its worker died: the rank is free again. A fixed service whose one instance died
+    once waited for ever, its requests refused after a minute in the queue.)"""
+    lost_decode = snap(inst(0, S.PREFILL), free=(1, 2))
+    assert act(lost_decode, want(0), "fixed") == [LoadAction((1,), "network", (0,))]  # mutated next
+    loaded = snap(inst(0, S.PREFILL), inst(1, S.PREFILL, idle_for=1.0), free=(2,))
+    assert act(loaded, want(0), "fixed") == [MutateAction(0)]
+    lost_all = snap(free=(0, 1, 2), pd_mode=False)
+    assert act(lost_all, want(0), "fixed") == [LoadAction((0,), "disk")]  # colocated: fixed_prefill 1
+    warm = snap(inst(0, S.PREFILL), inst(1, S.SHUTTING_NULL, idle_for=5.0), free=(2,))
+    assert act(warm, want(0), "fixed") == [ReviveAction(1, "decode")]
 
 
 def test_allcache_always_loads_from_host_memory() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.procs import parent_pids
+from tests.procs import descendants, parent_pids
 
 CLI = [sys.executable, "-m", "blitzscale.cli.main"]
 
@@ -265,3 +265,40 @@ def test_a_short_soak_gives_no_wrong_answer_no_hang_and_no_leak(tmp_path: Path) 
 def test_bad_soak_flags_are_named() -> None:
     r = subprocess.run([*CLI, "bench", "soak", "--rate-x", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--rate-x" in r.stderr
+
+
+def test_sigterm_while_the_workers_start_leaves_no_process(tmp_path: Path) -> None:
+    """(Before uvicorn took the signals, SIGTERM's default action ended the server alone:
+    its forkserver, resource tracker and starting workers ran on as orphans.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text("[cluster]\nnum_workers = 2\n[router]\nmode = 'colocated'\n")
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--config", str(cfg), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while len(_family(proc.pid)[1]) < 2:  # the forkserver's first workers are forked
+            assert proc.poll() is None and time.monotonic() < deadline, "no worker started"
+            seen |= descendants(proc.pid)
+            time.sleep(0.05)
+        seen |= descendants(proc.pid)
+        assert not _serving(port)  # (still starting)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130
+        assert _none_left(sorted(seen)) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _serving(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -60,6 +60,8 @@ def test_a_dead_decode_worker_wedges_nothing(
     decode = next(i for i in router.instances.values() if i.state is InstanceState.DECODE)
 
     async def scenario() -> tuple[list[str], list[object], list[object], str]:
+        assert service.control is not None
+        await service.control.pause_scaling()  # (fixed would load a decode instance again)
         reference = [await _text(service, f"ref-{i}", p) for i, p in enumerate(PROMPTS)]
         long = [asyncio.create_task(_text(service, f"long-{i}", p, 1500)) for i, p in enumerate(PROMPTS[:2])]
         quiet = asyncio.create_task(_text(service, "quiet", PROMPTS[2], 200, stream=False))
@@ -76,7 +78,7 @@ def test_a_dead_decode_worker_wedges_nothing(
         holder = router.pending_migrations[0].prefill_rank
         assert holder is not None
         scaler._launch(MutateAction(holder))  # what the planner does when decode is short
-        loop = asyncio.create_task(scaler.run())  # (fixed runs none): the mutation completes
+        loop = asyncio.create_task(scaler.run())  # the mutation completes
         done = await asyncio.wait_for(asyncio.gather(*held, return_exceptions=True), WAIT_S)
         failed = await asyncio.wait_for(asyncio.gather(*long, return_exceptions=True), WAIT_S)
         again = await asyncio.wait_for(quiet, WAIT_S)
@@ -104,6 +106,8 @@ def test_a_held_request_no_decode_instance_takes_fails_in_bounded_time() -> None
         router, cluster = service.router, service.cluster
         assert router is not None and cluster is not None
         decode = next(i for i in router.instances.values() if i.state is InstanceState.DECODE)
+        assert service.control is not None
+        lt.run(service.control.pause_scaling())  # (fixed would load a decode instance again)
         cluster.procs[decode.rank].kill()
 
         async def scenario() -> BaseException | str:

@@ -90,3 +90,48 @@ def test_dead_instance_fails_its_requests_and_the_cluster_recovers() -> None:
     finally:
         lt.run(service.stop())
         lt.close()
+
+
+def test_fixed_provisioning_loads_again_the_instance_it_lost() -> None:
+    """Policy `fixed` never scales, but holds its count: its one instance's worker dies,
+    and an instance on the other rank (from disk: no GPU holds the model now) serves the
+    request that ran there again and the next ones. It once served nothing more: requests
+    waited their minute in the queue and were refused, beside an idle worker."""
+    cfg = ServeConfig().with_overrides(
+        cluster={"num_workers": 2}, router={"mode": "colocated"}, policy={"name": "fixed"}
+    )
+    lt = LoopThread()
+    service = ServingCluster(cfg)
+    try:
+        lt.run(service.start())
+        router = service.router
+        assert router is not None and service.cluster is not None and service.scaler is not None
+        ids = router.encode("Once upon a time")
+
+        async def whole(rid: str, n: int) -> list[int]:
+            params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+            last = None
+            async for o in router.generate(rid, ids, params, stream=False):
+                last = o
+            assert last is not None and last.finished
+            return last.token_ids
+
+        async def scenario() -> tuple[list[int], list[int], list[int]]:
+            before = await whole("before", 8)
+            quiet = asyncio.create_task(whole("quiet", 200))
+            await _until(
+                lambda: "quiet" in router.reqs and len(router.reqs["quiet"].output_ids) > 0, "decoding"
+            )
+            service.cluster.procs[0].kill()
+            rerun = await asyncio.wait_for(quiet, 300)
+            after = await asyncio.wait_for(whole("after", 8), 120)
+            return before, rerun, after
+
+        before, rerun, after = lt.run(scenario())
+        assert after == before and rerun[:8] == before  # greedy: the same answer, served again
+        ups = [e for e in service.scaler.events if e.direction == "up"]
+        assert [(e.path, e.ranks) for e in ups] == [("disk", (0,)), ("disk", (1,))], ups
+        assert service.cluster.pool.gpu_holders(cfg.model.name) == [1]
+    finally:
+        lt.run(service.stop())
+        lt.close()
