@@ -88,6 +88,20 @@ def test_a_request_that_could_not_start_in_time_is_refused_and_one_that_could_is
             async for _ in r.generate("late", [1] * 6000, params):
                 pass
         assert r.num_refused["queue_full"] == 1 and "late" not in r.reqs
+        assert refused.value.retry_after_s == 2.0  # (0.5 s of backlog too many: the floor)
+
+        async def accepted() -> None:  # 2 s of prompt work, queued (nothing serves here)
+            async for _ in r.generate("ahead", [1] * 4000, params):
+                pass
+
+        ahead = asyncio.create_task(accepted())
+        while "ahead" not in r.reqs:
+            await asyncio.sleep(0)
+        with pytest.raises(OverloadedError) as much_later:  # 5 s: it could start in time in 2.5
+            async for _ in r.generate("later", [1] * 6000, params):
+                pass
+        assert much_later.value.retry_after_s == pytest.approx(2.5, rel=0.01)
+        ahead.cancel()
         return ok, late, str(refused.value)
 
     ok, late, why = asyncio.run(main())
