@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import socket
@@ -210,6 +211,11 @@ class ServingCluster:
         self._ctx.destroy(linger=0)
 
 
+# After a second Ctrl-C, the requests still running have this long to send their 503
+# before the exit is forced.
+SECOND_SIGNAL_FORCE_S = 1.0
+
+
 def _quiet_server(config: Any, stopping: asyncio.Event | None = None) -> Any:
     """A uvicorn server that stops on SIGINT / SIGTERM and then returns normally (uvicorn
     re-raises the signal after its shutdown, which would cut our own shutdown short).
@@ -226,6 +232,19 @@ def _quiet_server(config: Any, stopping: asyncio.Event | None = None) -> Any:
             if stopping is not None:
                 asyncio.get_running_loop().call_later(max(0.0, grace - min(1.0, grace / 2)), stopping.set)
             await super().shutdown(sockets)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit and sig == signal.SIGINT and stopping is not None and not stopping.is_set():
+                # A second Ctrl-C: the requests still running end now, as at the grace
+                # period's end (a 503; a stream: its error event and [DONE]), and the exit
+                # is forced a moment later if a connection lingers. uvicorn forced it at
+                # once: cancelled handlers answered a plain-text 500 and cut the streams.
+                loop = asyncio.get_running_loop()
+                loop.call_soon_threadsafe(stopping.set)
+                force = functools.partial(uvicorn.Server.handle_exit, self, sig, frame)
+                loop.call_soon_threadsafe(loop.call_later, SECOND_SIGNAL_FORCE_S, force)
+                return
+            super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

@@ -224,6 +224,50 @@ def test_sigterm_cuts_a_request_that_runs_past_the_shutdown_timeout(tmp_path: Pa
             proc.kill()
 
 
+def test_a_second_ctrl_c_ends_running_requests_with_their_503_at_once(tmp_path: Path) -> None:
+    """Ctrl-C waits for running requests (shutdown_timeout_s, here 120 s); a second one ends
+    them now, as the timeout's end would: a JSON 503, a stream's error event and [DONE].
+    (uvicorn forced the exit at once: a plain-text 500 and streams cut mid-chunk.)"""
+    toml = "[server]\nshutdown_timeout_s = 120\n[cluster]\nnum_workers = 1\n"
+    toml += "[router]\nmode = 'colocated'\n[policy]\nname = 'fixed'\n"
+    proc, port = _start_serve(tmp_path, toml)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    body = {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}
+    lines: list[str] = []
+    whole: list[httpx.Response] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", url, json={**body, "stream": True}, timeout=300) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+
+    readers = [
+        threading.Thread(target=stream),
+        threading.Thread(target=lambda: whole.append(httpx.post(url, json=body, timeout=300))),
+    ]
+    for t in readers:
+        t.start()
+    try:
+        assert started.wait(120)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+        assert time.monotonic() - t0 < 60  # not the 120 s timeout
+        for t in readers:
+            t.join(60)
+        assert whole and whole[0].status_code == 503, whole
+        assert whole[0].json()["error"]["message"], whole[0].text
+        data = [ln for ln in lines if ln.startswith("data:")]
+        assert data[-1] == "data: [DONE]" and '"error"' in data[-2], data[-3:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
