@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 34's device runs (issue 32 on an H200: its FP8 figures since PDL, fast accumulation
 # and the qkv scales; its simulator profile; the FP8 path's logits on a trained model), one
-# step per call:   bash docs/results/device/session34.sh h200|smol_a|smol|tests
+# step per call:   bash docs/results/device/session34.sh h200|profile|smol_a|smol|tests
 # Writes under $OUT (the device tool's folder; ./out elsewhere). Needs the wheels in .whl/.
 # `smol`: SmolLM2-135M's GGUF (98 MB, over one call's 64 MiB) travels in two carried halves,
 # out/smol_a/part (the call `smol_a`, which only checks it arrived) and out/smol_b/part.
@@ -25,6 +25,14 @@ h200)
     bench_fp8 bench_engine_fp8_run1 160 random:llama3-8b
     grep -q H200 "$OUT/gpu.txt" || { echo "not an H200: no profile"; exit 0; }
     timeout 290 python3 -m blitzscale.cli.main profile --model random:llama3-8b:fp8 --device cuda \
+        --batches 1,8,32,64,128 --contexts 128,512,2048 --prefill 128,512,1024,2048,4096 \
+        --out "$OUT/profile_llama3-8b-fp8.json" > "$OUT/profile_llama3-8b-fp8.log" 2>&1
+    echo "profile rc=$?"; tail -2 "$OUT/profile_llama3-8b-fp8.log"
+    ;;
+profile)
+    # the simulator's H200 FP8 profile alone (the budget's last minutes): nothing elsewhere
+    grep -q H200 "$OUT/gpu.txt" || { echo "not an H200: no profile"; exit 0; }
+    timeout 280 python3 -m blitzscale.cli.main profile --model random:llama3-8b:fp8 --device cuda \
         --batches 1,8,32,64,128 --contexts 128,512,2048 --prefill 128,512,1024,2048,4096 \
         --out "$OUT/profile_llama3-8b-fp8.json" > "$OUT/profile_llama3-8b-fp8.log" 2>&1
     echo "profile rc=$?"; tail -2 "$OUT/profile_llama3-8b-fp8.log"
