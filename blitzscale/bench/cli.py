@@ -8,12 +8,30 @@ import sys
 import tempfile
 from pathlib import Path
 
+from blitzscale.control.config import POLICY_NAMES
+
 
 def _int_list(s: str) -> list[int]:
     try:
         return [int(x) for x in s.split(",") if x]
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from e
+
+
+def _policy_arg(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--policy", default=default, help=f"scaling policy: {', '.join(POLICY_NAMES)} (default {default})"
+    )
+
+
+def _mode_and_policy(p: argparse.ArgumentParser, policy: str) -> None:
+    p.add_argument(
+        "--mode",
+        choices=["pd", "colocated"],
+        default="pd",
+        help="prefill and decode on separate instances (pd) or together (colocated; default pd)",
+    )
+    _policy_arg(p, policy)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -107,12 +125,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     f = bsub.add_parser("fidelity", help="one small configuration live on CPU workers and simulated")
     f.add_argument("--workers", type=int, default=2, help="CPU workers of the live run (default 2)")
-    f.add_argument(
-        "--policy",
-        default="blitz-nolive",
-        help="scaling policy: blitz, blitz-nolive, network, network-multicast, sllm, allcache or fixed "
-        "(default blitz-nolive)",
-    )
+    _policy_arg(f, "blitz-nolive")
     f.add_argument("--rate-scale", type=float, default=0.05, help="share of the shipped slice's requests")
     f.add_argument("--duration", type=float, default=90.0, help="seconds of the slice replayed")
     f.add_argument("--sim-only", action="store_true", help="skip the live run")
@@ -126,17 +139,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--minutes", type=float, default=30.0, help="length of the open-loop load (default 30)")
     k.add_argument("--rate-x", type=float, default=2.0, help="offered load in multiples of capacity")
     k.add_argument("--workers", type=int, default=4, help="CPU workers (default 4)")
-    k.add_argument(
-        "--mode",
-        choices=["pd", "colocated"],
-        default="pd",
-        help="prefill and decode on separate instances (pd) or together (colocated)",
-    )
-    k.add_argument(
-        "--policy",
-        default="blitz",
-        help="scaling policy: blitz, blitz-nolive, network, network-multicast, sllm, allcache or fixed",
-    )
+    _mode_and_policy(k, "blitz")
     k.add_argument("--kills", type=int, default=2, help="workers killed during the run")
     k.add_argument("--max-tokens", type=int, default=16, help="tokens each request generates (default 16)")
     k.add_argument("--seed", type=int, default=0, help="seed of the arrivals, prompts and kills")
@@ -155,17 +158,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--seconds", type=float, default=60.0, help="length of the load (default 60)")
     d.add_argument("--settle", type=float, default=10.0, help="events before this are not counted")
     d.add_argument("--workers", type=int, default=4, help="CPU workers (default 4)")
-    d.add_argument(
-        "--mode",
-        choices=["pd", "colocated"],
-        default="pd",
-        help="prefill and decode on separate instances (pd) or together (colocated)",
-    )
-    d.add_argument(
-        "--policy",
-        default="blitz",
-        help="scaling policy: blitz, blitz-nolive, network, network-multicast, sllm, allcache or fixed",
-    )
+    _mode_and_policy(d, "blitz")
     d.add_argument("--max-tokens", type=int, default=32, help="tokens each streamed completion generates")
     d.add_argument("--prompt-words", type=int, default=0, help="pad each prompt to about this many words")
     d.add_argument("--reload-cost-factor", type=float, default=None, help="override [planner] (0: old rule)")

@@ -17,25 +17,24 @@ bench_fp8() {  # $1: the JSON's name, $2 its time limit, $3 the model; bf16 besi
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['device_name'], d['fp8_over_dense'], d['fp8_logits_vs_dense_dequantized'])" \
         "$OUT/$1.json" 2>&1 | tail -2
 }
+profile_h200() {  # $1: its time limit; the simulator's FP8 profile, on an H200 only
+    grep -q H200 "$OUT/gpu.txt" || { echo "not an H200: no profile"; return 0; }
+    timeout "$1" python3 -m blitzscale.cli.main profile --model random:llama3-8b:fp8 --device cuda \
+        --batches 1,8,32,64,128 --contexts 128,512,2048 --prefill 128,512,1024,2048,4096 \
+        --out "$OUT/profile_llama3-8b-fp8.json" > "$OUT/profile_llama3-8b-fp8.log" 2>&1
+    echo "profile rc=$?"; tail -2 "$OUT/profile_llama3-8b-fp8.log"
+}
 case "$1" in
 h200)
     timeout 120 python3 -m pytest tests/gpu/test_cuda_fp8.py -m gpu -q -x -p no:cacheprovider \
         --confcutdir=tests/gpu > "$OUT/test_cuda_fp8.log" 2>&1
     echo "tests rc=$?"; tail -1 "$OUT/test_cuda_fp8.log"
     bench_fp8 bench_engine_fp8_run1 160 random:llama3-8b
-    grep -q H200 "$OUT/gpu.txt" || { echo "not an H200: no profile"; exit 0; }
-    timeout 290 python3 -m blitzscale.cli.main profile --model random:llama3-8b:fp8 --device cuda \
-        --batches 1,8,32,64,128 --contexts 128,512,2048 --prefill 128,512,1024,2048,4096 \
-        --out "$OUT/profile_llama3-8b-fp8.json" > "$OUT/profile_llama3-8b-fp8.log" 2>&1
-    echo "profile rc=$?"; tail -2 "$OUT/profile_llama3-8b-fp8.log"
+    profile_h200 290
     ;;
 profile)
     # the simulator's H200 FP8 profile alone (the budget's last minutes): nothing elsewhere
-    grep -q H200 "$OUT/gpu.txt" || { echo "not an H200: no profile"; exit 0; }
-    timeout 280 python3 -m blitzscale.cli.main profile --model random:llama3-8b:fp8 --device cuda \
-        --batches 1,8,32,64,128 --contexts 128,512,2048 --prefill 128,512,1024,2048,4096 \
-        --out "$OUT/profile_llama3-8b-fp8.json" > "$OUT/profile_llama3-8b-fp8.log" 2>&1
-    echo "profile rc=$?"; tail -2 "$OUT/profile_llama3-8b-fp8.log"
+    profile_h200 280
     ;;
 smol_a)
     ls -la out/smol_a/
