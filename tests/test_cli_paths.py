@@ -31,6 +31,8 @@ def in_the_way(tmp_path: Path) -> Path:
         (["profile", "--out", "{f}/p.json"], "cannot create the folder"),
         (["profile", "--derive", "smollm2-135m-cpu", "--steps", "9", "--batches", "1,2", "--out", "{d}/p"],
          "--derive measures nothing; drop --batches, --steps"),
+        (["profile", "--derive", "smollm2-135m-cpu", "--device", "cuda", "--out", "{d}/p"],
+         "--derive measures nothing; drop --device"),
         (["profile", "--flops-factor", "2", "--name", "x", "--out", "{d}/p.json"],
          "--flops-factor, --name only with --derive PROFILE"),
         (["generate", "--prompt", "Hi", "--system", "be brief"], "--system needs --chat"),

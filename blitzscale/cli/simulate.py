@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from blitzscale.cli.common import add_device_arg, check_device
+from blitzscale.cli.common import check_device
 from blitzscale.control.config import PolicyConfig
 from blitzscale.errors import InvalidRequestError
 
@@ -17,6 +17,7 @@ TRACE_FORMATS = {"azure": "azure", "burstgpt": "burstgpt", "mooncake": "mooncake
 
 _MEASURE_DEFAULTS: dict[str, Any] = {
     "model": "smollm2-135m",
+    "device": "cpu",
     "batches": "1,4,16,64",
     "contexts": "128,512,1024",
     "prefill": "16,128,512,1024,2048",
@@ -117,7 +118,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     # The measurement's flags default to None so that --derive can refuse them by name.
     q.add_argument("--model", help=f"the model to measure (default {_MEASURE_DEFAULTS['model']})")
-    add_device_arg(q)
+    q.add_argument("--device", choices=["cpu", "cuda"], help="where to measure (default cpu)")
     q.add_argument("--out", required=True, help="profile JSON file to write")
     q.add_argument("--batches", help=f"decode batch sizes (default {_MEASURE_DEFAULTS['batches']})")
     q.add_argument("--contexts", help=f"decode contexts, tokens (default {_MEASURE_DEFAULTS['contexts']})")
