@@ -9,7 +9,9 @@ from typing import Any
 from blitzscale.errors import CheckpointError
 from blitzscale.model.quant import check_quant, hf_quantization_config, quant_from_hf
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")  # what weights are held in (checkpoint/native.py)
+# What weights are held in (checkpoint/native.py), with the bytes of one element.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_NAMES = tuple(DTYPE_BYTES)
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+from typing import TYPE_CHECKING
 
 from blitzscale.errors import InvalidRequestError, ModelNotFoundError
+from blitzscale.model.config import DTYPE_BYTES
 from blitzscale.serve.config import ServeConfig
 from blitzscale.worker.pacing import resolve_pace
+
+if TYPE_CHECKING:
+    from blitzscale.checkpoint.resolve import ModelSource
 
 MAX_PORT = 65535
 
@@ -51,9 +56,10 @@ def check_serve_config(cfg: ServeConfig) -> None:
         )
     _check_model_bounds(cfg)
     resolve_pace(cfg.engine.pace, cfg.cluster.num_workers)  # InvalidRequestError names it
+    sources: list[ModelSource] = []
     for m in cfg.served_models():  # ModelNotFoundError names it
         try:
-            resolve_model(m.spec)
+            sources.append(resolve_model(m.spec))
         except ModelNotFoundError as e:
             where = f"[[models]] {m.name!r} source" if cfg.models else "[model] name (--model)"
             raise ModelNotFoundError(f"{where}: {e}") from e
@@ -65,14 +71,14 @@ def check_serve_config(cfg: ServeConfig) -> None:
                     f"[[models]] {m.name!r} tokenizer" if cfg.models else "[model] tokenizer (--tokenizer)"
                 )
                 raise ModelNotFoundError(f"{named}: {e}") from e
-    _check_cpu_workers_fit(cfg)
     if cfg.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise InvalidRequestError(
             "--cluster ray ([cluster] backend = \"ray\") needs Ray: pip install 'blitzscale[ray]'"
         )
+    _check_cpu_workers_fit(cfg, sources)  # last: reading the models' configs imports torch (seconds)
 
 
-def _check_cpu_workers_fit(cfg: ServeConfig) -> None:
+def _check_cpu_workers_fit(cfg: ServeConfig, sources: list[ModelSource]) -> None:
     """CPU workers on this machine (the local backend) each hold at least one model's
     weights in host memory: a worker count whose weights alone exceed the machine's memory
     (`--workers 500`) is refused here, not found by the kernel's OOM killer mid-start. A GPU
@@ -80,14 +86,11 @@ def _check_cpu_workers_fit(cfg: ServeConfig) -> None:
     cl = cfg.cluster
     if cl.device != "cpu" or cl.backend != "local":
         return
-    import torch
-
-    from blitzscale.checkpoint import load_config, resolve_model
+    from blitzscale.checkpoint import load_config
     from blitzscale.model.layout import build_layout
 
-    itemsize = getattr(torch, cl.dtype or "float32").itemsize  # (one of model/config.DTYPE_NAMES)
-    configs = [load_config(resolve_model(m.spec)) for m in cfg.served_models()]
-    largest = max(build_layout(c, itemsize, cfg.model.tp).nbytes for c in configs)
+    itemsize = DTYPE_BYTES[cl.dtype or "float32"]
+    largest = max(build_layout(load_config(src), itemsize, cfg.model.tp).nbytes for src in sources)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if cl.num_workers * largest > memory:
         raise InvalidRequestError(

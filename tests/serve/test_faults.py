@@ -118,7 +118,7 @@ def test_fixed_provisioning_loads_again_the_instance_it_lost() -> None:
 
         async def scenario() -> tuple[list[int], list[int], list[int]]:
             before = await whole("before", 8)
-            quiet = asyncio.create_task(whole("quiet", 200))
+            quiet = asyncio.create_task(whole("quiet", 400))  # (long enough to be killed mid-answer)
             await _until(
                 lambda: "quiet" in router.reqs and len(router.reqs["quiet"].output_ids) > 0, "decoding"
             )
