@@ -365,6 +365,7 @@ class SamplingMsg(Msg):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     grammar: GrammarMsg | None = None  # structured output (the decoding side rebuilds its state)
 
 
@@ -495,6 +496,9 @@ class OutputMsg(Msg):
     live_layers: int = 0  # layers of its prefill run on an instance still loading weights
     error: str = ""  # with finish_reason "error": why it failed (it is not run again)
     logprobs: list[TokenLogprobMsg] = []  # one per new token, when the request asked for them
+    # one per prompt token after the first, in the output that brings the first token (when
+    # the request asked for them)
+    prompt_logprobs: list[TokenLogprobMsg] = []
 
 
 class OutputsMsg(Msg):

@@ -88,7 +88,7 @@ def test_every_sampling_parameter_and_logprob_crosses_the_wire() -> None:
     params = SamplingParams(
         max_tokens=9, temperature=0.7, top_p=0.9, top_k=5, seed=11, stop=("x",), stop_token_ids=(3,),
         ignore_eos=True, min_tokens=2, logit_bias=((5, -1.5), (8, 2.0)), repetition_penalty=1.2,
-        frequency_penalty=0.4, presence_penalty=-0.3, logprobs=4,
+        frequency_penalty=0.4, presence_penalty=-0.3, logprobs=4, prompt_logprobs=2,
         grammar=Grammar("json_schema", '{"type":"object","properties":{"a":{"type":"integer"}}}'),
     )  # fmt: skip
     defaults = SamplingParams()
@@ -98,5 +98,6 @@ def test_every_sampling_parameter_and_logprob_crosses_the_wire() -> None:
     out = OutputMsg(
         request_id="r", new_token_ids=[4], text_delta="", finished=False, finish_reason=None,
         num_prompt_tokens=1, num_output_tokens=1, logprobs=[TokenLogprobMsg(-0.25, [(4, -0.25), (7, -2.0)])],
+        prompt_logprobs=[TokenLogprobMsg(-1.5, [(9, -0.5)])],
     )  # fmt: skip
     assert decode(encode(OutputsMsg(rank=0, outputs=[out]))) == OutputsMsg(rank=0, outputs=[out])

@@ -63,6 +63,7 @@ class Generation:
         self._metrics = metrics
         self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._logprobs: list[TokenLogprob] = []  # of every output read so far
+        self._prompt_logprobs: tuple[TokenLogprob, ...] = ()  # from the output with the first token
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_output_tokens = 0  # generated so far (the access log reads it)
         self._is_reading = True  # the pump still waits on the backend (cancel it to stop)
@@ -75,8 +76,10 @@ class Generation:
         if isinstance(item, Exception):
             raise item
         if item.restarted:
-            self._logprobs = []
+            self._logprobs, self._prompt_logprobs = [], ()
         self._logprobs += item.logprobs
+        if item.prompt_logprobs and not self._prompt_logprobs:
+            self._prompt_logprobs = item.prompt_logprobs
         self.num_output_tokens = len(item.token_ids)
         return item
 
@@ -87,8 +90,11 @@ class Generation:
         return self.whole(out)
 
     def whole(self, final: RequestOutput) -> RequestOutput:
-        """The finished output with the logprobs of every token (outputs carry their own)."""
-        return dataclasses.replace(final, logprobs=tuple(self._logprobs))
+        """The finished output with the logprobs of every token (outputs carry their own)
+        and the prompt's (the first output carries them)."""
+        return dataclasses.replace(
+            final, logprobs=tuple(self._logprobs), prompt_logprobs=self._prompt_logprobs
+        )
 
     async def close(self) -> None:
         """Stop the request if it still runs (the pump aborts it on the backend); idempotent.

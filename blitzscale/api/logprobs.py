@@ -32,6 +32,28 @@ def completion_logprobs(
     return out
 
 
+def prompt_logprobs(
+    decode: Decode, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob]
+) -> CompletionLogprobs:
+    """An echoed prompt's entries (`echo` with `logprobs`): its first token has no logprob
+    (null, as OpenAI's and vLLM's), each later one its `logprobs[i - 1]`."""
+    if not token_ids:
+        return CompletionLogprobs()
+    out = completion_logprobs(decode, token_ids, [TokenLogprob(0.0), *logprobs], 0)
+    out.token_logprobs[0] = out.top_logprobs[0] = None
+    return out
+
+
+def joined(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
+    """`a`'s entries, then `b`'s."""
+    return CompletionLogprobs(
+        tokens=a.tokens + b.tokens,
+        token_logprobs=a.token_logprobs + b.token_logprobs,
+        top_logprobs=a.top_logprobs + b.top_logprobs,
+        text_offset=a.text_offset + b.text_offset,
+    )
+
+
 def chat_logprobs(decode: Decode, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob]) -> ChatLogprobs:
     text = _texts(decode, [*token_ids, *(t for lp in logprobs for t, _ in lp.top)])
 

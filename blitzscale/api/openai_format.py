@@ -8,6 +8,7 @@ request per choice, see openai_routes.py); `openai_events` is the stream both en
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 
 from blitzscale.api.errors import stream_error
 from blitzscale.api.generation import Generation
-from blitzscale.api.logprobs import Decode, chat_logprobs, completion_logprobs
+from blitzscale.api.logprobs import Decode, chat_logprobs, completion_logprobs, joined, prompt_logprobs
 from blitzscale.api.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -29,7 +30,7 @@ from blitzscale.api.protocol import (
     Usage,
 )
 from blitzscale.api.sse import DONE_EVENT, sse_event
-from blitzscale.core.outputs import RequestOutput, TokenLogprob
+from blitzscale.core.outputs import RequestOutput
 
 
 def usage_of(outs: Sequence[RequestOutput]) -> Usage:
@@ -57,50 +58,86 @@ def _wants_chunk(out: RequestOutput) -> bool:
     return bool(out.new_token_ids or out.text_delta or out.finished or out.logprobs)
 
 
+@dataclass(frozen=True)
+class Echo:
+    """`echo`: each choice's text starts with the prompt's, and with `logprobs` its entries
+    with the prompt tokens' (engine prompt logprobs; the first token's is null).
+    `prompt_only` (`max_tokens` 0): the prompt alone, nothing generated shown."""
+
+    text: str
+    token_ids: list[int]
+    prompt_only: bool = False
+
+
 @dataclass
 class CompletionFormat:
     request_id: str
     created: int
     model: str
     decode: Decode | None = None  # set when logprobs were asked for
+    echo: Echo | None = None
     # characters of each choice's tokens streamed so far (`text_offset` counts the tokens'
     # texts, as a whole response does: a chunk's text may lag its tokens behind a stop string)
     _offsets: dict[int, int] = field(default_factory=dict)
+    _echoed: set[int] = field(default_factory=set)  # choices whose stream carried the prompt
 
     def opening(self, n: int) -> list[BaseModel]:
         return []
 
     def chunk(self, index: int, out: RequestOutput) -> BaseModel | None:
-        if not _wants_chunk(out):
+        out = self._shown(out)
+        echo = self.echo if index not in self._echoed else None  # (the first chunk carries it)
+        if echo is None and not _wants_chunk(out):
             return None
+        self._echoed.add(index)
         offset = self._offsets.get(index, 0)
-        lps = self._logprobs(out.new_token_ids, out.logprobs, offset)
+        lps = self._logprobs(echo, out, out.new_token_ids, offset)
         if isinstance(lps, CompletionLogprobs):
             self._offsets[index] = offset + sum(len(t) for t in lps.tokens)
         reason = out.finish_reason if out.finished else None
-        return self._body(
-            [CompletionChoice(index=index, text=out.text_delta, logprobs=lps, finish_reason=reason)]
-        )
+        text = (echo.text if echo is not None else "") + out.text_delta
+        return self._body([CompletionChoice(index=index, text=text, logprobs=lps, finish_reason=reason)])
 
     def usage_chunk(self, usage: Usage) -> BaseModel:
+        if self.echo is not None and self.echo.prompt_only:
+            usage = Usage.of(usage.prompt_tokens, 0)
         return self._body([], usage)
 
     def response(self, finals: Sequence[RequestOutput]) -> BaseModel:
+        shown = [self._shown(f) for f in finals]
+        head = self.echo.text if self.echo is not None else ""
         choices = [
             CompletionChoice(
                 index=i,
-                text=f.text,
-                logprobs=self._logprobs(f.token_ids, f.logprobs, 0),
+                text=head + f.text,
+                logprobs=self._logprobs(self.echo, f, f.token_ids, 0),
                 finish_reason=f.finish_reason,
             )
-            for i, f in enumerate(finals)
+            for i, f in enumerate(shown)
         ]
-        return self._body(choices, usage_of(finals))
+        return self._body(choices, usage_of(shown))
 
-    def _logprobs(self, ids: Sequence[int], lps: Sequence[TokenLogprob], offset: int) -> BaseModel | None:
+    def _shown(self, out: RequestOutput) -> RequestOutput:
+        """The output as the client sees it: with `prompt_only`, nothing generated (the
+        engine ran one token for the prompt's logprobs) and "length" as its end."""
+        if self.echo is None or not self.echo.prompt_only:
+            return out
+        reason = "length" if out.finished and out.finish_reason != "error" else out.finish_reason
+        return dataclasses.replace(
+            out, new_token_ids=[], token_ids=[], text_delta="", text="", logprobs=(), finish_reason=reason
+        )
+
+    def _logprobs(
+        self, echo: Echo | None, out: RequestOutput, ids: Sequence[int], offset: int
+    ) -> BaseModel | None:
+        """`ids`' entries (the output's logprobs), after the prompt's when `echo` is given."""
         if self.decode is None:
             return None
-        return completion_logprobs(self.decode, ids, lps, offset)
+        if echo is None:
+            return completion_logprobs(self.decode, ids, out.logprobs, offset)
+        head = prompt_logprobs(self.decode, echo.token_ids, out.prompt_logprobs)
+        offset += sum(len(t) for t in head.tokens)
+        return joined(head, completion_logprobs(self.decode, ids, out.logprobs, offset))
 
     def _body(self, choices: list[CompletionChoice], usage: Usage | None = None) -> CompletionResponse:
         return CompletionResponse(

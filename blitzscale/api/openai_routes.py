@@ -30,7 +30,7 @@ from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError
 from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
-from blitzscale.api.openai_format import ChatFormat, CompletionFormat, OpenAIFormat, openai_events
+from blitzscale.api.openai_format import ChatFormat, CompletionFormat, Echo, OpenAIFormat, openai_events
 from blitzscale.api.protocol import (
     MESSAGE_UNSET,
     ChatCompletionRequest,
@@ -67,8 +67,11 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         check_context(len(prompt_ids), max_tokens, backend.max_model_len, "max_tokens")
         request_id = f"cmpl-{uuid.uuid4().hex}"
         decode = backend.decode if body.logprobs is not None else None
-        fmt = CompletionFormat(request_id, int(time.time()), backend.model_name, decode)
-        params = sampling_params(body, max_tokens)
+        echo = await echo_of(body, prompt_ids, backend)
+        fmt = CompletionFormat(request_id, int(time.time()), backend.model_name, decode, echo)
+        params = sampling_params(body, 1 if echo is not None and echo.prompt_only else max_tokens)
+        if echo is not None and body.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
         await check_grammar(backend, params)
         return await serve(request, backend, metrics, prompt_ids, params, fmt, body, arrival)
 
@@ -253,6 +256,21 @@ async def completion_prompt_ids(prompt: Prompt, backend: ServingBackend) -> list
             raise ApiError(400, f"send one prompt per request (got a batch of {len(prompt)})", param="prompt")
         return await completion_prompt_ids(prompt[0], backend)
     return [t for t in prompt if isinstance(t, int)]
+
+
+async def echo_of(body: CompletionRequest, prompt_ids: list[int], backend: ServingBackend) -> Echo | None:
+    """What `echo` puts before each choice: the prompt as sent (text, or its token ids
+    decoded); `max_tokens` 0 asks for the prompt alone (as vLLM, for scoring a text by its
+    prompt logprobs), and is taken only with `echo`."""
+    if not body.echo:
+        return None
+    prompt = (
+        body.prompt[0]
+        if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int)
+        else body.prompt
+    )
+    text = prompt if isinstance(prompt, str) else await off_loop(backend.decode, prompt_ids)
+    return Echo(text, prompt_ids, prompt_only=body.max_tokens == 0)
 
 
 def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:

@@ -192,8 +192,7 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
 
     def unsupported_field(self) -> str | None:
-        asked = {"echo": self.echo, "suffix": bool(self.suffix)}
-        asked["best_of"] = self.best_of not in (None, 1)
+        asked = {"suffix": bool(self.suffix), "best_of": self.best_of not in (None, 1)}
         return next((name for name, is_set in asked.items() if is_set), None) or self.extra_field()
 
     @property
@@ -257,11 +256,12 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """OpenAI's legacy completions shape: parallel lists, one entry per token."""
+    """OpenAI's legacy completions shape: parallel lists, one entry per token (with `echo`,
+    the prompt's first: its first token has no logprob, null)."""
 
     tokens: list[str] = []
-    token_logprobs: list[float] = []
-    top_logprobs: list[dict[str, float]] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
     text_offset: list[int] = []
 
 

@@ -98,7 +98,7 @@ class TgiTimings(BaseModel):
 class TgiPrefillToken(BaseModel):
     id: int
     text: str
-    logprob: float | None = None  # prompt logprobs are not computed here
+    logprob: float | None = None  # (the first prompt token's: none)
 
 
 class TgiDetails(BaseModel):

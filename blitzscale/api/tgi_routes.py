@@ -10,7 +10,7 @@ TGI's own errors are `{"error": str}`; ours keep the OpenAI shape on every route
 `/info` answers TGI's fields; `/generate`'s `details` carries `tokens` (each with its
 logprob: such a request reads every step, like any request with logprobs; a stream's final
 details have no tokens, as in TGI, so a stream is not slowed by asking) and, with
-`decoder_input_details`, `prefill` (the prompt's ids and texts; prompt logprobs are null).
+`decoder_input_details`, `prefill` (the prompt's ids, texts and logprobs, the first null).
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         params = tgi_sampling_params(body.parameters, room)
         if body.parameters.wants_details and not stream:  # details.tokens carry each token's logprob
             params = dataclasses.replace(params, logprobs=0)  # (a stream's details have none)
+        if body.parameters.decoder_input_details:  # details.prefill: each prompt token's logprob
+            params = dataclasses.replace(params, prompt_logprobs=0)
         request_id = f"gen-{uuid.uuid4().hex}"
         args = (request_id, prompt_ids, params, arrival, stream, generation.stopping_of(request))
         gen, first = await generation.start(request.receive, backend, metrics, *args)
@@ -185,7 +187,12 @@ def full_details(
     details.tokens = [
         TgiToken(id=t, text=decode([t]), logprob=lp) for t, lp in zip(final.token_ids, lps, strict=False)
     ]
-    details.prefill = [TgiPrefillToken(id=t, text=decode([t])) for t in prefill]
+    prompt_lps = [None, *(lp.logprob for lp in final.prompt_logprobs)]  # (the first has none)
+    prompt_lps += [None] * (len(prefill) - len(prompt_lps))
+    details.prefill = [
+        TgiPrefillToken(id=t, text=decode([t]), logprob=lp)
+        for t, lp in zip(prefill, prompt_lps, strict=False)
+    ]
     return details
 
 

@@ -27,6 +27,9 @@ class RequestOutput:
     live_layers: int = 0  # layers of its prefill run while the weights were incomplete
     error: str = ""  # with finish_reason "error": why the request failed
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for them
+    # one per prompt token after the first (its log-probability given the tokens before it),
+    # in the output that brings the first token, when the request asked for them
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
     # The request runs again from its prompt (an instance died under a request whose client
     # reads only the whole answer): forget every output before this one, which has none.
     restarted: bool = False

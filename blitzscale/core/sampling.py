@@ -59,6 +59,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI: minus penalty x count in the output
     presence_penalty: float = 0.0  # OpenAI: minus penalty once a token is in the output
     logprobs: int | None = None  # per token: its log-probability and the `logprobs` most likely
+    # per prompt token after the first: its log-probability given the tokens before it, and
+    # the `prompt_logprobs` most likely there (vLLM's field; the prompt is computed whole,
+    # no cached prefix taken, so every position has its logits)
+    prompt_logprobs: int | None = None
     grammar: Grammar | None = None  # structured output: tokens the grammar refuses are masked
 
     def validate(self) -> None:
@@ -104,8 +108,9 @@ class SamplingParams:
             )
         _check_float("frequency_penalty", self.frequency_penalty, -math.inf, "be a number")
         _check_float("presence_penalty", self.presence_penalty, -math.inf, "be a number")
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS + 1, f"be in [0, {MAX_LOGPROBS}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            if (value := getattr(self, name)) is not None:
+                _check_int(name, value, 0, MAX_LOGPROBS + 1, f"be in [0, {MAX_LOGPROBS}]")
 
     @property
     def has_penalties(self) -> bool:

@@ -209,6 +209,8 @@ class HandoffBook:
         req.num_computed_tokens = len(token_ids) - 1
         req.block_ids = self._allocate(len(token_ids))
         req.num_emitted_tokens = req.num_output_tokens
+        # (its prompt logprobs went out with its first token: a recompute here records none)
+        req.num_prompt_logprobs = max(0, num_prompt_tokens - 1)
         self.outputs.check_stop_text(req)
         req.num_emitted_chars = num_emitted_chars
         self.table.add(req, S.IMPORTING)

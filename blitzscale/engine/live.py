@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from blitzscale.engine.live_order import LiveOrder, LiveTask
+from blitzscale.engine.prompt_logprobs import record, whole_prompt_spans
 from blitzscale.engine.request import Request
 from blitzscale.engine.sync import wait_for_device
 from blitzscale.kvcache.cache import KVCache
@@ -75,6 +76,7 @@ class LiveQueue(LiveOrder):
         hidden = torch.cat([t.hidden for t in batch])  # type: ignore[misc]
         lens = [r.num_tokens for r in reqs]
         if stage == self.head_stage:
+            record(self.model.logits, hidden, whole_prompt_spans(reqs))
             last = torch.tensor(lens, device=hidden.device).cumsum(0) - 1
             logits = self.model.logits(hidden[last]).float()
             return list(zip(self.ran(batch, stage), logits, strict=True))
@@ -109,6 +111,7 @@ def finish_relayed(model: LlamaModel, kv_cache: KVCache, reqs: list[Request]) ->
             hidden = torch.cat([r.handoff.hidden for r in group])  # type: ignore[misc,union-attr]
         meta = prefill_metadata(group, kv_cache.block_size, device)
         hidden = model.run_layers(hidden, meta, kv_cache, start=layer)
+        record(model.logits, hidden, whole_prompt_spans(group))
         last = torch.tensor([r.num_tokens for r in group], device=device).cumsum(0) - 1
         for i, row in zip(idx, model.logits(hidden[last]).float(), strict=True):
             rows[i] = row

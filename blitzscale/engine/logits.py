@@ -135,12 +135,21 @@ def logprobs_of(
     out: list[TokenLogprob | None] = [None] * len(params)
     if not rows:
         return out
-    lp = torch.log_softmax(logits[rows].float(), dim=-1)
-    k = max(params[i].logprobs or 0 for i in rows)
-    picked = lp.gather(1, torch.tensor([[tokens[i]] for i in rows], device=lp.device)).squeeze(1).tolist()
+    found = token_logprobs(logits[rows], [tokens[i] for i in rows], [params[i].logprobs or 0 for i in rows])
+    for i, lp in zip(rows, found, strict=True):
+        out[i] = lp
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], ks: Sequence[int]) -> list[TokenLogprob]:
+    """Row i's `tokens[i]` log-probability under the raw `logits` ([N, vocab]) and its
+    `ks[i]` most likely tokens' (the log-softmax in fp32)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    k = max(ks, default=0)
+    picked = lp.gather(1, torch.tensor(tokens, device=lp.device).view(-1, 1)).squeeze(1).tolist()
     top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
     top_v, top_i = top_v.tolist(), top_i.tolist()
-    for j, i in enumerate(rows):
-        kk = params[i].logprobs or 0
-        out[i] = TokenLogprob(picked[j], tuple(zip(top_i[j][:kk], top_v[j][:kk], strict=True)))
-    return out
+    return [
+        TokenLogprob(picked[j], tuple(zip(top_i[j][:kk], top_v[j][:kk], strict=True)))
+        for j, kk in enumerate(ks)
+    ]

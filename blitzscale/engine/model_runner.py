@@ -5,7 +5,9 @@ the rows to sample together), so building a step never waits for the GPU. On CUD
 Triton backend, decode steps replay a captured graph (engine/cuda_graphs.py), and so do
 steps of one prompt chunk of up to 512 tokens (engine/prefill_graphs.py); other steps of up
 to 768 tokens (decode rows with prompt chunks) replay graphs piece by piece, their
-attention run between the pieces (engine/mixed_graphs.py).
+attention run between the pieces (engine/mixed_graphs.py). A step with a prompt chunk whose
+request asks for prompt logprobs runs eagerly: it needs every row's hidden states, where a
+graph gives the last rows' logits (engine/prompt_logprobs.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from blitzscale.engine.cuda_graphs import DecodeGraphs
 from blitzscale.engine.mixed_graphs import MixedGraphs
 from blitzscale.engine.overlap import PENDING, InFlight, patch_pending
 from blitzscale.engine.prefill_graphs import PrefillGraphs
+from blitzscale.engine.prompt_logprobs import PromptSpan, record
 from blitzscale.engine.scheduler import SchedulerOutput
 from blitzscale.kvcache.cache import KVCache
 from blitzscale.model.attention import AttentionMetadata
@@ -65,14 +68,18 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, in_flight: InFlight | None = None) -> torch.Tensor:
         """Float32 logits of the requests that sample this step, in scheduled order. A
-        request whose last token is PENDING takes it from `in_flight`'s device tokens."""
+        request whose last token is PENDING takes it from `in_flight`'s device tokens. The
+        prompt logprobs the step's chunks give go to their requests (`prompt_logprobs`)."""
         token_ids: list[int] = []
         query_lens, context_lens, tables, last = [], [], [], []
         dst: list[int] = []  # flat positions of pending tokens ...
         src: list[int] = []  # ... and their rows in the step in flight
+        spans: list[PromptSpan] = []
         for s in out.scheduled:
             r = s.request
             start = r.num_computed_tokens
+            if r.prompt_logprob_positions(start, s.num_new_tokens):
+                spans.append(PromptSpan(r, len(token_ids), start, s.num_new_tokens))
             token_ids += r.token_ids[start : start + s.num_new_tokens]
             if token_ids[-1] == PENDING:
                 assert in_flight is not None, f"{r.request_id!r} has a pending token but no step is in flight"
@@ -88,12 +95,13 @@ class ModelRunner:
         n = len(query_lens)
         if (
             self.graphs is not None
+            and not spans
             and len(token_ids) == n == len(last)
             and self.graphs.bucket_for(n) is not None
         ):
             self.last_was_graph = True
             return self.graphs.run(token_ids, context_lens, tables, pending)
-        pg = self.prefill_graphs
+        pg = None if spans else self.prefill_graphs
         if pg is not None and n == 1 and len(token_ids) > 1 and pg.bucket_for(len(token_ids)) is not None:
             self.last_was_graph = True
             start = context_lens[0] - len(token_ids)
@@ -104,9 +112,11 @@ class ModelRunner:
         if pending is not None:
             patch_pending(ids, *pending)
         mg = self.mixed_graphs
-        self.last_was_graph = mg is not None and mg.bucket_for(len(token_ids)) is not None
+        self.last_was_graph = mg is not None and not spans and mg.bucket_for(len(token_ids)) is not None
         if mg is not None and self.last_was_graph:
             hidden = mg.run(ids, meta)
         else:
             hidden = self.model.run_layers(self.model.embed(ids), meta, self.kv_cache)
+        if spans:
+            record(self.model.logits, hidden, spans)
         return self.model.logits(hidden[rows]).float()

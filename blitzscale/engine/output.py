@@ -47,6 +47,7 @@ class OutputProcessor:
         req.num_emitted_tokens = req.num_output_tokens
         req.num_emitted_chars = visible
         logprobs, req.logprobs = tuple(req.logprobs), []
+        prompt_logprobs, req.prompt_logprobs = tuple(req.prompt_logprobs), []
         return RequestOutput(
             request_id=req.request_id,
             new_token_ids=new_ids,
@@ -58,6 +59,7 @@ class OutputProcessor:
             num_prompt_tokens=req.num_prompt_tokens,
             live_layers=req.live_layers,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _update_text(self, req: Request) -> None:

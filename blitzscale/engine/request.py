@@ -63,6 +63,8 @@ class Request:
     # output processing state
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of tokens not yet emitted
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # computed, not yet emitted
+    num_prompt_logprobs: int = 0  # prompt positions whose next token's logprob is computed
     num_emitted_tokens: int = 0
     num_emitted_chars: int = 0
 
@@ -82,6 +84,28 @@ class Request:
 
             self._generator = torch.Generator().manual_seed(self.params.seed)
         return self._generator
+
+    def prompt_logprob_positions(self, start: int, count: int) -> range:
+        """Of the positions [start, start + count) a step computes, those whose logits give
+        a prompt token's logprob not recorded yet (position p predicts prompt token p + 1;
+        the prompt's last position predicts the first output token, sampled as usual)."""
+        if self.params.prompt_logprobs is None:
+            return range(0)
+        return range(max(start, self.num_prompt_logprobs), min(start + count, self.num_prompt_tokens - 1))
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Some prompt position's logprobs are still to compute (so no cached prefix may
+        stand in for its prompt)."""
+        return bool(self.prompt_logprob_positions(0, self.num_prompt_tokens))
+
+    def add_prompt_logprobs(self, first: int, logprobs: list[TokenLogprob]) -> None:
+        """Record the logprobs of prompt tokens first + 1 ... (`first` must be the next
+        position not recorded: positions are computed in order, and a prompt computed again
+        after a preemption records nothing twice)."""
+        assert first == self.num_prompt_logprobs, (first, self.num_prompt_logprobs)
+        self.prompt_logprobs += logprobs
+        self.num_prompt_logprobs += len(logprobs)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -116,7 +116,7 @@ class Scheduler:
                 req.block_ids += hit
                 req.num_computed_tokens = start
                 self.prefix_hits += start
-            if self.prefix_caching and req.cacheable:
+            if self.prefix_caching and req.cacheable and not req.needs_prompt_logits:
                 self.prefix_queries += req.num_tokens
             req.block_ids += self.pool.allocate(need)
             self.table.move(req, RequestStatus.RUNNING)
@@ -127,9 +127,12 @@ class Scheduler:
 
     def _cached_prefix(self, req: Request) -> list[int]:
         """The cached blocks a request about to be admitted can take: the longest cached
-        run of its full blocks, short of its last token (empty without prefix caching, or
-        for a request that already holds blocks)."""
+        run of its full blocks, short of its last token (empty without prefix caching, for a
+        request that already holds blocks, or for one that asks for its prompt's logprobs,
+        which need every position's logits)."""
         if not self.prefix_caching or req.block_ids or req.num_computed_tokens or not req.cacheable:
+            return []
+        if req.needs_prompt_logits:
             return []
         bs = self.pool.block_size
         full = (req.num_tokens - 1) // bs

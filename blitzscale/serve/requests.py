@@ -114,4 +114,5 @@ class RouterRequest:
             finish_reason=o.finish_reason if finished else None,
             num_prompt_tokens=len(self.prompt),
             logprobs=tuple(TokenLogprob(lp.logprob, tuple(lp.top)) for lp in o.logprobs),
+            prompt_logprobs=tuple(TokenLogprob(lp.logprob, tuple(lp.top)) for lp in o.prompt_logprobs),
         )

@@ -178,4 +178,5 @@ def output_msg(o: RequestOutput, rng_state: bytes = b"") -> OutputMsg:
         live_layers=o.live_layers,
         error=o.error,
         logprobs=[TokenLogprobMsg(lp.logprob, list(lp.top)) for lp in o.logprobs],
+        prompt_logprobs=[TokenLogprobMsg(lp.logprob, list(lp.top)) for lp in o.prompt_logprobs],
     )

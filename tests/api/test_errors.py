@@ -51,7 +51,7 @@ COMPLETION_CASES = [
     ('{"prompt": "' + "x" * 128 + '"}', 400, None, "prompt has 128 tokens but the context is 128"),
     ('{"prompt": "x", "model": "gpt-4"}', 404, "model", "gpt-4"),
     ("[1, 2]", 400, None, "valid dictionary"),
-    ('{"prompt": "x", "echo": true}', 400, "echo", "not supported"),
+    ('{"prompt": "x", "suffix": "y"}', 400, "suffix", "not supported"),
     # text no UTF-8 can carry (a JSON escape of a lone surrogate), numbers with no stand-ins
     ('{"prompt": "x", "stop": ["ok", "\\ud800"]}', 400, "stop[1]", "not valid Unicode: it holds a lone"),
     ('{"prompt": "a\\udfffb"}', 400, "prompt", "lone surrogate (U+DFFF)"),

@@ -96,3 +96,64 @@ async def test_logprobs_and_tgi_details_over_http_equal_the_engine(engine: LLMEn
         tokens = (await client.post("/generate", json=tgi)).json()["details"]["tokens"]
         assert [t["id"] for t in tokens] == ids
         assert [t["logprob"] for t in tokens] == pytest.approx([x.logprob for x in want], abs=1e-5)
+
+
+async def test_echo_scores_the_prompt_as_transformers_does(engine: LLMEngine, smollm2_hf: Any) -> None:
+    """`echo` with `logprobs` (lm-evaluation-harness's loglikelihood requests, vLLM's
+    shape): the prompt's tokens lead each choice's entries, the first with null, the others
+    with transformers' log-softmax at the position before; `max_tokens` 0 gives the prompt
+    alone. TGI's decoder_input_details carries the same prompt logprobs."""
+    import torch
+
+    backend = EngineBackend(engine, "smollm2-135m")
+    prompt = backend.encode(PROMPT)
+    with torch.no_grad():
+        ref = torch.log_softmax(smollm2_hf(torch.tensor([prompt])).logits[0, :-1].float(), dim=-1)
+    want = [ref[i, prompt[i + 1]].item() for i in range(len(prompt) - 1)]
+    best = [backend.decode([int(ref[i].argmax())]) for i in range(len(prompt) - 1)]
+    [direct] = engine.generate([prompt], SamplingParams(max_tokens=3, temperature=0))
+    texts = [backend.decode([t]) for t in prompt]
+    async with (
+        EngineBackend.running(engine, "smollm2-135m") as backend,
+        httpx.AsyncClient(transport=httpx.ASGITransport(create_app(backend)), base_url=BASE_URL) as client,
+    ):
+        score = {"prompt": PROMPT, "echo": True, "max_tokens": 0, "logprobs": 1, "temperature": 0}
+        r = (await client.post("/v1/completions", json=score)).json()
+        (choice,) = r["choices"]
+        assert choice["text"] == PROMPT and choice["finish_reason"] == "length"
+        assert r["usage"]["completion_tokens"] == 0 and r["usage"]["prompt_tokens"] == len(prompt)
+        lp = choice["logprobs"]
+        assert lp["tokens"] == texts
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["token_logprobs"][1:] == pytest.approx(want, abs=2e-3)
+        assert [list(t) for t in lp["top_logprobs"][1:]] == [[b] for b in best]
+        assert lp["text_offset"][:3] == [0, len(texts[0]), len(texts[0]) + len(texts[1])]
+
+        # with tokens generated (lm-eval sends max_tokens 1): the prompt, then the answer
+        r = (await client.post("/v1/completions", json=score | {"max_tokens": 3})).json()
+        (choice,) = r["choices"]
+        assert choice["text"] == PROMPT + direct.text
+        assert len(choice["logprobs"]["tokens"]) == len(prompt) + 3
+        assert choice["logprobs"]["token_logprobs"][1 : len(prompt)] == pytest.approx(want, abs=2e-3)
+        assert r["usage"]["completion_tokens"] == 3
+        # streamed: the first chunk carries the prompt
+        body = score | {"max_tokens": 3, "stream": True, "prompt": [prompt], "n": 2}
+        chunks = sse_json((await client.post("/v1/completions", json=body)).text)
+        for i in (0, 1):
+            mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+            assert "".join(c["text"] for c in mine) == PROMPT + direct.text
+            lps = [v for c in mine for v in (c["logprobs"] or {}).get("token_logprobs", [])]
+            assert lps[0] is None and lps[1 : len(prompt)] == pytest.approx(want, abs=2e-3)
+        # echo alone: text only
+        r = (
+            await client.post(
+                "/v1/completions", json={"prompt": PROMPT, "echo": True, "max_tokens": 3, "temperature": 0}
+            )
+        ).json()
+        assert r["choices"][0]["text"] == PROMPT + direct.text and r["choices"][0]["logprobs"] is None
+
+        tgi = {"inputs": PROMPT, "parameters": {"max_new_tokens": 2, "decoder_input_details": True}}
+        prefill = (await client.post("/generate", json=tgi)).json()["details"]["prefill"]
+        assert [t["id"] for t in prefill] == prompt and prefill[0]["logprob"] is None
+        assert [t["logprob"] for t in prefill[1:]] == pytest.approx(want, abs=2e-3)
+    assert not engine.has_unfinished()

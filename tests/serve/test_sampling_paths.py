@@ -91,3 +91,25 @@ def test_chat_stream_logprobs_through_pd(pd_url: str, local: LLMEngine) -> None:
     assert text == want.text
     assert [t["token"] for t in content] == [local.tokenizer.decode([i]) for i in want.token_ids]
     assert all(len(t["top_logprobs"]) == 2 for t in content)
+
+
+def test_echo_with_prompt_logprobs_through_pd_equals_one_engine(pd_url: str, local: LLMEngine) -> None:
+    """`echo` with `logprobs` in pd mode: the prefill instance computes the prompt's
+    logprobs and sends them with the first token; the decode instance, which imports the
+    KV, adds none. The answer equals one local engine's, prompt entries included."""
+    prompt = local.tokenizer.encode(PROMPT)
+    params = SamplingParams(max_tokens=5, temperature=0, logprobs=2, prompt_logprobs=2)
+    outs = list(local.stream(prompt, params))
+    want_prompt = outs[0].prompt_logprobs
+    want_lps = [x for o in outs for x in o.logprobs]
+    assert len(want_prompt) == len(prompt) - 1
+    body = {"prompt": PROMPT, "echo": True, "max_tokens": 5, "temperature": 0, "logprobs": 2}
+    got = post(pd_url, "/v1/completions", body)["choices"][0]
+    assert got["text"] == PROMPT + outs[-1].text
+    lp = got["logprobs"]
+    assert lp["tokens"] == [local.tokenizer.decode([i]) for i in prompt + outs[-1].token_ids]
+    want = [None, *(x.logprob for x in want_prompt), *(x.logprob for x in want_lps)]
+    assert lp["token_logprobs"][0] is None
+    assert lp["token_logprobs"][1:] == pytest.approx(want[1:], abs=1e-4)
+    tops = [{local.tokenizer.decode([i]) for i, _ in x.top} for x in (*want_prompt, *want_lps)]
+    assert [set(t) for t in lp["top_logprobs"][1:]] == tops
