@@ -355,6 +355,7 @@ class SamplingMsg(Msg):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop: list[str] = []
     stop_token_ids: list[int] = []

@@ -86,9 +86,9 @@ def test_every_sampling_parameter_and_logprob_crosses_the_wire() -> None:
     from blitzscale.worker.p2p import to_params
 
     params = SamplingParams(
-        max_tokens=9, temperature=0.7, top_p=0.9, top_k=5, seed=11, stop=("x",), stop_token_ids=(3,),
-        ignore_eos=True, min_tokens=2, logit_bias=((5, -1.5), (8, 2.0)), repetition_penalty=1.2,
-        frequency_penalty=0.4, presence_penalty=-0.3, logprobs=4, prompt_logprobs=2,
+        max_tokens=9, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, seed=11, stop=("x",),
+        stop_token_ids=(3,), ignore_eos=True, min_tokens=2, logit_bias=((5, -1.5), (8, 2.0)),
+        repetition_penalty=1.2, frequency_penalty=0.4, presence_penalty=-0.3, logprobs=4, prompt_logprobs=2,
         grammar=Grammar("json_schema", '{"type":"object","properties":{"a":{"type":"integer"}}}'),
     )  # fmt: skip
     defaults = SamplingParams()

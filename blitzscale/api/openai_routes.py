@@ -357,6 +357,7 @@ def sampling_params(body: SamplingFields, max_tokens: int) -> SamplingParams:
         temperature=given(body.temperature, 1.0),
         top_p=given(body.top_p, 1.0),
         top_k=body.top_k or 0,
+        min_p=given(body.min_p, 0.0),
         seed=body.seed,
         stop=body.stop_strings,
         stop_token_ids=tuple(body.stop_token_ids or ()),

@@ -124,6 +124,7 @@ class SamplingFields(ApiRequest):
     temperature: Number | None = Field(None, ge=0, le=2)
     top_p: Number | None = None
     top_k: StrictInt | None = None
+    min_p: Number | None = None
     seed: StrictInt | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = None

@@ -48,6 +48,9 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off
+    # vLLM's and SGLang's: after temperature, tokens whose probability is below min_p times
+    # the most likely token's are cut (before top-k and top-p, as vLLM applies them); 0: off
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -72,6 +75,8 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:  # also false for NaN
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         _check_int("top_k", self.top_k, -1, INT32_LIMIT, "be -1, 0 (off) or positive")
+        if not 0 <= self.min_p <= 1:  # also false for NaN
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         if self.seed is not None:
             _check_int("seed", self.seed, 0, INT64_LIMIT)
         for t in self.stop_token_ids:

@@ -1,6 +1,6 @@
-"""Batched sampling: logits processors (engine/logits.py), then greedy, temperature, top-k,
-top-p, per-request seeds; structured output's token masks (blitzscale/structured.py) after
-the processors, on the logits' device.
+"""Batched sampling: logits processors (engine/logits.py), then greedy, temperature, min-p,
+top-k, top-p (vLLM's order), per-request seeds; structured output's token masks
+(blitzscale/structured.py) after the processors, on the logits' device.
 
 On CUDA the whole batch is sampled on the GPU and read back in one copy (the step's only
 wait for the device): parameters go up by an asynchronous copy, unseeded rows draw by the
@@ -77,20 +77,25 @@ def _prepared(
 def _filtered(
     logits: torch.Tensor, params: list[SamplingParams], rows: list[int], idx: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities after temperature, top-k and top-p, sorted descending, and their ids."""
+    """Probabilities after temperature, min-p, top-k and top-p, sorted descending, and
+    their ids. Min-p cuts a token whose probability is below min_p times the first's: whose
+    logit is below the first's plus log(min_p) (-inf for 0: nothing cut)."""
     vocab = logits.shape[-1]
     host = torch.tensor(
         [
             [params[i].temperature for i in rows],
             [params[i].top_k if params[i].top_k > 0 else vocab for i in rows],
             [params[i].top_p for i in rows],
+            [params[i].min_p for i in rows],
         ],
         dtype=torch.float32,
     )
     if logits.device.type == "cuda":
         host = host.pin_memory()
-    temps, top_k, top_p = host.to(logits.device, non_blocking=True)
+    temps, top_k, top_p, min_p = host.to(logits.device, non_blocking=True)
     sorted_logits, sorted_ids = (logits[idx] / temps[:, None]).sort(dim=-1, descending=True)
+    floor = sorted_logits[:, :1] + min_p.log()[:, None]
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < floor, float("-inf"))
     rank = torch.arange(vocab, device=logits.device)[None, :]
     sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
     probs = sorted_logits.softmax(dim=-1)

@@ -42,7 +42,7 @@ COMPLETION_CASES = [
     ('{"prompt": "x", "n": 0}', 400, "n", "greater than or equal to 1"),
     ('{"prompt": "x", "n": 129}', 400, "n", "less than or equal to 128"),
     ('{"prompt": "x", "logprobs": 21}', 400, "logprobs", "less than or equal to 20"),
-    ('{"prompt": "x", "min_p": 0.1}', 400, "min_p", "min_p is not supported"),
+    ('{"prompt": "x", "min_p": 1.5}', 400, "min_p", "min_p must be in [0, 1], got 1.5"),
     ('{"prompt": "x", "use_beam_search": true}', 400, "use_beam_search", "not supported"),
     ('{"prompt": "x", "top_p": 0}', 400, None, "top_p must be in (0, 1]"),
     ('{"prompt": "x", "stop": [""]}', 400, None, "stop strings must not be empty"),

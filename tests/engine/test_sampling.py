@@ -110,6 +110,23 @@ def test_sampler_top_p_keeps_the_smallest_nucleus() -> None:
     assert 0.55 < picks[1] / 1000 < 0.70  # renormalised: 0.5 / 0.8 = 0.625
 
 
+def test_sampler_min_p_cuts_below_a_share_of_the_best_after_temperature() -> None:
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    logits = probs.log()[None].repeat(1000, 1)
+    gens = [torch.Generator().manual_seed(i) for i in range(1000)]
+    picks = Counter(sample(logits, [SamplingParams(temperature=1.0, min_p=0.5)] * 1000, gens))
+    assert set(picks) == {1, 3}  # 0.3 >= 0.5 x 0.5; 0.15 and 0.05 are below
+    assert 0.55 < picks[1] / 1000 < 0.70  # renormalised: 0.5 / 0.8 = 0.625
+    # at temperature 2 the probabilities go as their square roots: 0.15 is then 0.55 of the
+    # best (kept), 0.05 still 0.32 (cut); min_p before the temperature would cut 0.15
+    gens = [torch.Generator().manual_seed(i) for i in range(1000)]
+    warm = Counter(sample(logits, [SamplingParams(temperature=2.0, min_p=0.5)] * 1000, gens))
+    assert set(warm) == {1, 2, 3}
+    gens = [torch.Generator().manual_seed(i) for i in range(1000)]
+    off = Counter(sample(logits, [SamplingParams(temperature=1.0, min_p=0.0)] * 1000, gens))
+    assert set(off) == {0, 1, 2, 3}
+
+
 def test_sampler_follows_the_distribution_and_temperature() -> None:
     probs = torch.tensor([0.6, 0.3, 0.1])
     logits = probs.log()[None].repeat(2000, 1)

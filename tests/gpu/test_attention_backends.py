@@ -171,6 +171,7 @@ def test_gpu_sampler_greedy_seeded_and_non_finite() -> None:
         SamplingParams(temperature=1.0, top_k=1),
         SamplingParams(temperature=1.0),
         SamplingParams(temperature=1.0, top_p=0.5, seed=9),
+        SamplingParams(temperature=1.0, min_p=0.9),  # only tokens within 0.1 of the best logit
     ]
 
     def gens() -> list[torch.Generator | None]:
@@ -181,5 +182,7 @@ def test_gpu_sampler_greedy_seeded_and_non_finite() -> None:
     assert a[0] == top[0] and a[3] == top[3] and a[4] == NO_TOKEN
     assert a[1] == b[1] and a[5] == b[5]  # seeded rows repeat
     assert a[2] in logits[2].topk(20).indices.tolist()
+    near = (logits[6] >= logits[6].max() + torch.log(torch.tensor(0.9))).nonzero().flatten().tolist()
+    assert a[6] in near and b[6] in near
     cpu = sample(logits.cpu(), params, gens())
     assert cpu[1] == a[1] and cpu[5] == a[5]  # the same seeded stream as on CPU
