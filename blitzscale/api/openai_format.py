@@ -33,9 +33,11 @@ from blitzscale.api.sse import DONE_EVENT, sse_event
 from blitzscale.core.outputs import RequestOutput
 
 
-def usage_of(outs: Sequence[RequestOutput]) -> Usage:
-    """The prompt counts once; every choice's tokens count."""
-    return Usage.of(outs[0].num_prompt_tokens, sum(len(o.token_ids) for o in outs))
+def usage_of(outs: Sequence[RequestOutput], per_prompt: int | None = None) -> Usage:
+    """Each prompt counts once (`per_prompt` choices each, in order: all of them by
+    default); every choice's tokens count."""
+    prompts = outs[:: per_prompt or max(1, len(outs))]
+    return Usage.of(sum(o.num_prompt_tokens for o in prompts), sum(len(o.token_ids) for o in outs))
 
 
 class OpenAIFormat(Protocol):
@@ -46,7 +48,7 @@ class OpenAIFormat(Protocol):
 
     def chunk(self, index: int, out: RequestOutput) -> BaseModel | None: ...
 
-    def usage_chunk(self, usage: Usage) -> BaseModel: ...
+    def usage_chunk(self, finals: Sequence[RequestOutput]) -> BaseModel: ...
 
     def response(self, finals: Sequence[RequestOutput]) -> BaseModel: ...
 
@@ -60,13 +62,12 @@ def _wants_chunk(out: RequestOutput) -> bool:
 
 @dataclass(frozen=True)
 class Echo:
-    """`echo`: each choice's text starts with the prompt's, and with `logprobs` its entries
-    with the prompt tokens' (engine prompt logprobs; the first token's is null).
-    `prompt_only` (`max_tokens` 0): the prompt alone, nothing generated shown."""
+    """`echo` for one prompt: its choices' texts start with the prompt's, and with
+    `logprobs` their entries with the prompt tokens' (engine prompt logprobs; the first
+    token's is null)."""
 
     text: str
     token_ids: list[int]
-    prompt_only: bool = False
 
 
 @dataclass
@@ -75,7 +76,9 @@ class CompletionFormat:
     created: int
     model: str
     decode: Decode | None = None  # set when logprobs were asked for
-    echo: Echo | None = None
+    n: int = 1  # choices per prompt (choice i is of prompt i // n)
+    echoes: Sequence[Echo] = ()  # with `echo`: one per prompt
+    prompt_only: bool = False  # `max_tokens` 0 with `echo`: the prompt alone, nothing generated
     # characters of each choice's tokens streamed so far (`text_offset` counts the tokens'
     # texts, as a whole response does: a chunk's text may lag its tokens behind a stop string)
     _offsets: dict[int, int] = field(default_factory=dict)
@@ -86,7 +89,7 @@ class CompletionFormat:
 
     def chunk(self, index: int, out: RequestOutput) -> BaseModel | None:
         out = self._shown(out)
-        echo = self.echo if index not in self._echoed else None  # (the first chunk carries it)
+        echo = self._echo(index) if index not in self._echoed else None  # (in the first chunk)
         if echo is None and not _wants_chunk(out):
             return None
         self._echoed.add(index)
@@ -98,29 +101,26 @@ class CompletionFormat:
         text = (echo.text if echo is not None else "") + out.text_delta
         return self._body([CompletionChoice(index=index, text=text, logprobs=lps, finish_reason=reason)])
 
-    def usage_chunk(self, usage: Usage) -> BaseModel:
-        if self.echo is not None and self.echo.prompt_only:
-            usage = Usage.of(usage.prompt_tokens, 0)
-        return self._body([], usage)
+    def usage_chunk(self, finals: Sequence[RequestOutput]) -> BaseModel:
+        return self._body([], usage_of([self._shown(f) for f in finals], self.n))
 
     def response(self, finals: Sequence[RequestOutput]) -> BaseModel:
         shown = [self._shown(f) for f in finals]
-        head = self.echo.text if self.echo is not None else ""
-        choices = [
-            CompletionChoice(
-                index=i,
-                text=head + f.text,
-                logprobs=self._logprobs(self.echo, f, f.token_ids, 0),
-                finish_reason=f.finish_reason,
-            )
-            for i, f in enumerate(shown)
-        ]
-        return self._body(choices, usage_of(shown))
+        choices = []
+        for i, f in enumerate(shown):
+            echo = self._echo(i)
+            text = (echo.text if echo is not None else "") + f.text
+            lps = self._logprobs(echo, f, f.token_ids, 0)
+            choices.append(CompletionChoice(index=i, text=text, logprobs=lps, finish_reason=f.finish_reason))
+        return self._body(choices, usage_of(shown, self.n))
+
+    def _echo(self, index: int) -> Echo | None:
+        return self.echoes[index // self.n] if self.echoes else None
 
     def _shown(self, out: RequestOutput) -> RequestOutput:
         """The output as the client sees it: with `prompt_only`, nothing generated (the
         engine ran one token for the prompt's logprobs) and "length" as its end."""
-        if self.echo is None or not self.echo.prompt_only:
+        if not self.prompt_only:
             return out
         reason = "length" if out.finished and out.finish_reason != "error" else out.finish_reason
         return dataclasses.replace(
@@ -165,8 +165,8 @@ class ChatFormat:
         reason = out.finish_reason if out.finished else None
         return self._chunk([ChatChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=reason)])
 
-    def usage_chunk(self, usage: Usage) -> BaseModel:
-        return self._chunk([], usage)
+    def usage_chunk(self, finals: Sequence[RequestOutput]) -> BaseModel:
+        return self._chunk([], usage_of(finals))
 
     def response(self, finals: Sequence[RequestOutput]) -> BaseModel:
         choices = [
@@ -255,5 +255,5 @@ async def openai_events(
         yield DONE_EVENT
         return
     if include_usage:
-        yield sse_event(fmt.usage_chunk(usage_of([finals[i] for i in sorted(finals)])))
+        yield sse_event(fmt.usage_chunk([finals[i] for i in sorted(finals)]))
     yield DONE_EVENT

@@ -62,18 +62,22 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         arrival = time.perf_counter()
         backend = backend_for(default, body.model)
         check_features(body)
-        prompt_ids = await completion_prompt_ids(body.prompt, backend)
+        texts, prompts = await completion_prompts(body, backend)
         max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-        check_context(len(prompt_ids), max_tokens, backend.max_model_len, "max_tokens")
+        for ids in prompts:
+            check_context(len(ids), max_tokens, backend.max_model_len, "max_tokens")
         request_id = f"cmpl-{uuid.uuid4().hex}"
         decode = backend.decode if body.logprobs is not None else None
-        echo = await echo_of(body, prompt_ids, backend)
-        fmt = CompletionFormat(request_id, int(time.time()), backend.model_name, decode, echo)
-        params = sampling_params(body, 1 if echo is not None and echo.prompt_only else max_tokens)
-        if echo is not None and body.logprobs is not None:
+        echoes = await echoes_of(body, texts, prompts, backend)
+        prompt_only = bool(echoes) and body.max_tokens == 0
+        fmt = CompletionFormat(
+            request_id, int(time.time()), backend.model_name, decode, body.num_choices, echoes, prompt_only
+        )
+        params = sampling_params(body, 1 if prompt_only else max_tokens)
+        if echoes and body.logprobs is not None:
             params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
         await check_grammar(backend, params)
-        return await serve(request, backend, metrics, prompt_ids, params, fmt, body, arrival)
+        return await serve(request, backend, metrics, prompts, params, fmt, body, arrival)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -96,7 +100,7 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         fmt = ChatFormat(request_id, int(time.time()), backend.model_name, decode)
         params = sampling_params(body, max_tokens)
         await check_grammar(backend, params)
-        return await serve(request, backend, metrics, prompt_ids, params, fmt, body, arrival)
+        return await serve(request, backend, metrics, [prompt_ids], params, fmt, body, arrival)
 
     def card(backend: ServingBackend) -> ModelCard:
         root = getattr(backend, "model_root", None) or backend.model_name
@@ -119,22 +123,24 @@ async def serve(
     request: Request,
     backend: ServingBackend,
     metrics: ApiMetrics,
-    prompt_ids: list[int],
+    prompts: list[list[int]],
     params: SamplingParams,
     fmt: OpenAIFormat,
     body: SamplingFields,
     arrival: float,
 ) -> Response:
-    """Run the request's `n` choices; stream their chunks, or answer once all are done."""
+    """Run the request's `n` choices of each prompt (choice i is of prompt i // n, its
+    index i % n among them); stream their chunks, or answer once all are done."""
     request_id = fmt.request_id
     n = body.num_choices
-    ids = [request_id] if n == 1 else [f"{request_id}-{i}" for i in range(n)]
+    total = n * len(prompts)
+    ids = [request_id] if total == 1 else [f"{request_id}-{i}" for i in range(total)]
 
     stopping = generation.stopping_of(request)
 
     def one(i: int, rid: str) -> Awaitable[tuple[Generation, RequestOutput]]:
-        p = choice_params(params, i)
-        args = (rid, prompt_ids, p, arrival, body.stream, stopping)
+        p = choice_params(params, i % n)
+        args = (rid, prompts[i // n], p, arrival, body.stream, stopping)
         return generation.start(request.receive, backend, metrics, *args)
 
     started = await asyncio.gather(*(one(i, rid) for i, rid in enumerate(ids)), return_exceptions=True)
@@ -242,35 +248,49 @@ def check_features(body: SamplingFields) -> None:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
 
 
-Prompt = str | list[int] | list[str] | list[list[int]]
+MAX_PROMPTS = 2048  # prompts x n choices in one completions request (OpenAI's cap on a prompt batch)
 
 
-async def completion_prompt_ids(prompt: Prompt, backend: ServingBackend) -> list[int]:
-    """Token ids of a prompt given as text, as token ids, or as a batch of exactly one."""
-    if isinstance(prompt, str):
-        if not prompt:  # tokenizers that add BOS would turn "" into a one-token prompt
-            raise ApiError(400, "prompt is empty", param="prompt")
-        return await off_loop(backend.encode, prompt)
-    if prompt and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            raise ApiError(400, f"send one prompt per request (got a batch of {len(prompt)})", param="prompt")
-        return await completion_prompt_ids(prompt[0], backend)
-    return [t for t in prompt if isinstance(t, int)]
+async def completion_prompts(
+    body: CompletionRequest, backend: ServingBackend
+) -> tuple[list[str | None], list[list[int]]]:
+    """The request's prompts (a text, token ids, or a batch of either), each as (its text
+    as given, None for token ids) and its token ids."""
+    prompt = body.prompt
+    one_prompt = isinstance(prompt, str) or not prompt or isinstance(prompt[0], int)
+    batch: list[str | list[int]] = [prompt] if one_prompt else list(prompt)  # type: ignore[list-item]
+    choices = len(batch) * body.num_choices
+    if choices > MAX_PROMPTS:
+        message = f"{len(batch)} prompts x n={body.num_choices} is {choices} choices: at most {MAX_PROMPTS}"
+        raise ApiError(400, message, param="prompt")
+    texts: list[str | None] = []
+    prompts: list[list[int]] = []
+    for i, one in enumerate(batch):
+        where = "prompt" if len(batch) == 1 else f"prompt[{i}]"
+        if isinstance(one, str):
+            if not one:  # tokenizers that add BOS would turn "" into a one-token prompt
+                raise ApiError(400, f"{where} is empty", param=where)
+            texts.append(one)
+            prompts.append(await off_loop(backend.encode, one))
+        else:
+            texts.append(None)
+            prompts.append([t for t in one if isinstance(t, int)])
+    return texts, prompts
 
 
-async def echo_of(body: CompletionRequest, prompt_ids: list[int], backend: ServingBackend) -> Echo | None:
-    """What `echo` puts before each choice: the prompt as sent (text, or its token ids
-    decoded); `max_tokens` 0 asks for the prompt alone (as vLLM, for scoring a text by its
-    prompt logprobs), and is taken only with `echo`."""
+async def echoes_of(
+    body: CompletionRequest, texts: list[str | None], prompts: list[list[int]], backend: ServingBackend
+) -> list[Echo]:
+    """What `echo` puts before each prompt's choices: the prompt as sent (its text, or its
+    token ids decoded); none without `echo`. `max_tokens` 0 with it asks for the prompts
+    alone (as vLLM, for scoring texts by their prompt logprobs); without it, 0 is refused
+    as any count below 1."""
     if not body.echo:
-        return None
-    prompt = (
-        body.prompt[0]
-        if isinstance(body.prompt, list) and body.prompt and not isinstance(body.prompt[0], int)
-        else body.prompt
-    )
-    text = prompt if isinstance(prompt, str) else await off_loop(backend.decode, prompt_ids)
-    return Echo(text, prompt_ids, prompt_only=body.max_tokens == 0)
+        return []
+    return [
+        Echo(text if text is not None else await off_loop(backend.decode, ids), ids)
+        for text, ids in zip(texts, prompts, strict=True)
+    ]
 
 
 def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:

@@ -82,9 +82,42 @@ async def test_prompt_forms(client: httpx.AsyncClient, fake: FakeBackend, prompt
     assert r.json()["choices"][0]["text"] == "hi there"
 
 
-async def test_a_batch_of_prompts_is_refused(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/completions", json={"prompt": ["a", "b"]})
-    assert_error(r, 400, param="prompt", says="one prompt per request")
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_batch_of_prompts_gives_n_choices_each_in_order(
+    client: httpx.AsyncClient, fake: FakeBackend, stream: bool
+) -> None:
+    """As OpenAI's and vLLM's: choice i answers prompt i // n; the usage counts each prompt
+    once. (The fake backend answers each prompt by repeating its text.)"""
+    body = {"prompt": ["ab", "cde"], "max_tokens": 4, "n": 2, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    r = await client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    if stream:
+        chunks = sse_json(r.text)
+        texts = [
+            "".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i)
+            for i in range(4)
+        ]
+        usage = chunks[-1]["usage"]
+    else:
+        texts = [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+        usage = r.json()["usage"]
+    assert texts == ["abab", "abab", "cdec", "cdec"]
+    assert sorted(c.prompt_token_ids for c in fake.calls) == [
+        [97, 98],
+        [97, 98],
+        [99, 100, 101],
+        [99, 100, 101],
+    ]
+    assert usage == {"prompt_tokens": 5, "completion_tokens": 16, "total_tokens": 21}
+
+
+async def test_a_batch_names_its_bad_prompt_and_is_capped(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/completions", json={"prompt": ["a", ""]})
+    assert_error(r, 400, param="prompt[1]", says="prompt[1] is empty")
+    r = await client.post("/v1/completions", json={"prompt": ["a"] * 1025, "n": 2})
+    assert_error(r, 400, param="prompt", says="1025 prompts x n=2 is 2050 choices: at most 2048")
 
 
 async def test_stop_string_cuts_and_finishes(client: httpx.AsyncClient) -> None:

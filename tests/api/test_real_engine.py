@@ -129,6 +129,13 @@ async def test_echo_scores_the_prompt_as_transformers_does(engine: LLMEngine, sm
         assert [list(t) for t in lp["top_logprobs"][1:]] == [[b] for b in best]
         assert lp["text_offset"][:3] == [0, len(texts[0]), len(texts[0]) + len(texts[1])]
 
+        # a batch of prompts (lm-eval's batch_size > 1): each scored as alone, in order
+        r = (await client.post("/v1/completions", json=score | {"prompt": ["Hello", PROMPT]})).json()
+        assert [c["index"] for c in r["choices"]] == [0, 1]
+        assert [c["text"] for c in r["choices"]] == ["Hello", PROMPT]
+        assert r["choices"][1]["logprobs"]["token_logprobs"][1:] == pytest.approx(want, abs=2e-3)
+        assert r["usage"]["prompt_tokens"] == len(prompt) + len(backend.encode("Hello"))
+
         # with tokens generated (lm-eval sends max_tokens 1): the prompt, then the answer
         r = (await client.post("/v1/completions", json=score | {"max_tokens": 3})).json()
         (choice,) = r["choices"]
