@@ -69,3 +69,34 @@ def test_penalized_greedy_tokens_on_the_gpu_equal_the_cpus_fp32() -> None:
         for w in (cpu, cuda)
     ]
     assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+
+
+@torch.inference_mode()
+def test_prompt_logprobs_on_the_gpu_equal_the_cpus_fp32() -> None:
+    """A prompt in chunks of 16 asking for prompt logprobs, beside one that does not (which
+    may replay the engine's graphs while the other's steps run eagerly): the same logprobs
+    and top tokens as a CPU engine's, and the same tokens."""
+    src = resolve_model("random:tiny-qwen2")
+    cpu = load_weights(src, dtype=torch.float32, device="cpu")
+    cuda = ModelWeights(cpu.config, cpu.layout, cpu.buffer.to("cuda"))
+    cuda.readiness.mark_all_ready()
+    asks = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, prompt_logprobs=3)
+    plain = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompt = list(range(5, 45))
+    got = []
+    for w in (cpu, cuda):
+        e = LLMEngine(w, None, EngineConfig(block_size=16, num_kv_blocks=32, max_num_batched_tokens=16))
+        e.add_request(list(range(50, 55)), plain, "plain")
+        e.add_request(prompt, asks, "asks")
+        outs: dict[str, list] = {"plain": [], "asks": []}
+        while not all(v and v[-1].finished for v in outs.values()):
+            for o in e.step():
+                outs[o.request_id].append(o)
+        got.append(outs)
+    (cpu_first, *_), (gpu_first, *_) = got[0]["asks"], got[1]["asks"]
+    assert len(gpu_first.prompt_logprobs) == len(prompt) - 1
+    for a, b in zip(cpu_first.prompt_logprobs, gpu_first.prompt_logprobs, strict=True):
+        assert abs(a.logprob - b.logprob) < 1e-3
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    for rid in ("plain", "asks"):
+        assert got[0][rid][-1].token_ids == got[1][rid][-1].token_ids
