@@ -162,7 +162,7 @@ def test_decode_graph_matches_eager_step_and_engine_is_consistent() -> None:
 @torch.inference_mode()
 def test_gpu_sampler_greedy_seeded_and_non_finite() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
-    logits = torch.randn(6, 1000, generator=g, device="cuda")
+    logits = torch.randn(7, 1000, generator=g, device="cuda")
     logits[4, 3] = float("nan")
     params = [
         SamplingParams(temperature=0),
