@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from blitzscale.checkpoint import native
-from blitzscale.checkpoint.loader import load_config, load_tokenizer, load_weights
+from blitzscale.checkpoint.loader import load_config, load_tokenizer, load_weights, save_tokenizer
 from blitzscale.checkpoint.resolve import ModelSource, resolve_model
 from blitzscale.core.progress import Report
 from blitzscale.errors import CheckpointError
@@ -77,6 +77,6 @@ def convert(
         del weights
     tokenizer = load_tokenizer(src)
     if tokenizer is not None:
-        tokenizer.save_pretrained(str(dst))
+        save_tokenizer(tokenizer, dst)
     native.write_index(dst, cfg, dtype, tp_size)
     return dst

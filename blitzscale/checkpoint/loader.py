@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,25 @@ def load_tokenizer_of(spec: str) -> Any | None:
     if path.is_dir() and only_tokenizer and any((path / f).is_file() for f in _TOKENIZER_FILES):
         return load_tokenizer(ModelSource("hf", spec, path))
     return load_tokenizer(resolve_model(spec))
+
+
+# The class a saved tokenizer folder names: transformers 4.x and 5.x both load a
+# tokenizer.json through it, where 5.x's own name for it (TokenizersBackend) fails on 4.x,
+# which clients such as lm-evaluation-harness 0.4 still pin.
+PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
+
+
+def save_tokenizer(tokenizer: Any, dst: Path) -> list[str]:
+    """Write `tokenizer` as a Hugging Face folder any transformers since 4.x loads; returns
+    the files written."""
+    files = [str(f) for f in tokenizer.save_pretrained(str(dst))]
+    config = dst / "tokenizer_config.json"
+    if config.is_file():
+        data = json.loads(config.read_text())
+        if data.get("tokenizer_class") != PORTABLE_TOKENIZER_CLASS:
+            data["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+            config.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    return files
 
 
 def load_tokenizer(src: ModelSource) -> Any | None:

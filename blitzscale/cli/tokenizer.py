@@ -2,7 +2,8 @@
 
 What clients that count tokens themselves need (guidellm's `--processor`, vLLM's bench):
 `tokenizer.json`, `tokenizer_config.json` (with the chat template) and the special tokens,
-a few MB, where `blitzscale convert` would also write every weight.
+a few MB, where `blitzscale convert` would also write every weight. The folder loads with
+transformers 4.x as with 5.x (`checkpoint.loader.save_tokenizer`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from blitzscale.checkpoint import load_tokenizer, resolve_model
+    from blitzscale.checkpoint.loader import save_tokenizer
     from blitzscale.errors import InvalidRequestError
 
     tokenizer = load_tokenizer(resolve_model(args.model))
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dst.exists() and not args.dst.is_dir():
         raise InvalidRequestError(f"{args.dst} exists and is not a folder")
     args.dst.mkdir(parents=True, exist_ok=True)
-    files = tokenizer.save_pretrained(str(args.dst))
+    files = save_tokenizer(tokenizer, args.dst)
     size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
     print(f"wrote the tokenizer of {args.model} to {args.dst} ({len(files)} files, {size / 1e6:.1f} MB)")
     return 0

@@ -15,7 +15,7 @@ from typing import Any
 from blitzscale.checkpoint import load_config, resolve_model
 from blitzscale.checkpoint.convert import convert
 from blitzscale.checkpoint.folders import INDEX_FILE, is_native_folder
-from blitzscale.checkpoint.loader import load_tokenizer_of
+from blitzscale.checkpoint.loader import load_tokenizer_of, save_tokenizer
 from blitzscale.checkpoint.native import parse_dtype
 from blitzscale.core.progress import Report
 from blitzscale.errors import CheckpointError
@@ -88,7 +88,7 @@ def with_tokenizer(folder: str, tokenizer: str, tok: Any = None) -> str:
     for f in src.iterdir():
         if f.is_file() and (f.name == INDEX_FILE or f.suffix == ".bzw"):
             (tmp / f.name).symlink_to(f.resolve())
-    tok.save_pretrained(str(tmp))
+    save_tokenizer(tok, tmp)
     _publish(tmp, dst)
     return str(dst)
 

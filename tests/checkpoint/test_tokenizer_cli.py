@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from blitzscale.cli.main import main
 
 
 def test_tokenizer_folder_encodes_like_the_served_tokenizer(tmp_path: Path, smollm2_tokenizer: Any) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     dst = tmp_path / "tok"
     assert main(["tokenizer", "smollm2-135m", str(dst)]) == 0
@@ -21,6 +22,13 @@ def test_tokenizer_folder_encodes_like_the_served_tokenizer(tmp_path: Path, smol
     tok = AutoTokenizer.from_pretrained(str(dst))
     text = "Once upon a time, naïve dragons 🐉 said «bonjour»."
     assert tok(text).input_ids == smollm2_tokenizer(text).input_ids
+    # the class it names is one transformers 4.x has too (lm-evaluation-harness 0.4 pins 4.x;
+    # 5.x's own name for it, TokenizersBackend, fails there)
+    assert (
+        json.loads((dst / "tokenizer_config.json").read_text())["tokenizer_class"]
+        == "PreTrainedTokenizerFast"
+    )
+    assert PreTrainedTokenizerFast.from_pretrained(str(dst))(text).input_ids == tok(text).input_ids
     msgs = [{"role": "user", "content": "hi"}]
     assert list(
         tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"]
