@@ -13,6 +13,8 @@ import torch
 
 from blitzscale.core.outputs import RequestOutput, TokenLogprob
 from blitzscale.engine import EngineConfig, LLMEngine, SamplingParams
+from tests.engine.test_live import CFG as LIVE_CFG
+from tests.engine.test_live import partial_engine
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. It was the best of times, it was the worst "
@@ -121,7 +123,7 @@ def test_live_and_relayed_prompts_give_the_loaded_engines_prompt_logprobs() -> N
     from blitzscale.checkpoint import load_weights, resolve_model
 
     full = load_weights(resolve_model("random:tiny-llama3"))
-    cfg = EngineConfig(block_size=16, num_kv_blocks=64, max_num_batched_tokens=512, max_model_len=256)
+    cfg = LIVE_CFG  # (partial_engine's)
     prompt = [(7 * j) % 200 + 2 for j in range(37)]
     params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2)
     loaded = LLMEngine(full, None, cfg)
@@ -129,21 +131,13 @@ def test_live_and_relayed_prompts_give_the_loaded_engines_prompt_logprobs() -> N
     want = collect(loaded, ["ref"])["ref"][0].prompt_logprobs
     assert len(want) == len(prompt) - 1
 
-    def partial() -> tuple[LLMEngine, Any]:
-        w = load_weights(resolve_model("random:tiny-llama3"))
-        w.buffer.copy_(full.buffer)
-        w.readiness.reset()
-        e = LLMEngine(w, None, cfg)
-        e.start_live()
-        return e, w
-
     def same(got: tuple[TokenLogprob, ...]) -> None:
         assert len(got) == len(want)
         for a, b in zip(got, want, strict=True):
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
 
-    live, w = partial()
+    live, w = partial_engine(full)
     live.add_request(prompt, params, "live")
     outs = []
     for seg in range(len(w.layout.segments)):
@@ -153,7 +147,7 @@ def test_live_and_relayed_prompts_give_the_loaded_engines_prompt_logprobs() -> N
     assert outs and outs[0].live_layers == w.config.num_layers  # every layer ran live
     same(outs[0].prompt_logprobs)
 
-    target, w = partial()
+    target, w = partial_engine(full)
     for seg in range(2):  # the embedding and layer 0
         w.readiness.add(seg)
     target.add_request(prompt, params, "a")
