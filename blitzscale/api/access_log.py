@@ -19,9 +19,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 ACCESS_LOGGER = "blitzscale.access"
 
 
-def note_generations(scope: Scope, gens: list[Any]) -> None:
-    """Called by a route: these generations' tokens belong to this request's log line."""
-    scope.setdefault("state", {}).setdefault("generations", []).extend(gens)
+def note_generations(scope: Scope, gens: list[Any], prompt_tokens: int | None = None) -> None:
+    """Called by a route: these generations' tokens belong to this request's log line;
+    `prompt_tokens`: the request's (a batch's prompts together; by default the first
+    generation's, which every choice of one prompt shares)."""
+    state = scope.setdefault("state", {})
+    state.setdefault("generations", []).extend(gens)
+    if prompt_tokens is not None:
+        state["prompt_tokens"] = prompt_tokens
 
 
 class AccessLogMiddleware:
@@ -48,13 +53,14 @@ class AccessLogMiddleware:
             self._log(scope, status, (time.perf_counter() - start) * 1000)
 
     def _log(self, scope: Scope, status: int, ms: float) -> None:
-        gens = (scope.get("state") or {}).get("generations", [])
+        state = scope.get("state") or {}
+        gens = state.get("generations", [])
         fields: dict[str, Any] = {
             "method": scope.get("method", ""),
             "path": scope.get("path", ""),
             "status": status,
             "duration_ms": round(ms, 1),
-            "prompt_tokens": gens[0].num_prompt_tokens if gens else 0,
+            "prompt_tokens": state.get("prompt_tokens", gens[0].num_prompt_tokens if gens else 0),
             "completion_tokens": sum(g.num_output_tokens for g in gens),
         }
         if gens:

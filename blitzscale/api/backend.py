@@ -24,8 +24,10 @@ class ServingBackend(Protocol):
 
     model_name: str
     max_model_len: int
-    # Optional: `model_root`, the checkpoint's Hugging Face id (`/v1/models`' `root`), and
-    # `tokenizer_info() -> dict`, what `/tokenizer_info` and TGI's `/info` report of it.
+    # Optional: `model_root`, the checkpoint's Hugging Face id (`/v1/models`' `root`),
+    # `tokenizer_info() -> dict`, what `/tokenizer_info` and TGI's `/info` report of it, and
+    # `validate(prompt_token_ids, params)`, what `generate` checks first (raising
+    # InvalidRequestError): a batch's prompts are all checked before any runs.
 
     def encode(self, text: str) -> list[int]: ...
 

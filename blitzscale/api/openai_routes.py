@@ -45,6 +45,7 @@ from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import GRAMMAR_KINDS, Grammar, SamplingParams
+from blitzscale.errors import InvalidRequestError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Chat has no default in OpenAI's API ("until the context is full"); a cap keeps a request
@@ -64,12 +65,22 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         check_features(body)
         texts, prompts = await completion_prompts(body, backend)
         max_tokens = body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
-        for ids in prompts:
-            check_context(len(ids), max_tokens, backend.max_model_len, "max_tokens")
+        for i, ids in enumerate(prompts):
+            try:
+                check_context(len(ids), max_tokens, backend.max_model_len, "max_tokens")
+            except ApiError as e:
+                if len(prompts) > 1:  # (which prompt leaves too little room)
+                    raise ApiError(400, f"prompt[{i}]: {e.message}", param="max_tokens") from None
+                raise
         request_id = f"cmpl-{uuid.uuid4().hex}"
         decode = backend.decode if body.logprobs is not None else None
         echoes = await echoes_of(body, texts, prompts, backend)
         prompt_only = bool(echoes) and body.max_tokens == 0
+        if prompt_only and body.min_tokens:
+            message = (
+                "min_tokens cannot be combined with max_tokens 0 (echo: the prompt alone, nothing generated)"
+            )
+            raise ApiError(400, message, param="min_tokens")
         fmt = CompletionFormat(
             request_id, int(time.time()), backend.model_name, decode, body.num_choices, echoes, prompt_only
         )
@@ -134,6 +145,13 @@ async def serve(
     request_id = fmt.request_id
     n = body.num_choices
     total = n * len(prompts)
+    check = getattr(backend, "validate", None)
+    if len(prompts) > 1 and callable(check):  # (a batch is refused whole, before any prompt runs)
+        for i, ids in enumerate(prompts):
+            try:
+                check(ids, params)
+            except InvalidRequestError as e:
+                raise batch_error(e, i) from None
     ids = [request_id] if total == 1 else [f"{request_id}-{i}" for i in range(total)]
 
     stopping = generation.stopping_of(request)
@@ -145,12 +163,13 @@ async def serve(
 
     started = await asyncio.gather(*(one(i, rid) for i, rid in enumerate(ids)), return_exceptions=True)
     gens = [s[0] for s in started if not isinstance(s, BaseException)]
-    failed = next((s for s in started if isinstance(s, BaseException)), None)
+    failed = next(((i, s) for i, s in enumerate(started) if isinstance(s, BaseException)), None)
     if failed is not None:  # one choice refused: none runs
         await asyncio.gather(*(g.close() for g in gens))
-        raise failed
+        i, error = failed
+        raise error if len(prompts) == 1 else batch_error(error, i // n)
     firsts = [s[1] for s in started if not isinstance(s, BaseException)]
-    note_generations(request.scope, gens)
+    note_generations(request.scope, gens, sum(map(len, prompts)))
 
     async def close() -> None:
         await asyncio.gather(*(g.close() for g in gens))
@@ -167,6 +186,15 @@ async def serve(
         await close()
     content = fmt.response(finals).model_dump_json()
     return Response(content, media_type="application/json", headers=headers)
+
+
+def batch_error(error: BaseException, index: int) -> BaseException:
+    """A refusal of prompt `index` of a batch, naming it where the error is about the
+    prompt (its tokens, their count, the context)."""
+    if isinstance(error, InvalidRequestError) and error.param == "prompt":
+        where = f"prompt[{index}]"
+        return InvalidRequestError(f"{where}: {error}", where)
+    return error
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -186,7 +186,7 @@ class SamplingFields(ApiRequest):
 
 class CompletionRequest(SamplingFields):
     # a text; token ids; or a batch of one of either (batches of more are refused at the route)
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]  # (true is not a token id)
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: StrictInt | None = None

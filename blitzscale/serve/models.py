@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from blitzscale.control.costmodel import Profile
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import Grammar, SamplingParams
+from blitzscale.core.validate import validate_request
 from blitzscale.errors import InvalidRequestError
 
 
@@ -124,6 +125,11 @@ class ModelBackend:
             eos = getattr(tok, "eos_token_id", None)
             self._grammars = Grammars(tok, self.model.vocab_size, [] if eos is None else [eos])
         self._grammars.compile(grammar)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """InvalidRequestError, naming the bad value, for a request this model cannot run
+        (what `generate` checks first; the HTTP edge checks a batch's prompts before any runs)."""
+        validate_request(prompt_token_ids, params, self.model.vocab_size, self.model.max_model_len)
 
     def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, stream: bool = True

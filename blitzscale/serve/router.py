@@ -235,6 +235,10 @@ class Router:
     def check_grammar(self, grammar: Grammar) -> None:
         self._models[self.model_name].check_grammar(grammar)
 
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        served = self._models[self.model_name].model
+        validate_request(prompt_token_ids, params, served.vocab_size, served.max_model_len)
+
     async def generate(
         self,
         request_id: str,

@@ -55,6 +55,9 @@ class EngineBackend:
         self.engine.reset_prefix_cache()
         return 1
 
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.engine.validate(prompt_token_ids, params)
+
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, stream: bool = True
     ) -> AsyncIterator[RequestOutput]:

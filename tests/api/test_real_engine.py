@@ -164,3 +164,29 @@ async def test_echo_scores_the_prompt_as_transformers_does(engine: LLMEngine, sm
         assert [t["id"] for t in prefill] == prompt and prefill[0]["logprob"] is None
         assert [t["logprob"] for t in prefill[1:]] == pytest.approx(want, abs=2e-3)
     assert not engine.has_unfinished()
+
+
+async def test_a_batchs_bad_prompt_is_named_by_its_index(engine: LLMEngine) -> None:
+    """A batch is refused whole, before any prompt runs, naming the prompt at fault; token
+    ids are integers (true is not one); `max_tokens` 0 (echo: the prompt alone) cannot ask
+    for `min_tokens`."""
+    async with (
+        EngineBackend.running(engine, "smollm2-135m") as backend,
+        httpx.AsyncClient(transport=httpx.ASGITransport(create_app(backend)), base_url=BASE_URL) as client,
+    ):
+        cases = [
+            (
+                {"prompt": [[1, 2], [3, 10**8]]},
+                "prompt[1]",
+                "prompt[1]: prompt token 100000000 at position 1",
+            ),
+            ({"prompt": [[504], []]}, "prompt[1]", "prompt[1]: prompt is empty"),
+            ({"prompt": [[5, 6], [7] * 600]}, "prompt[1]", "prompt[1]: prompt has 600 tokens"),
+            ({"prompt": [[5, 6], [7] * 500], "max_tokens": 20}, "max_tokens", "prompt[1]: max_tokens is 20"),
+            ({"prompt": [True, False]}, "prompt", "valid"),
+            ({"prompt": [[True, 5]]}, "prompt", "valid"),
+            ({"prompt": "Hi", "echo": True, "max_tokens": 0, "min_tokens": 1}, "min_tokens", "max_tokens 0"),
+        ]
+        for body, param, says in cases:
+            assert_error(await client.post("/v1/completions", json=body), 400, param=param, says=says)
+    assert not engine.has_unfinished()
