@@ -29,6 +29,8 @@ async def test_one_line_per_request_with_status_and_tokens(caplog: pytest.LogCap
                 headers=auth,
             )
             await c.post("/v1/completions", json={"prompt": "x", "presence_penalty": 9}, headers=auth)
+            batch = {"prompt": ["ab", "cde"], "max_tokens": 2, "n": 2}
+            await c.post("/v1/completions", json=batch, headers=auth)
             await c.get("/health")
             await c.get("/v1/models")  # no key: 401, logged too
     records = [r for r in caplog.records if r.name == ACCESS_LOGGER]
@@ -37,12 +39,14 @@ async def test_one_line_per_request_with_status_and_tokens(caplog: pytest.LogCap
         ("POST", "/v1/completions", 200),
         ("POST", "/v1/completions", 200),
         ("POST", "/v1/completions", 400),
+        ("POST", "/v1/completions", 200),
         ("GET", "/health", 200),
         ("GET", "/v1/models", 401),
     ]
     assert (fields[0]["prompt_tokens"], fields[0]["completion_tokens"]) == (5, 3)
     assert (fields[1]["prompt_tokens"], fields[1]["completion_tokens"]) == (3, 4)  # two choices
     assert fields[2]["completion_tokens"] == 0 and all(f["duration_ms"] >= 0 for f in fields)
+    assert (fields[3]["prompt_tokens"], fields[3]["completion_tokens"]) == (5, 8)  # each prompt once
     assert records[0].getMessage().startswith("POST /v1/completions 200 ")
     assert "prompt=5 completion=3 id=cmpl-" in records[0].getMessage()
     line = json.loads(JsonFormatter().format(records[0]))
