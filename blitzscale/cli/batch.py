@@ -66,13 +66,18 @@ def run(args: argparse.Namespace) -> int:
         write_plan(plan, out)
         console.print(f"dry run: configs of {len(plan.runs)} runs written to {out}/, nothing ran")
         return 0
-    outcomes = run_batch(
-        plan,
-        out,
-        execute or live_executor(console),
-        resume=args.resume,
-        log=lambda line: console.print(line, markup=False, highlight=False),
-    )
+    try:
+        outcomes = run_batch(
+            plan,
+            out,
+            execute or live_executor(console),
+            resume=args.resume,
+            log=lambda line: console.print(line, markup=False, highlight=False),
+        )
+    except KeyboardInterrupt:  # (the run under way stays "running": a resumed batch runs it again)
+        again = f"blitzscale batch {args.template}{' --simulate ' + args.simulate if args.simulate else ''}"
+        console.print(f"interrupted: the runs done are in {out}/; go on with `{again} --resume {out}`")
+        raise
     if args.simulate:
         console.print(comparison_table(plan, outcomes, f"simulated on {args.simulate}, the model's SLOs"))
     else:

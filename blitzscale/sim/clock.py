@@ -45,7 +45,30 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` to its end on a fresh virtual-clock loop (starting at t = 0)."""
     loop = VirtualClockLoop()
+    loop.set_exception_handler(_interrupts_are_not_errors)
     try:
         return loop.run_until_complete(coro)
     finally:
-        loop.close()
+        try:
+            _cancel_pending(loop)
+        finally:
+            loop.close()
+
+
+def _interrupts_are_not_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler: a task that Ctrl-C stopped (its KeyboardInterrupt
+    goes on up to the command, which says so) is not reported again; anything else is."""
+    if not isinstance(context.get("exception"), KeyboardInterrupt):
+        loop.default_exception_handler(context)
+
+
+def _cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks still pending (the run was interrupted, Ctrl-C) and let them unwind
+    on the loop, as `asyncio.run` does: none is then destroyed pending, and none schedules
+    its cleanup on a closed loop (each would print a traceback)."""
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not pending:
+        return
+    for t in pending:
+        t.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))

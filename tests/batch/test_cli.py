@@ -107,3 +107,51 @@ def test_every_shipped_template_expands(name: str) -> None:
     path = Path(__file__).parents[2] / "configs" / name
     plan = expand(load_template(path))
     assert plan.runs and all(run.num_requests > 0 for run in plan.runs)  # (each trace was read)
+
+
+def test_ctrl_c_during_a_simulated_batch_says_how_to_go_on_and_prints_no_traceback(tmp_path: Path) -> None:
+    """Ctrl-C while a simulated run is under way: exit 130, one line naming the folder and
+    the command that resumes it, and none of the interrupted simulation's noise (a
+    KeyboardInterrupt traceback, tasks destroyed pending, "Event loop is closed"; whether
+    any task is pending depends on where the signal lands: tests/sim/test_clock_and_profile.py
+    interrupts one with tasks pending for certain)."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    out = tmp_path / "b"
+    argv = ["batch", "configs/batch.sim.example.toml", "--simulate", "paper-a", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blitzscale.cli.main", *argv],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    in_a_run = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "running" in line and "[2/" in line:  # (the second run's simulation has begun)
+                in_a_run.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        assert in_a_run.wait(300), "".join(lines)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+        reader.join(60)
+        text = "".join(lines)
+        assert "interrupted: the runs done are in" in text and f"--resume {out}" in text.replace("\n", ""), (
+            text
+        )
+        for noise in ("Traceback", "Task was destroyed", "Event loop is closed", "never retrieved"):
+            assert noise not in text, text
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -96,3 +96,42 @@ def test_shipped_profiles_load_and_the_derived_ones_say_from_what() -> None:
     a800 = load_profile("llama3-8b-a800")
     assert not h200.derived_from and a800.derived_from["profile"] == "llama3-8b-h200"
     assert a800.decode_s(8, 512) > h200.decode_s(8, 512)
+
+
+def test_an_interrupted_run_unwinds_its_tasks_and_reports_nothing_twice(
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ctrl-C inside a simulation (a task's KeyboardInterrupt) ends `run` with it, after
+    the tasks still pending are cancelled and unwound: none is destroyed pending, none
+    schedules its cleanup on the closed loop, and the interrupted task's exception is not
+    logged (the command reports the interrupt once). Each used to print a traceback."""
+    import asyncio
+    import gc
+
+    from blitzscale.sim import clock as sim_clock
+
+    unwound: list[str] = []
+
+    async def waits(q: asyncio.Queue[int]) -> None:
+        try:
+            await q.get()
+        finally:
+            unwound.append("waiter")
+
+    async def interrupted() -> None:
+        await asyncio.sleep(1.0)
+        raise KeyboardInterrupt
+
+    async def main() -> None:
+        q: asyncio.Queue[int] = asyncio.Queue()
+        keep = [asyncio.create_task(waits(q)) for _ in range(3)]
+        keep.append(asyncio.create_task(interrupted()))
+        await asyncio.sleep(100.0)
+
+    with pytest.raises(KeyboardInterrupt):
+        sim_clock.run(main())
+    gc.collect()
+    assert unwound == ["waiter"] * 3
+    said = capfd.readouterr().err + "".join(r.getMessage() for r in caplog.records)
+    for noise in ("Task was destroyed", "Event loop is closed", "never retrieved"):
+        assert noise not in said, said
