@@ -45,7 +45,7 @@ from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import GRAMMAR_KINDS, Grammar, SamplingParams
-from blitzscale.errors import InvalidRequestError
+from blitzscale.errors import InvalidRequestError, OverloadedError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Chat has no default in OpenAI's API ("until the context is full"); a cap keeps a request
@@ -151,7 +151,7 @@ async def serve(
             try:
                 check(ids, params)
             except InvalidRequestError as e:
-                raise batch_error(e, i) from None
+                raise batch_error(e, i, len(prompts)) from None
     ids = [request_id] if total == 1 else [f"{request_id}-{i}" for i in range(total)]
 
     stopping = generation.stopping_of(request)
@@ -161,14 +161,12 @@ async def serve(
         args = (rid, prompts[i // n], p, arrival, body.stream, stopping)
         return generation.start(request.receive, backend, metrics, *args)
 
-    started = await asyncio.gather(*(one(i, rid) for i, rid in enumerate(ids)), return_exceptions=True)
-    gens = [s[0] for s in started if not isinstance(s, BaseException)]
-    failed = next(((i, s) for i, s in enumerate(started) if isinstance(s, BaseException)), None)
-    if failed is not None:  # one choice refused: none runs
-        await asyncio.gather(*(g.close() for g in gens))
-        i, error = failed
-        raise error if len(prompts) == 1 else batch_error(error, i // n)
-    firsts = [s[1] for s in started if not isinstance(s, BaseException)]
+    try:
+        started = await start_all([one(i, rid) for i, rid in enumerate(ids)])
+    except ChoiceRefused as e:
+        raise e.error if len(prompts) == 1 else batch_error(e.error, e.index // n, len(prompts)) from None
+    gens = [s[0] for s in started]
+    firsts = [s[1] for s in started]
     note_generations(request.scope, gens, sum(map(len, prompts)))
 
     async def close() -> None:
@@ -188,12 +186,47 @@ async def serve(
     return Response(content, media_type="application/json", headers=headers)
 
 
-def batch_error(error: BaseException, index: int) -> BaseException:
-    """A refusal of prompt `index` of a batch, naming it where the error is about the
-    prompt (its tokens, their count, the context)."""
+class ChoiceRefused(Exception):
+    """Choice `index` of a request could not start (`error`); none of its choices runs."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(index, error)
+        self.index, self.error = index, error
+
+
+async def start_all(
+    starts: list[Awaitable[tuple[Generation, RequestOutput]]],
+) -> list[tuple[Generation, RequestOutput]]:
+    """Start every choice, in order of index; as soon as one is refused, the others stop
+    (those still starting are cancelled, those started closed) and ChoiceRefused says
+    which and why: no work goes on for an answer that will not be sent."""
+    tasks = [asyncio.ensure_future(s) for s in starts]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    failed = next((i for i, t in enumerate(tasks) if t.done() and not t.cancelled() and t.exception()), None)
+    if failed is None:
+        return [t.result() for t in tasks]
+    for t in tasks:
+        t.cancel()  # (a start cancelled while waiting closes its generation)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    started = [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
+    await asyncio.gather(*(g.close() for g, _ in started))
+    raise ChoiceRefused(failed, tasks[failed].exception())  # type: ignore[arg-type]
+
+
+def batch_error(error: BaseException, index: int, size: int) -> BaseException:
+    """A refusal of prompt `index` of a batch of `size`, naming it where the error is about
+    the prompt (its tokens, their count, the context), and saying so where the batch's own
+    earlier prompts are what it would wait behind (overload: retrying the same batch
+    would meet the same queue)."""
     if isinstance(error, InvalidRequestError) and error.param == "prompt":
         where = f"prompt[{index}]"
         return InvalidRequestError(f"{where}: {error}", where)
+    if isinstance(error, OverloadedError) and index > 0:
+        return OverloadedError(
+            f"prompt[{index}] of a batch of {size}: {error} (the batch's own earlier prompts are "
+            "counted ahead of it: send fewer prompts a request)",
+            error.retry_after_s,
+        )
     return error
 
 

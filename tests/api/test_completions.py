@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
+from blitzscale.api.app import create_app
+from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import SamplingParams
+from blitzscale.errors import OverloadedError
 
+from .conftest import BASE_URL
 from .fake_backend import FakeBackend
 from .helpers import assert_error, sse_json
 
@@ -215,3 +221,29 @@ async def test_a_request_run_again_answers_with_its_last_run_only(
     r = await client.post("/v1/completions", json={**body, "stream": True})  # a stream never runs again
     assert "X" not in "".join(c["choices"][0]["text"] for c in sse_json(r.text) if c["choices"])
     assert fake.calls[1].stream is True
+
+
+class RefusesB(FakeBackend):
+    """Holds every request (nothing is produced) but refuses the prompt "b" as overloaded,
+    as the router refuses a prompt that could not start in time."""
+
+    async def generate(  # type: ignore[override]
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, stream: bool = True
+    ) -> AsyncIterator[RequestOutput]:
+        if prompt_token_ids == [ord("b")]:
+            raise OverloadedError("the server is overloaded: the request could start in about 9 s", 7.0)
+        async for out in super().generate(request_id, prompt_token_ids, params, stream):
+            yield out
+
+
+async def test_a_refused_prompt_of_a_batch_stops_the_others_at_once() -> None:
+    """Prompt 1 is refused while prompt 0 is still queued: the answer is the refusal (a
+    429 naming the prompt and why retrying the same batch meets the same queue) at once,
+    and prompt 0 is aborted rather than waited for."""
+    fake = RefusesB(hold=True)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(fake)), base_url=BASE_URL) as c:
+        r = await asyncio.wait_for(c.post("/v1/completions", json={"prompt": ["a", "b"]}), 60)
+    assert_error(r, 429, says="prompt[1] of a batch of 2: the server is overloaded")
+    assert "send fewer prompts a request" in r.json()["error"]["message"]
+    assert r.headers["retry-after"] == "7"
+    assert not fake.running and any(a.endswith("-0") for a in fake.aborted)  # the held one too
