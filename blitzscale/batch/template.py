@@ -25,7 +25,7 @@ the Azure code trace shipped in the package; `format` is azure|burstgpt|mooncake
 trace as `blitzscale.client.traces.transform` documents (left out: unchanged); `cv` then
 re-times the shaped requests, in order, with Gamma arrivals of that coefficient of variation
 at the same mean rate over the same span, drawn with `seed` (default 0): `seed = [0, 1, 2]`
-is three draws of one trace, three runs.
+is three draws of one trace, three runs (a seed without `cv` draws nothing: refused).
 
 Policies `fixed-peak` and `fixed-half` (simulated batches only) provision, never scaling,
 the most prefill and decode instances blitz served at once on the same model, trace and
@@ -146,6 +146,11 @@ def _traces(value: Any, base_dir: Path) -> tuple[TraceSpec, ...]:
                 f"{where} must be a table {{ path = ..., format = ... }}, got {table!r}"
             )
         _check_keys(where, table, TRACE_KEYS)
+        if "seed" in table and "cv" not in table:  # (runs that differ by a seed would be the same)
+            raise InvalidRequestError(
+                f"{where}: seed draws the Gamma arrivals of cv; without cv the trace keeps its own "
+                "timestamps and the seed draws nothing"
+            )
         path, fmt, file = resolve_source(where, table, base_dir)
         knobs = {k: _listed(table[k]) for k in KNOBS if k in table}
         for k, values in knobs.items():

@@ -36,6 +36,7 @@ CASES = [
     ("bad trace knob", GOOD.replace('"processed"', '"processed", rate_scale = -1'), "rate_scale"),
     ("negative cv", GOOD.replace('"processed"', '"processed", cv = -0.5'), "cv"),
     ("float seed", GOOD.replace('"processed"', '"processed", cv = 2, seed = 1.5'), "seed"),
+    ("seed without cv", GOOD.replace('"processed"', '"processed", seed = [0, 1]'), "without cv"),
     (
         "bad combination",
         GOOD + "[planner]\nprefill_upper = 0.7\nprefill_lower = [0.5, 0.9]\n",
