@@ -340,7 +340,8 @@ class Router:
 
     def health(self) -> dict[str, Any]:
         """ "ok", or "degraded" with the reasons when nothing can serve a request end to end
-        (the HTTP edge answers 503 then)."""
+        (the HTTP edge answers 503 then); `warnings`: what is lost for good though the
+        rest serves (a worker that died more often than it may be restarted)."""
         problems = []
         for name, backend in self._models.items():
             mine = [i for i in self.instances.values() if i.model == name]
@@ -352,9 +353,14 @@ class Router:
             needed = ("prefill", "decode") if self.cfg.mode == "pd" else ("colocated",)
             of = f" of {name}" if len(self._models) > 1 else ""
             problems += [f"no {role} instance{of} is serving" for role in needed if role not in roles]
+        warnings = [
+            f"worker {rank} is out of the pool for good: it died after {self.respawner.max_restarts} restarts"
+            for rank in sorted(self.respawner.given_up)
+        ]
         return {
             "status": "degraded" if problems else "ok",
             "problems": problems,
+            "warnings": warnings,
             "model": self.model_name,
             "mode": self.cfg.mode,
             "queue": len(self.queue),

@@ -103,3 +103,21 @@ def test_the_death_of_a_relay_partner_that_sends_no_weights_leaves_the_target_se
     assert on_target.stage is Stage.PREFILL and on_target.prefill_rank == 1
     assert router.instances[1].state is InstanceState.NEW_PREFILL
     assert router.live.abandoned_total == 0 and router.live.pairs == {1: None}  # on its own
+
+
+def test_health_warns_of_a_worker_out_of_the_pool_for_good_and_stays_ok() -> None:
+    """A worker that died more often than it may be restarted (here: once, with
+    max_restarts 0) stays out of the pool: /health still says "ok" while others serve, and
+    warns of it by rank."""
+    import asyncio
+
+    router, _ = _router()
+    assert router.health()["warnings"] == []
+
+    async def dies() -> None:
+        router.respawner.died(2)
+
+    asyncio.run(dies())
+    health = router.health()
+    assert health["status"] == "ok" and health["problems"] == []
+    assert health["warnings"] == ["worker 2 is out of the pool for good: it died after 0 restarts"]
