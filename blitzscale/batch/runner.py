@@ -53,6 +53,11 @@ def run_batch(
     if resume is not None and not (resume / store.BATCH_FILE).is_file():
         raise InvalidRequestError(f"--resume {str(resume)!r}: not a batch folder (no {store.BATCH_FILE})")
     done = store.done_runs(resume) if resume is not None else {}
+    if resume is None and (foreign := store.foreign_runs(out, plan)):
+        raise InvalidRequestError(
+            f"--out {out} holds another batch ({len(foreign)} runs this template does not have, "
+            f"e.g. {foreign[0]}): give another --out, or remove the folder"
+        )
     out.mkdir(parents=True, exist_ok=True)
     # what is already on disk, so batch.json stays right if this batch is interrupted
     statuses = {r.run_id: s for r in plan.runs if (s := store.read_status(out / r.run_id))}

@@ -71,6 +71,20 @@ def read_status(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def foreign_runs(out: Path, plan: BatchPlan) -> list[str]:
+    """Run ids an earlier batch left in `out` (its batch.json) that `plan` does not have:
+    another template's runs, which this batch's results would sit beside."""
+    index = out / BATCH_FILE
+    if not index.is_file():
+        return []
+    try:
+        earlier = [r["id"] for r in json.loads(index.read_text()).get("runs", [])]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []  # (not one of ours: nothing of it is read)
+    mine = {r.run_id for r in plan.runs}
+    return [rid for rid in earlier if rid not in mine]
+
+
 def done_runs(batch_dir: Path) -> dict[str, Path]:
     """params_hash -> folder of each run that finished in an earlier batch."""
     found: dict[str, Path] = {}

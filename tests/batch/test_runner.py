@@ -139,3 +139,19 @@ def test_resume_finds_done_runs_by_hash_when_their_readable_id_changed(tmp_path:
     outcomes = run_batch(after, out, fake, resume=out)
     assert fake.ran == [] and all(o.is_done and o.resumed for o in outcomes)
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(r.run_id for r in after.runs)
+
+
+def test_an_out_folder_of_another_batch_is_refused_and_the_same_batch_runs_again(
+    tmp_path: Path, fake: FakeExecutor
+) -> None:
+    """Results of two templates would mix in one folder (another template's runs left
+    beside this one's): refused, naming one; the same template again runs into it."""
+    out = tmp_path / "out"
+    run_batch(plan_of(tmp_path, TEMPLATE), out, fake)
+    fewer = plan_of(tmp_path, TEMPLATE.replace('"blitz", "sllm", "allcache"', '"fixed"'))
+    with pytest.raises(
+        InvalidRequestError, match=r"holds another batch \(6 runs this template does not have, e.g. "
+    ):
+        run_batch(fewer, out, fake)
+    again = run_batch(plan_of(tmp_path, TEMPLATE), out, fake)
+    assert [o.status for o in again] == ["done"] * 6
