@@ -201,16 +201,25 @@ async def start_all(
     (those still starting are cancelled, those started closed) and ChoiceRefused says
     which and why: no work goes on for an answer that will not be sent."""
     tasks = [asyncio.ensure_future(s) for s in starts]
-    await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except BaseException:  # (this route was cancelled: so is every start, and what started closes)
+        await _stop(tasks)
+        raise
     failed = next((i for i, t in enumerate(tasks) if t.done() and not t.cancelled() and t.exception()), None)
     if failed is None:
         return [t.result() for t in tasks]
+    await _stop(tasks)
+    raise ChoiceRefused(failed, tasks[failed].exception())  # type: ignore[arg-type]
+
+
+async def _stop(tasks: list[asyncio.Future[tuple[Generation, RequestOutput]]]) -> None:
+    """Cancel the starts still waiting (each closes its generation) and close the started."""
     for t in tasks:
-        t.cancel()  # (a start cancelled while waiting closes its generation)
+        t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     started = [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
     await asyncio.gather(*(g.close() for g, _ in started))
-    raise ChoiceRefused(failed, tasks[failed].exception())  # type: ignore[arg-type]
 
 
 def batch_error(error: BaseException, index: int, size: int) -> BaseException:
