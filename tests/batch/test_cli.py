@@ -128,6 +128,9 @@ def test_ctrl_c_during_a_simulated_batch_says_how_to_go_on_and_prints_no_traceba
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # as from a terminal: Ctrl-C's default action (a pytest-xdist worker ignores SIGINT,
+        # and a child started from it would inherit that, as from a shell's background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     in_a_run = threading.Event()
