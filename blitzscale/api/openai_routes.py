@@ -27,10 +27,12 @@ from fastapi.responses import Response
 from blitzscale.api import generation
 from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
+from blitzscale.api.choices import ChoiceRefused, batch_error, start_all
 from blitzscale.api.errors import ApiError
 from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
-from blitzscale.api.openai_format import ChatFormat, CompletionFormat, Echo, OpenAIFormat, openai_events
+from blitzscale.api.openai_format import ChatFormat, CompletionFormat, OpenAIFormat, openai_events
+from blitzscale.api.prompts import completion_prompts, echoes_of
 from blitzscale.api.protocol import (
     MESSAGE_UNSET,
     ChatCompletionRequest,
@@ -45,7 +47,7 @@ from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import GRAMMAR_KINDS, Grammar, SamplingParams
-from blitzscale.errors import InvalidRequestError, OverloadedError
+from blitzscale.errors import InvalidRequestError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Chat has no default in OpenAI's API ("until the context is full"); a cap keeps a request
@@ -186,59 +188,6 @@ async def serve(
     return Response(content, media_type="application/json", headers=headers)
 
 
-class ChoiceRefused(Exception):
-    """Choice `index` of a request could not start (`error`); none of its choices runs."""
-
-    def __init__(self, index: int, error: BaseException) -> None:
-        super().__init__(index, error)
-        self.index, self.error = index, error
-
-
-async def start_all(
-    starts: list[Awaitable[tuple[Generation, RequestOutput]]],
-) -> list[tuple[Generation, RequestOutput]]:
-    """Start every choice, in order of index; as soon as one is refused, the others stop
-    (those still starting are cancelled, those started closed) and ChoiceRefused says
-    which and why: no work goes on for an answer that will not be sent."""
-    tasks = [asyncio.ensure_future(s) for s in starts]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    except BaseException:  # (this route was cancelled: so is every start, and what started closes)
-        await _stop(tasks)
-        raise
-    failed = next((i for i, t in enumerate(tasks) if t.done() and not t.cancelled() and t.exception()), None)
-    if failed is None:
-        return [t.result() for t in tasks]
-    await _stop(tasks)
-    raise ChoiceRefused(failed, tasks[failed].exception())  # type: ignore[arg-type]
-
-
-async def _stop(tasks: list[asyncio.Future[tuple[Generation, RequestOutput]]]) -> None:
-    """Cancel the starts still waiting (each closes its generation) and close the started."""
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    started = [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
-    await asyncio.gather(*(g.close() for g, _ in started))
-
-
-def batch_error(error: BaseException, index: int, size: int) -> BaseException:
-    """A refusal of prompt `index` of a batch of `size`, naming it where the error is about
-    the prompt (its tokens, their count, the context), and saying so where the batch's own
-    earlier prompts are what it would wait behind (overload: retrying the same batch
-    would meet the same queue)."""
-    if isinstance(error, InvalidRequestError) and error.param == "prompt":
-        where = f"prompt[{index}]"
-        return InvalidRequestError(f"{where}: {error}", where)
-    if isinstance(error, OverloadedError) and index > 0:
-        return OverloadedError(
-            f"prompt[{index}] of a batch of {size}: {error} (the batch's own earlier prompts are "
-            "counted ahead of it: send fewer prompts a request)",
-            error.retry_after_s,
-        )
-    return error
-
-
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     """Choice `index`'s parameters: seeded `seed + index` when a seed is given."""
     if index == 0 or params.seed is None:
@@ -316,51 +265,6 @@ def check_features(body: SamplingFields) -> None:
         raise ApiError(400, problem, param="logit_bias")
     if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-
-
-MAX_PROMPTS = 2048  # prompts x n choices in one completions request (OpenAI's cap on a prompt batch)
-
-
-async def completion_prompts(
-    body: CompletionRequest, backend: ServingBackend
-) -> tuple[list[str | None], list[list[int]]]:
-    """The request's prompts (a text, token ids, or a batch of either), each as (its text
-    as given, None for token ids) and its token ids."""
-    prompt = body.prompt
-    one_prompt = isinstance(prompt, str) or not prompt or isinstance(prompt[0], int)
-    batch: list[str | list[int]] = [prompt] if one_prompt else list(prompt)  # type: ignore[list-item]
-    choices = len(batch) * body.num_choices
-    if choices > MAX_PROMPTS:
-        message = f"{len(batch)} prompts x n={body.num_choices} is {choices} choices: at most {MAX_PROMPTS}"
-        raise ApiError(400, message, param="prompt")
-    texts: list[str | None] = []
-    prompts: list[list[int]] = []
-    for i, one in enumerate(batch):
-        where = "prompt" if len(batch) == 1 else f"prompt[{i}]"
-        if isinstance(one, str):
-            if not one:  # tokenizers that add BOS would turn "" into a one-token prompt
-                raise ApiError(400, f"{where} is empty", param=where)
-            texts.append(one)
-            prompts.append(await off_loop(backend.encode, one))
-        else:
-            texts.append(None)
-            prompts.append([t for t in one if isinstance(t, int)])
-    return texts, prompts
-
-
-async def echoes_of(
-    body: CompletionRequest, texts: list[str | None], prompts: list[list[int]], backend: ServingBackend
-) -> list[Echo]:
-    """What `echo` puts before each prompt's choices: the prompt as sent (its text, or its
-    token ids decoded); none without `echo`. `max_tokens` 0 with it asks for the prompts
-    alone (as vLLM, for scoring texts by their prompt logprobs); without it, 0 is refused
-    as any count below 1."""
-    if not body.echo:
-        return []
-    return [
-        Echo(text if text is not None else await off_loop(backend.decode, ids), ids)
-        for text, ids in zip(texts, prompts, strict=True)
-    ]
 
 
 def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from blitzscale.control.states import is_serving
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.roles import Role
 from blitzscale.core.sampling import Grammar, SamplingParams
-from blitzscale.core.validate import validate_request
 from blitzscale.errors import InvalidRequestError, OverloadedError, RequestFailedError, UnavailableError
 from blitzscale.messages import (
     RELAY_EVENTS,
@@ -236,8 +235,7 @@ class Router:
         self._models[self.model_name].check_grammar(grammar)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        served = self._models[self.model_name].model
-        validate_request(prompt_token_ids, params, served.vocab_size, served.max_model_len)
+        self._models[self.model_name].validate(prompt_token_ids, params)
 
     async def generate(
         self,
@@ -254,8 +252,7 @@ class Router:
             raise InvalidRequestError(
                 f"model {name!r} is not served here; served: {self.model_names()}", "model"
             )
-        served = self._models[name].model
-        validate_request(prompt_token_ids, params, served.vocab_size, served.max_model_len)
+        self._models[name].validate(prompt_token_ids, params)
         if request_id in self.reqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if not self.queue.can_take(len(prompt_token_ids)):
