@@ -27,11 +27,16 @@ class ServingBackend(Protocol):
     # Optional: `model_root`, the checkpoint's Hugging Face id (`/v1/models`' `root`),
     # `tokenizer_info() -> dict`, what `/tokenizer_info` and TGI's `/info` report of it, and
     # `validate(prompt_token_ids, params)`, what `generate` checks first (raising
-    # InvalidRequestError): a batch's prompts are all checked before any runs.
+    # InvalidRequestError): a batch's prompts are all checked before any runs; and
+    # `chat_template() -> str | None`, the template's text (how a model writes tool calls).
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The chat template's prompt (`tools`: Hugging Face's `apply_chat_template(tools=)`)."""
+        ...
 
     def decode(self, token_ids: list[int]) -> str: ...
 

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -30,6 +30,7 @@ from blitzscale.api.protocol import (
     Usage,
 )
 from blitzscale.api.sse import DONE_EVENT, sse_event
+from blitzscale.api.tools import ChoiceCalls, ToolPlan
 from blitzscale.core.outputs import RequestOutput
 
 
@@ -151,6 +152,8 @@ class ChatFormat:
     created: int
     model: str
     decode: Decode | None = None  # set when logprobs were asked for
+    tools: ToolPlan | None = None  # the request's tools: calls are read out of the text
+    _calls: dict[int, ChoiceCalls] = field(default_factory=dict)  # each streamed choice's
 
     def opening(self, n: int) -> list[BaseModel]:
         """OpenAI's first chunk of each choice names the role and carries no text."""
@@ -160,24 +163,34 @@ class ChatFormat:
     def chunk(self, index: int, out: RequestOutput) -> BaseModel | None:
         if not _wants_chunk(out):
             return None
-        delta = {"content": out.text_delta} if out.text_delta else {}
-        lps = chat_logprobs(self.decode, out.new_token_ids, out.logprobs) if self.decode else None
         reason = out.finish_reason if out.finished else None
+        delta: dict[str, Any] = {"content": out.text_delta} if out.text_delta else {}
+        if self.tools is not None:
+            calls = self._calls.setdefault(index, ChoiceCalls(self.tools))
+            content, deltas = calls.step(out.text_delta, out.finished)
+            delta = {"content": content} if content else {}
+            if deltas:
+                delta["tool_calls"] = deltas
+            reason = calls.finish_reason(reason)
+        lps = chat_logprobs(self.decode, out.new_token_ids, out.logprobs) if self.decode else None
         return self._chunk([ChatChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=reason)])
 
     def usage_chunk(self, finals: Sequence[RequestOutput]) -> BaseModel:
         return self._chunk([], usage_of(finals))
 
     def response(self, finals: Sequence[RequestOutput]) -> BaseModel:
-        choices = [
-            ChatChoice(
-                index=i,
-                message=AssistantMessage(content=f.text),
-                logprobs=chat_logprobs(self.decode, f.token_ids, f.logprobs) if self.decode else None,
-                finish_reason=f.finish_reason,
-            )
-            for i, f in enumerate(finals)
-        ]
+        choices = []
+        for i, f in enumerate(finals):
+            message, reason = AssistantMessage(content=f.text), f.finish_reason
+            if self.tools is not None:
+                calls = ChoiceCalls(self.tools)
+                content, tool_calls = calls.whole(f.text)
+                message, reason = (
+                    AssistantMessage(content=content, tool_calls=tool_calls),
+                    calls.finish_reason(reason),
+                )
+            lps = chat_logprobs(self.decode, f.token_ids, f.logprobs) if self.decode else None
+            choices.append(ChatChoice(index=i, message=message, logprobs=lps, finish_reason=reason))
         return ChatCompletionResponse(
             id=self.request_id,
             created=self.created,

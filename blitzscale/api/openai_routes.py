@@ -41,10 +41,12 @@ from blitzscale.api.protocol import (
     ModelCard,
     ModelList,
     SamplingFields,
+    ToolCall,
     first_set_extra,
 )
 from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
+from blitzscale.api.tools import ToolPlan, chat_prompt, plan_tools, renders_tools
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import GRAMMAR_KINDS, Grammar, SamplingParams
 from blitzscale.errors import InvalidRequestError
@@ -98,7 +100,8 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         backend = backend_for(default, body.model)
         check_features(body)
         messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
-        prompt_ids = await off_loop(encode_chat, backend, messages)
+        plan, (messages, tools) = await off_loop(tool_prompt, backend, body, messages)
+        prompt_ids = await off_loop(encode_chat, backend, messages, tools)
         given = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), None)
         if given is not None:
             name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -110,8 +113,11 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         )
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         decode = backend.decode if body.logprobs else None
-        fmt = ChatFormat(request_id, int(time.time()), backend.model_name, decode)
+        fmt = ChatFormat(request_id, int(time.time()), backend.model_name, decode, plan)
         params = sampling_params(body, max_tokens)
+        if plan is not None and (grammar := plan.grammar()) is not None:
+            await check_tool_schemas(backend, plan)
+            params = dataclasses.replace(params, grammar=grammar)
         await check_grammar(backend, params)
         return await serve(request, backend, metrics, [prompt_ids], params, fmt, body, arrival)
 
@@ -268,12 +274,23 @@ def check_features(body: SamplingFields) -> None:
 
 
 def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
-    """The plain dict `encode_chat` takes; content parts must all be text, and nothing else
-    a message carries is dropped unseen (tool calls, cache hints: refused by name)."""
+    """The plain dict `encode_chat` takes (tool calls' arguments as objects, as chat templates
+    read them); content parts must all be text, and nothing else a message carries is
+    dropped unseen (cache hints, ...: refused by name)."""
     where = f"messages[{index}]"
     if (field := message.unsupported_field()) is not None:
         raise ApiError(400, f"{where}.{field} is not supported by this server", param=f"{where}.{field}")
+    for name, role in (("tool_calls", "assistant"), ("tool_call_id", "tool")):
+        if getattr(message, name) not in (None, []) and message.role != role:
+            raise ApiError(400, f"{where}.{name} belongs on a {role} message", param=f"{where}.{name}")
+    if message.role == "tool" and not message.tool_call_id:
+        raise ApiError(
+            400, f"{where}.tool_call_id is required on a tool message", param=f"{where}.tool_call_id"
+        )
+    calls = [tool_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(message.tool_calls or ())]
     content = message.content
+    if content is None and calls:
+        content = ""
     if content is None:
         raise ApiError(400, f"{where}.content is required", param=f"{where}.content")
     if isinstance(content, list):
@@ -287,17 +304,57 @@ def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.role, "content": content or ""}
     if message.name is not None:
         out["name"] = message.name
+    if calls:
+        out["tool_calls"] = calls
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
     return out
 
 
-def encode_chat(backend: ServingBackend, messages: list[dict[str, Any]]) -> list[int]:
+def tool_call(call: ToolCall, where: str) -> dict[str, Any]:
+    """A call an assistant made, as chat templates read it: its arguments as an object."""
+    try:
+        arguments = json.loads(call.function.arguments)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        name = f"{where}.function.arguments"
+        raise ApiError(400, f"{name} must be a JSON object's text", param=name)
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": arguments},
+    }
+
+
+def tool_prompt(
+    backend: ServingBackend, body: ChatCompletionRequest | None, messages: list[dict[str, Any]]
+) -> tuple[ToolPlan | None, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]:
+    """The request's tool plan (none without a body: `/tokenize`), and the messages and tools
+    its prompt renders (api/tools.py); the chat template is probed only when the request has
+    tools or earlier calls."""
+    asked = (body is not None and bool(body.tools)) or any(
+        m["role"] == "tool" or "tool_calls" in m for m in messages
+    )
+    native = asked and renders_tools(backend, backend.encode_chat)
+    template = getattr(backend, "chat_template", None)
+    plan = None
+    if body is not None:
+        plan = plan_tools(body, native, template() if native and callable(template) else None)
+    return plan, chat_prompt(messages, plan, native)
+
+
+def encode_chat(
+    backend: ServingBackend, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """`backend.encode_chat`, refusing messages' `name`s when the model's chat template renders
     none of them (they would be dropped unseen; SmolLM2's drops them): the prompt is rendered
     again without the names, only when a message has one, and compared. (One render for all
     names: a template that renders some roles' names and not others' passes.)"""
-    ids = backend.encode_chat(messages)
+    ids = backend.encode_chat(messages, tools)
     named = [i for i, m in enumerate(messages) if "name" in m]
-    if named and backend.encode_chat([{k: v for k, v in m.items() if k != "name"} for m in messages]) == ids:
+    unnamed = [{k: v for k, v in m.items() if k != "name"} for m in messages]
+    if named and backend.encode_chat(unnamed, tools) == ids:
         where = f"messages[{named[0]}].name"
         raise ApiError(
             400, f"{where} is not supported: this model's chat template does not use it", param=where
@@ -340,6 +397,20 @@ async def check_grammar(backend: ServingBackend, params: SamplingParams) -> None
     check = getattr(backend, "check_grammar", None)
     if params.grammar is not None and callable(check):
         await off_loop(check, params.grammar)
+
+
+async def check_tool_schemas(backend: ServingBackend, plan: ToolPlan) -> None:
+    """A 400 naming the tool whose parameters' schema cannot be compiled, where a grammar
+    holds the output to them (the message is the library's, as for response_format)."""
+    check = getattr(backend, "check_grammar", None)
+    if not callable(check):
+        return
+    for i, grammar in plan.constrained():
+        try:
+            await off_loop(check, grammar)
+        except InvalidRequestError as e:
+            where = f"tools[{i}].function.parameters"
+            raise ApiError(400, f"{where}: {str(e).removeprefix('response_format: ')}", param=where) from None
 
 
 def sampling_params(body: SamplingFields, max_tokens: int) -> SamplingParams:

@@ -17,7 +17,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from blitzscale.core.sampling import MAX_LOGPROBS
@@ -28,6 +38,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _SCALARS = frozenset({int, float, bool, type(None)})
 
 MAX_N = 128  # OpenAI's limit on choices per request
+MAX_TOOLS = 128  # OpenAI's limit on a request's tools
 
 
 def first_set_extra(extra: dict[str, Any] | None, unset: tuple[Any, ...] = (None,)) -> str | None:
@@ -144,7 +155,6 @@ class SamplingFields(ApiRequest):
     metadata: dict[str, str] | None = None
     store: StrictBool | None = None
     service_tier: str | None = None
-    parallel_tool_calls: StrictBool | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
 
@@ -208,15 +218,64 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
-    """A message; `content` may be null only in the schema (an assistant's with tool calls,
-    which this server does not take): the route refuses it."""
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
-    model_config = ConfigDict(extra="allow")  # set extras (tool_calls, ...) are refused at the route
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of its arguments (an object)
+    strict: StrictBool | None = None  # (the arguments always follow the schema when constrained)
+
+
+class ToolDefinition(BaseModel):
+    """One of `tools` (api/tools.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON object's text
+
+
+class ToolCall(BaseModel):
+    """A call an assistant made: in a response, and in the messages a client sends back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """A message; `content` may be null only for an assistant's with tool calls."""
+
+    model_config = ConfigDict(extra="allow")  # set extras are refused at the route
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool result's: the call it answers
 
     def unsupported_field(self) -> str | None:
         return first_set_extra(self.model_extra, unset=MESSAGE_UNSET)
@@ -227,12 +286,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: StrictInt | None = None  # OpenAI's newer name for max_tokens; wins if both
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-
-    def unsupported_field(self) -> str | None:
-        asked = {"tools": bool(self.tools), "tool_choice": self.tool_choice not in (None, "none", "auto")}
-        return next((name for name, is_set in asked.items() if is_set), None) or self.extra_field()
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None  # false: "required" makes one call at most
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -300,7 +356,15 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # null when the reply is tool calls alone
+    tool_calls: list[ToolCall] = []  # (left out when there are none, as OpenAI does)
+
+    @model_serializer(mode="wrap")
+    def _without_no_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if not self.tool_calls:
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChatChoice(BaseModel):
@@ -321,7 +385,8 @@ class ChatCompletionResponse(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
-    delta: dict[str, str]  # {"role": ..., "content": ...}, either, or empty on the last chunk
+    # {"role": ..., "content": ...}, either, "tool_calls" (each with its "index"), or empty
+    delta: dict[str, Any]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 

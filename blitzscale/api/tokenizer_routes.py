@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError
-from blitzscale.api.openai_routes import backend_for, chat_message, encode_chat
+from blitzscale.api.openai_routes import backend_for, chat_message, encode_chat, tool_prompt
 from blitzscale.api.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from blitzscale.api.tokenize import off_loop
 
@@ -34,7 +34,8 @@ def tokenizer_router(default: ServingBackend) -> APIRouter:
                     param="add_generation_prompt",
                 )
             messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
-            ids = await off_loop(encode_chat, backend, messages)
+            _, (messages, tools) = await off_loop(tool_prompt, backend, None, messages)
+            ids = await off_loop(encode_chat, backend, messages, tools)
         else:
             ids = await off_loop(backend.encode, body.prompt or "") if body.prompt else []
         return TokenizeResponse(count=len(ids), max_model_len=backend.max_model_len, tokens=ids)

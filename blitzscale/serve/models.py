@@ -105,12 +105,18 @@ class ModelBackend:
             raise InvalidRequestError(f"token {bad} is outside the vocabulary [0, {vocab})", "tokens")
         return str(tok.decode(token_ids))
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def chat_template(self) -> str | None:
+        template = getattr(self.model.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         tok = self.model.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise InvalidRequestError("this model has no chat template")
         try:
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
         except Exception as e:  # jinja errors on malformed messages
             raise InvalidRequestError(f"messages do not fit the chat template: {e}") from e
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

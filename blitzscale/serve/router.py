@@ -228,8 +228,13 @@ class Router:
     def decode(self, token_ids: list[int]) -> str:
         return self._models[self.model_name].decode(token_ids)
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self._models[self.model_name].encode_chat(messages)
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        return self._models[self.model_name].encode_chat(messages, tools)
+
+    def chat_template(self) -> str | None:
+        return self._models[self.model_name].chat_template()
 
     def check_grammar(self, grammar: Grammar) -> None:
         self._models[self.model_name].check_grammar(grammar)

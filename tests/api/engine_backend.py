@@ -44,9 +44,16 @@ class EngineBackend:
     def decode(self, token_ids: list[int]) -> str:
         return str(self.engine.tokenizer.decode(token_ids))
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        tok = self.engine.tokenizer
+        ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def chat_template(self) -> str | None:
+        template = getattr(self.engine.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "model": self.model_name, "running": len(self._streams)}

@@ -1,7 +1,7 @@
 """A deterministic in-process `ServingBackend` for the API tests.
 
 Every character is one token (its code point), and the output echoes the prompt's tokens
-from the start, over and over. `#` is the EOS token (not part of the text, like a special
+from the start, over and over (or gives `reply`). `#` is the EOS token (not part of the text, like a special
 token). Validation follows the real engine: bad sampling values, an empty prompt and a prompt
 that leaves no room for one generated token raise `InvalidRequestError` on the first
 `__anext__`. Stop strings are held back and cut as the engine's output processor does.
@@ -40,6 +40,7 @@ class FakeBackend:
     # A request whose client reads only the whole answer gives this many outputs of "X",
     # then runs again (`restarted`), as the router does when its instance dies under it.
     restart_after: int | None = None
+    reply: str | None = None  # the text every request generates (then EOS) instead of the echo
     calls: list[Call] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)  # started, not finished, not cancelled
@@ -52,7 +53,10 @@ class FakeBackend:
     def decode(self, token_ids: list[int]) -> str:
         return "".join(chr(t) for t in token_ids)
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """A template that renders no tools (the server writes them into the messages)."""
         rendered = "".join(
             f"<{m['role']}{' ' + m['name'] if 'name' in m else ''}>{m['content']}\n" for m in messages
         )
@@ -102,6 +106,7 @@ class FakeBackend:
     ) -> AsyncIterator[RequestOutput]:
         if self.hold:
             await asyncio.Event().wait()  # until cancelled
+        source = prompt if self.reply is None else self.encode(self.reply + EOS)
         ids: list[int] = []
         text, emitted = "", 0
         hold_back = max((len(s) for s in params.stop), default=1) - 1
@@ -111,7 +116,7 @@ class FakeBackend:
             new: list[int] = []
             reason = None
             for _ in range(self.tokens_per_output):
-                token = prompt[len(ids) % len(prompt)]
+                token = source[len(ids) % len(source)]
                 ids.append(token)
                 new.append(token)
                 text, reason = self._after_token(token, text, len(prompt) + len(ids), len(ids), params)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import openai
@@ -127,3 +128,38 @@ def test_error_in_the_middle_of_a_stream_raises(client: openai.OpenAI, fake: Fak
             list(stream)
     finally:
         fake.fail_after = None
+
+
+def test_tool_calls(client: openai.OpenAI, fake: FakeBackend) -> None:
+    """The client's own types read a call, whole and streamed (deltas joined by index)."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}},
+        },
+    }
+    fake.reply, fake.max_model_len = (
+        '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>',
+        2048,
+    )
+    try:
+        c = client.chat.completions.create(
+            model="fake-model", messages=MESSAGES, tools=[tool], max_tokens=100
+        )
+        choice = c.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls or []
+        assert (call.function.name, json.loads(call.function.arguments)) == ("get_time", {"tz": "UTC"})
+        stream = client.chat.completions.create(
+            model="fake-model", messages=MESSAGES, tools=[tool], max_tokens=100, stream=True
+        )
+        calls: dict[int, dict[str, str]] = {}
+        for chunk in stream:
+            for tc in chunk.choices[0].delta.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                entry["name"] += (tc.function and tc.function.name) or ""
+                entry["arguments"] += (tc.function and tc.function.arguments) or ""
+        assert calls == {0: {"name": "get_time", "arguments": '{"tz": "UTC"}'}}
+    finally:
+        fake.reply, fake.max_model_len = None, 128

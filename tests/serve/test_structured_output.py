@@ -135,3 +135,45 @@ def test_a_schema_the_library_cannot_compile_is_a_400_and_the_cluster_serves_on(
         response_format=_format(name, schema),  # type: ignore[arg-type]
     )
     jsonschema.validate(json.loads(ok.choices[0].message.content or ""), schema)
+
+
+def test_a_forced_tool_call_through_pd_is_one_engines(pd_url: str, local: LLMEngine) -> None:
+    """Tools through the serving cluster: SmolLM2's template has none, so the server writes
+    them into the prompt; the named function's arguments, held to its schema across the
+    prefill and decode instances, are one engine's greedy answer to that prompt; a schema
+    that cannot be compiled is a 400 naming its tool."""
+    from blitzscale.api.tools import plain_messages
+
+    schema = SCHEMAS[5][2]
+    tool = {"type": "function", "function": {"name": "describe", "parameters": schema}}
+    messages = _messages(SCHEMAS[5][1])
+    prompt = local.tokenizer.apply_chat_template(
+        plain_messages(messages, [tool]), add_generation_prompt=True, tokenize=True
+    )
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    grammar = Grammar("json_schema", json.dumps(schema))
+    [want] = local.generate([prompt], SamplingParams(max_tokens=MAX_TOKENS, temperature=0, grammar=grammar))
+    client = _client(pd_url)
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "describe"}},
+    )
+    (call,) = answer.choices[0].message.tool_calls or []
+    assert call.function.name == "describe" and call.function.arguments == want.text
+    assert answer.usage is not None and answer.usage.prompt_tokens == len(prompt)
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    bad = {"type": "function", "function": {"name": "bad", "parameters": {"type": "string", "pattern": "("}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=8,
+            tools=[tool, bad],  # type: ignore[list-item]
+            tool_choice="required",
+        )
+    body = err.value.body
+    assert isinstance(body, dict) and body["param"] == "tools[1].function.parameters"
