@@ -426,6 +426,7 @@ class TokenizeRequest(ApiRequest):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)  # with messages
     add_generation_prompt: StrictBool = True  # with messages (the template always adds it here)
     add_special_tokens: StrictBool = True
 

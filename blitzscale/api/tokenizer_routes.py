@@ -10,7 +10,13 @@ from fastapi import APIRouter
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.errors import ApiError
 from blitzscale.api.openai_routes import backend_for, chat_message, encode_chat, tool_prompt
-from blitzscale.api.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from blitzscale.api.protocol import (
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from blitzscale.api.tokenize import off_loop
 
 
@@ -22,6 +28,8 @@ def tokenizer_router(default: ServingBackend) -> APIRouter:
         backend = backend_for(default, body.model)
         if (body.prompt is None) == (body.messages is None):
             raise ApiError(400, "send either prompt or messages", param="prompt")
+        if body.tools and body.messages is None:
+            raise ApiError(400, "tools are read only with messages", param="tools")
         if not body.add_special_tokens:
             raise ApiError(
                 400, "add_special_tokens=false is not supported by this server", param="add_special_tokens"
@@ -34,7 +42,8 @@ def tokenizer_router(default: ServingBackend) -> APIRouter:
                     param="add_generation_prompt",
                 )
             messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
-            _, (messages, tools) = await off_loop(tool_prompt, backend, None, messages)
+            chat = ChatCompletionRequest(messages=body.messages, tools=body.tools)  # (the chat prompt's)
+            _, (messages, tools) = await off_loop(tool_prompt, backend, chat, messages)
             ids = await off_loop(encode_chat, backend, messages, tools)
         else:
             ids = await off_loop(backend.encode, body.prompt or "") if body.prompt else []

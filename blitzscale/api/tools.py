@@ -139,7 +139,8 @@ def plain_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) 
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "tool":
-            block = f"<tool_response>\n{m['content']}\n</tool_response>"
+            tag = f'<tool_response name="{m["name"]}">' if m.get("name") else "<tool_response>"
+            block = f"{tag}\n{m['content']}\n</tool_response>"
             if out and out[-1].get("_results"):
                 out[-1]["content"] += "\n" + block
             else:

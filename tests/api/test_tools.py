@@ -175,6 +175,13 @@ async def test_earlier_calls_and_results_are_written_out(
         assert rendered(fake) == head + turns
     r = await client.post("/tokenize", json={"messages": messages})
     assert r.json()["tokens"] == fake.encode(turns)
+    r = await client.post("/tokenize", json={"messages": messages, "tools": [WEATHER]})  # (as the chat's)
+    assert r.json()["tokens"] == fake.encode(f"<system>{tools_intro(WEATHER)}\n" + turns)
+    r = await client.post("/tokenize", json={"prompt": "x", "tools": [WEATHER]})
+    assert_error(r, 400, param="tools", says="only with messages")
+    named = [*messages[:3], {**messages[3], "name": "get_weather"}]
+    await chat(client, messages=named)
+    assert '<tool_response name="get_weather">\nwarm\n' in rendered(fake)
 
 
 async def test_required_keeps_each_tools_definitions_at_the_root(
