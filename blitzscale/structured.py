@@ -1,5 +1,5 @@
-"""Structured output (`response_format`): grammars compiled by xgrammar, and each request's
-matcher.
+"""Structured output (`response_format`, `structured_outputs`, TGI's `grammar`): grammars
+compiled by xgrammar, and each request's matcher.
 
 xgrammar (and with it torch) is imported only when a request asks for structured output, so
 importing this module costs nothing. A `Grammars` belongs to one tokenizer (the HTTP edge's
@@ -13,7 +13,8 @@ it stopped), and advanced by each token accepted.
 Output is compact JSON (no whitespace beyond ", " and ": "): a small model left free to
 choose whitespace can emit it for ever. `json_object` is any JSON object; `json_schema` is
 compiled in strict mode (no properties or items beyond the schema's), whatever the request's
-`strict` says, as vLLM does.
+`strict` says, as vLLM does. A regex must match the whole output; an EBNF grammar is
+xgrammar's dialect (GBNF's, with `root` as its start).
 """
 
 from __future__ import annotations
@@ -101,14 +102,22 @@ class Grammars:
                 return hit
         grammar.validate()
         compiler = self._xgr_compiler()
-        schema = grammar.schema if grammar.kind == "json_schema" else JSON_OBJECT_SCHEMA
-        if (problem := unsupported(json.loads(schema))) is not None:
-            raise InvalidRequestError(f"response_format: {problem}", "response_format")
         try:
-            compiled = _compile_schema(compiler, schema, strict=grammar.kind == "json_schema")
+            if grammar.kind == "regex":
+                compiled = compiler.compile_regex(grammar.schema)
+            elif grammar.kind == "ebnf":
+                compiled = compiler.compile_grammar(grammar.schema)
+            else:
+                schema = grammar.schema if grammar.kind == "json_schema" else JSON_OBJECT_SCHEMA
+                if (problem := unsupported(json.loads(schema))) is not None:
+                    raise InvalidRequestError(f"response_format: {problem}", "response_format")
+                compiled = _compile_schema(compiler, schema, strict=grammar.kind == "json_schema")
         except (RuntimeError, ValueError, TypeError) as e:
+            if isinstance(e, InvalidRequestError):
+                raise
+            what = "schema" if grammar.kind.startswith("json") else grammar.kind
             raise InvalidRequestError(
-                f"response_format: the schema cannot be compiled: {library_message(e)}", "response_format"
+                f"response_format: the {what} cannot be compiled: {library_message(e)}", "response_format"
             ) from e
         with self._lock:
             self._compiled[grammar] = compiled

@@ -28,6 +28,7 @@ from blitzscale.api import generation
 from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
 from blitzscale.api.choices import ChoiceRefused, batch_error, start_all
+from blitzscale.api.constraints import Constraint, check_grammar, constraint_of
 from blitzscale.api.errors import ApiError
 from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
@@ -48,7 +49,7 @@ from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
 from blitzscale.api.tools import ToolPlan, chat_prompt, plan_tools, renders_tools
 from blitzscale.core.outputs import RequestOutput
-from blitzscale.core.sampling import GRAMMAR_KINDS, Grammar, SamplingParams
+from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import InvalidRequestError
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -88,10 +89,11 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         fmt = CompletionFormat(
             request_id, int(time.time()), backend.model_name, decode, body.num_choices, echoes, prompt_only
         )
-        params = sampling_params(body, 1 if prompt_only else max_tokens)
+        constraint = constraint_of(body)
+        params = sampling_params(body, 1 if prompt_only else max_tokens, constraint)
         if echoes and body.logprobs is not None:
             params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
-        await check_grammar(backend, params)
+        await check_grammar(backend, constraint)
         return await serve(request, backend, metrics, prompts, params, fmt, body, arrival)
 
     @router.post("/v1/chat/completions")
@@ -114,11 +116,14 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         decode = backend.decode if body.logprobs else None
         fmt = ChatFormat(request_id, int(time.time()), backend.model_name, decode, plan)
-        params = sampling_params(body, max_tokens)
-        if plan is not None and (grammar := plan.grammar()) is not None:
-            await check_tool_schemas(backend, plan)
-            params = dataclasses.replace(params, grammar=grammar)
-        await check_grammar(backend, params)
+        constraint = plan.constraint() if plan is not None else None
+        if constraint is not None:
+            for each in plan.constrained():  # (each tool's schema alone first: a 400 names it)
+                await check_grammar(backend, each)
+        else:
+            constraint = constraint_of(body)
+        params = sampling_params(body, max_tokens, constraint)
+        await check_grammar(backend, constraint)
         return await serve(request, backend, metrics, [prompt_ids], params, fmt, body, arrival)
 
     def card(backend: ServingBackend) -> ModelCard:
@@ -259,7 +264,7 @@ def backend_for(backend: ServingBackend, model: str | None) -> ServingBackend:
 def check_features(body: SamplingFields) -> None:
     """What the backend cannot judge: features this server does not have (the model name is
     `backend_for`'s)."""
-    grammar_of(body)  # (a response_format this server cannot give is refused here)
+    constraint_of(body)  # (a response_format this server cannot give is refused here)
     if (field := body.unsupported_field()) is not None:
         raise ApiError(400, f"{field} is not supported by this server", param=field)
     if body.stream_options is not None and not body.stream:  # (as OpenAI: not ignored)
@@ -367,53 +372,9 @@ def chat_default_max_tokens(num_prompt_tokens: int, max_model_len: int) -> int:
     return max(1, min(max_model_len - num_prompt_tokens, CHAT_DEFAULT_MAX_TOKENS_CAP))
 
 
-def grammar_of(body: SamplingFields) -> Grammar | None:
-    """The grammar `response_format` asks for (None: text); a 400 naming what is wrong for
-    a type this server does not have or a json_schema without a schema."""
-    rf = body.response_format
-    if rf is not None and rf.json_schema is not None and rf.type != "json_schema":
-        message = f"response_format.json_schema is read only with type json_schema (the type is {rf.type!r})"
-        raise ApiError(400, message, param="response_format.json_schema")
-    if rf is None or rf.type == "text":
-        return None
-    if rf.type not in GRAMMAR_KINDS:
-        kinds = ", ".join(("text", *GRAMMAR_KINDS))
-        raise ApiError(
-            400, f"response_format type {rf.type!r} is not supported (use {kinds})", param="response_format"
-        )
-    if rf.type == "json_object":
-        return Grammar("json_object")
-    if rf.json_schema is None or rf.json_schema.schema_ is None:
-        raise ApiError(
-            400, "response_format json_schema needs json_schema.schema", param="response_format.json_schema"
-        )
-    return Grammar("json_schema", json.dumps(rf.json_schema.schema_, ensure_ascii=False))
-
-
-async def check_grammar(backend: ServingBackend, params: SamplingParams) -> None:
-    """Compile a request's grammar at the edge, once (cached), so a schema the library cannot
-    compile is a 400 with its message before anything is queued. A backend without
-    `check_grammar` (a test's) leaves it to its engine, which compiles it in `validate`."""
-    check = getattr(backend, "check_grammar", None)
-    if params.grammar is not None and callable(check):
-        await off_loop(check, params.grammar)
-
-
-async def check_tool_schemas(backend: ServingBackend, plan: ToolPlan) -> None:
-    """A 400 naming the tool whose parameters' schema cannot be compiled, where a grammar
-    holds the output to them (the message is the library's, as for response_format)."""
-    check = getattr(backend, "check_grammar", None)
-    if not callable(check):
-        return
-    for i, grammar in plan.constrained():
-        try:
-            await off_loop(check, grammar)
-        except InvalidRequestError as e:
-            where = f"tools[{i}].function.parameters"
-            raise ApiError(400, f"{where}: {str(e).removeprefix('response_format: ')}", param=where) from None
-
-
-def sampling_params(body: SamplingFields, max_tokens: int) -> SamplingParams:
+def sampling_params(
+    body: SamplingFields, max_tokens: int, constraint: Constraint | None = None
+) -> SamplingParams:
     def given(value: float | None, default: float) -> float:
         return default if value is None else value
 
@@ -433,5 +394,5 @@ def sampling_params(body: SamplingFields, max_tokens: int) -> SamplingParams:
         frequency_penalty=given(body.frequency_penalty, 0.0),
         presence_penalty=given(body.presence_penalty, 0.0),
         logprobs=body.top_logprobs_asked,
-        grammar=grammar_of(body),
+        grammar=None if constraint is None else constraint.grammar,
     )

@@ -123,6 +123,18 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one of its constraints (api/constraints.py)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")  # a JSON Schema, or its text
+    regex: str | None = Field(None, min_length=1)
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = Field(None, min_length=1)  # EBNF (xgrammar's dialect, `root` first)
+    json_object: StrictBool | None = None
+
+
 class SamplingFields(ApiRequest):
     """What completions and chat completions share, including vLLM's `top_k`, `min_tokens`,
     `repetition_penalty`, `ignore_eos` and `stop_token_ids`, and `response_format` (vLLM
@@ -149,6 +161,7 @@ class SamplingFields(ApiRequest):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None  # vLLM's
     # OpenAI's fields that change nothing a client gets back: typed as OpenAI has them, and
     # otherwise ignored
     user: str | None = None

@@ -35,18 +35,19 @@ class TgiParameters(BaseModel):
     ignore_eos: StrictBool = False
     repetition_penalty: Number | None = Field(None, gt=0)
     frequency_penalty: Number | None = Field(None, ge=-2, le=2)
+    # {"type": "json", "value": a JSON Schema} or {"type": "regex", "value": a pattern}
+    grammar: dict[str, Any] | None = None
     # TGI's knobs this server does not have: refused when set, never ignored
     watermark: StrictBool = False
     truncate: StrictInt | None = None
     typical_p: Number | None = None
     best_of: StrictInt | None = None
     top_n_tokens: StrictInt | None = None
-    grammar: dict[str, Any] | None = None
     adapter_id: str | None = None
 
     def unsupported_field(self) -> str | None:
         asked = {"watermark": self.watermark, "best_of": self.best_of not in (None, 1)}
-        for name in ("truncate", "typical_p", "top_n_tokens", "grammar", "adapter_id"):
+        for name in ("truncate", "typical_p", "top_n_tokens", "adapter_id"):
             asked[name] = getattr(self, name) is not None
         return next((name for name, is_set in asked.items() if is_set), None)
 

@@ -27,6 +27,7 @@ from blitzscale import __version__
 from blitzscale.api import generation
 from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
+from blitzscale.api.constraints import check_grammar, tgi_constraint
 from blitzscale.api.errors import ApiError, stream_error, tgi_error_body
 from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
@@ -86,6 +87,9 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
             check_context(len(prompt_ids), given, backend.max_model_len, MAX_NEW)
         room = max(1, backend.max_model_len - len(prompt_ids))  # (the default fits the context)
         params = tgi_sampling_params(body.parameters, room)
+        if (constraint := tgi_constraint(body.parameters.grammar)) is not None:
+            await check_grammar(backend, constraint)
+            params = dataclasses.replace(params, grammar=constraint.grammar)
         if body.parameters.wants_details and not stream:  # details.tokens carry each token's logprob
             params = dataclasses.replace(params, logprobs=0)  # (a stream's details have none)
         if body.parameters.decoder_input_details:  # details.prefill: each prompt token's logprob

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from blitzscale.api.constraints import Constraint, constraint_of
 from blitzscale.api.errors import ApiError
 from blitzscale.api.protocol import ChatCompletionRequest, FunctionCall, ToolCall, ToolDefinition
 from blitzscale.api.tool_parsers import (
@@ -71,8 +72,12 @@ class ToolPlan:
     def names(self) -> list[str]:
         return [t.function.name for t in self.tools]
 
-    def grammar(self) -> Grammar | None:
+    def constraint(self) -> Constraint | None:
         """What "required" and a named choice constrain the output to."""
+        grammar = self.grammar()
+        return None if grammar is None else Constraint(grammar, "tools")
+
+    def grammar(self) -> Grammar | None:
         if self.choice == "named":
             return Grammar("json_schema", json.dumps(self._parameters(self.named), ensure_ascii=False))
         if self.choice != "required":
@@ -94,12 +99,15 @@ class ToolPlan:
             schema["maxItems"] = 1
         return Grammar("json_schema", json.dumps(schema, ensure_ascii=False))
 
-    def constrained(self) -> list[tuple[int, Grammar]]:
-        """Each tool the grammar holds to its parameters (its index in `tools`), with a
-        grammar of those alone: compiled first, so a schema that cannot be is named."""
+    def constrained(self) -> list[Constraint]:
+        """Each tool the grammar holds to its parameters, with a grammar of those alone
+        (compiled first, so a schema that cannot be is named)."""
         chosen = {"named": [self.named], "required": self.names}.get(self.choice, [])
         return [
-            (i, Grammar("json_schema", json.dumps(self._parameters(name), ensure_ascii=False)))
+            Constraint(
+                Grammar("json_schema", json.dumps(self._parameters(name), ensure_ascii=False)),
+                f"tools[{i}].function.parameters",
+            )
             for i, name in enumerate(self.names)
             if name in chosen
         ]
@@ -220,13 +228,14 @@ def plan_tools(body: ChatCompletionRequest, native: bool, template: str | None) 
             raise ApiError(
                 400, f"tool_choice names the function {named!r}, which is not in tools", param="tool_choice"
             )
-    rf = body.response_format
-    if rf is not None and rf.type != "text" and choice != "none":
+    shaped = constraint_of(body)
+    if shaped is not None and choice != "none":
+        field = shaped.field.split(".")[0]
         raise ApiError(
             400,
-            "response_format cannot be combined with tools (both shape the reply): use tool_choice "
-            '"none" or leave response_format out',
-            param="response_format",
+            f"{field} cannot be combined with tools (both shape the reply): use tool_choice "
+            f'"none" or leave {field} out',
+            param=field,
         )
     fmt = call_format(template) if native else "hermes"
     if choice == "auto" and fmt is None:

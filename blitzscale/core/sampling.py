@@ -8,25 +8,32 @@ from dataclasses import dataclass
 
 from blitzscale.errors import InvalidRequestError
 
-GRAMMAR_KINDS = ("json_object", "json_schema")
+GRAMMAR_KINDS = ("json_object", "json_schema")  # response_format's types
+# every kind a grammar may be: also vLLM's `structured_outputs` regex and grammar (EBNF)
+CONSTRAINT_KINDS = (*GRAMMAR_KINDS, "regex", "ebnf")
 
 
 @dataclass(frozen=True)
 class Grammar:
-    """Structured output (`response_format`): what the output must spell. The engine masks
-    every token the grammar does not allow (blitzscale/structured.py, xgrammar) and ends the
-    output where the grammar ends."""
+    """Structured output (`response_format`, `structured_outputs`, TGI's `grammar`): what the
+    output must spell. The engine masks every token the grammar does not allow
+    (blitzscale/structured.py, xgrammar) and ends the output where the grammar ends."""
 
-    kind: str  # "json_object": any JSON object; "json_schema": a JSON value valid against `schema`
-    schema: str = ""  # json_schema: the JSON Schema as JSON text (its key order is kept)
+    kind: str  # "json_object": any JSON object; "json_schema": a JSON value valid against
+    # `schema`; "regex": text matching `schema` whole; "ebnf": text of the grammar `schema`
+    schema: str = ""  # the JSON Schema as JSON text (its key order kept), the regex or the EBNF
 
     def validate(self) -> None:
         """The checks that need no grammar library (compiling is structured.py's)."""
-        if self.kind not in GRAMMAR_KINDS:
+        if self.kind not in CONSTRAINT_KINDS:
             raise InvalidRequestError(
                 f"response_format type must be one of {', '.join(GRAMMAR_KINDS)} or text, got {self.kind!r}",
                 "response_format",
             )
+        if self.kind in ("regex", "ebnf"):
+            if not self.schema:
+                raise InvalidRequestError(f"the {self.kind} is empty", "response_format")
+            return
         if self.kind == "json_object":
             if self.schema:
                 raise InvalidRequestError("a json_object response_format takes no schema", "response_format")

@@ -270,12 +270,17 @@ async def test_sampling_asked_for_at_temperature_zero_is_refused(
         ({"typical_p": 0.5}, "parameters.typical_p"),
         ({"best_of": 2}, "parameters.best_of"),
         ({"top_n_tokens": 3}, "parameters.top_n_tokens"),
-        ({"grammar": {"type": "json", "value": {}}}, "parameters.grammar"),
+        ({"grammar": {"type": "ebnf", "value": "root ::= 'a'"}}, "parameters.grammar.type"),
+        ({"grammar": {"type": "regex", "value": ""}}, "parameters.grammar.value"),
+        ({"grammar": {"type": "json", "value": "{oops"}}, "parameters.grammar.value"),
+        ({"grammar": {"type": "regex", "value": "a", "flags": "i"}}, "parameters.grammar.flags"),
         ({"frequency_penalty": 3.0}, "parameters.frequency_penalty"),
         ({"repetition_penalty": 0}, "parameters.repetition_penalty"),
     ],
 )
-async def test_tgi_knobs_we_lack_are_refused(client: httpx.AsyncClient, parameters: dict, param: str) -> None:
+async def test_tgi_knobs_we_lack_and_bad_grammars_are_refused(
+    client: httpx.AsyncClient, parameters: dict, param: str
+) -> None:
     assert_tgi_error(
         await client.post("/generate", json={"inputs": "a", "parameters": parameters}), 422, param=param
     )
