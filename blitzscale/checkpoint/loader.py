@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,9 +40,36 @@ def load_config(src: ModelSource) -> ModelConfig:
         return read_hf_config(src.path)
     if src.kind == "native":
         return ModelConfig.from_dict(native.read_index(src.path)["config"])
-    from blitzscale.checkpoint.gguf_file import GGUFFile  # gguf is only needed for GGUF sources
+    return gguf_config(Path(src.path))
 
-    return GGUFFile(src.path).config
+
+_GGUF_CONFIGS: dict[tuple[str, int, int], ModelConfig] = {}
+
+
+def gguf_config(path: Path) -> ModelConfig:
+    """A GGUF file's ModelConfig. Reading one parses all the file's metadata (SmolLM2's
+    49k-token vocabulary: 6 s of a core, paid by every `serve` start's checks), so it is
+    kept: once a process, and as JSON under the cache folder (`BLITZSCALE_CACHE`), keyed by
+    the file's path, size and modification time (a changed file is read again)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if (hit := _GGUF_CONFIGS.get(key)) is not None:
+        return hit
+    root = Path(os.environ.get("BLITZSCALE_CACHE", "~/.cache/blitzscale")).expanduser() / "configs"
+    kept = root / (hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".json")
+    try:
+        cfg = ModelConfig.from_dict(json.loads(kept.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        from blitzscale.checkpoint.gguf_file import GGUFFile  # gguf is only needed for GGUF sources
+
+        cfg = GGUFFile(path).config
+        with contextlib.suppress(OSError):  # (a cache that cannot be written is only slower)
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cfg.to_dict()))
+            os.replace(tmp, kept)
+    _GGUF_CONFIGS[key] = cfg
+    return cfg
 
 
 def load_weights(
