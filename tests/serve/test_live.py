@@ -29,7 +29,8 @@ RATE = 40e6  # bytes/s: SmolLM2 in fp32 (538 MB) arrives in about 13 s (margin o
 def live_config(mode: str, workers: int, policy: str = "blitz") -> ServeConfig:
     return ServeConfig().with_overrides(
         cluster={"num_workers": workers, "transfer_bytes_per_s": RATE},
-        router={"mode": mode, "prefill_budget_tokens": 400},
+        # (a burst's last requests may wait minutes on a loaded machine: not shed here)
+        router={"mode": mode, "prefill_budget_tokens": 400, "max_queue_wait_s": 600.0},
         policy={"name": policy},
         planner={"tokens_prefilled_per_sec": 300.0, "scale_down_idle_s": 60.0, "max_prefill": 2},
     )
