@@ -51,6 +51,8 @@ class OpenAIFormat(Protocol):
 
     def usage_chunk(self, finals: Sequence[RequestOutput]) -> BaseModel: ...
 
+    def running_usage(self, out: RequestOutput) -> Usage: ...
+
     def response(self, finals: Sequence[RequestOutput]) -> BaseModel: ...
 
 
@@ -104,6 +106,9 @@ class CompletionFormat:
 
     def usage_chunk(self, finals: Sequence[RequestOutput]) -> BaseModel:
         return self._body([], usage_of([self._shown(f) for f in finals], self.n))
+
+    def running_usage(self, out: RequestOutput) -> Usage:
+        return usage_of([self._shown(out)])
 
     def response(self, finals: Sequence[RequestOutput]) -> BaseModel:
         shown = [self._shown(f) for f in finals]
@@ -178,6 +183,9 @@ class ChatFormat:
     def usage_chunk(self, finals: Sequence[RequestOutput]) -> BaseModel:
         return self._chunk([], usage_of(finals))
 
+    def running_usage(self, out: RequestOutput) -> Usage:
+        return usage_of([out])
+
     def response(self, finals: Sequence[RequestOutput]) -> BaseModel:
         choices = []
         for i, f in enumerate(finals):
@@ -245,21 +253,30 @@ async def _merged(
 
 
 async def openai_events(
-    gens: Sequence[Generation], firsts: Sequence[RequestOutput], fmt: OpenAIFormat, include_usage: bool
+    gens: Sequence[Generation],
+    firsts: Sequence[RequestOutput],
+    fmt: OpenAIFormat,
+    include_usage: bool,
+    continuous_usage: bool = False,
 ) -> AsyncIterator[str]:
     """One chunk per output that has text, logprobs or finishes (tagged with its choice),
-    the usage chunk if asked, `[DONE]`.
+    the usage chunk if asked, `[DONE]`. `continuous_usage` (vLLM's `continuous_usage_stats`):
+    every chunk also carries its choice's usage so far (its prompt, its tokens).
 
     An error after the stream started cannot change the status any more: it is sent as an
     `{"error": ...}` event (what OpenAI's client raises on), followed by `[DONE]`.
     """
-    for opening in fmt.opening(len(gens)):
+    for i, opening in enumerate(fmt.opening(len(gens))):
+        if continuous_usage:
+            opening.usage = Usage.of(firsts[i].num_prompt_tokens, 0)  # type: ignore[attr-defined]
         yield sse_event(opening)
     finals: dict[int, RequestOutput] = {}
     try:
         async for i, out in _merged(gens, firsts):
             chunk = fmt.chunk(i, out)
             if chunk is not None:
+                if continuous_usage:
+                    chunk.usage = fmt.running_usage(out)  # type: ignore[attr-defined]
                 yield sse_event(chunk)
             if out.finished:
                 finals[i] = out

@@ -33,7 +33,7 @@ from blitzscale.api.errors import ApiError
 from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.openai_format import ChatFormat, CompletionFormat, OpenAIFormat, openai_events
-from blitzscale.api.prompts import completion_prompts, echoes_of
+from blitzscale.api.prompts import completion_prompts, echoes_of, truncated
 from blitzscale.api.protocol import (
     MESSAGE_UNSET,
     ChatCompletionRequest,
@@ -104,6 +104,10 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
         plan, (messages, tools) = await off_loop(tool_prompt, backend, body, messages)
         prompt_ids = await off_loop(encode_chat, backend, messages, tools)
+        if body.truncate_prompt_tokens is not None:
+            prompt_ids = truncated(
+                prompt_ids, body.truncate_prompt_tokens, backend.max_model_len, "truncate_prompt_tokens"
+            )
         given = next((v for v in (body.max_completion_tokens, body.max_tokens) if v is not None), None)
         if given is not None:
             name = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -187,7 +191,7 @@ async def serve(
 
     headers = {"x-request-id": request_id}
     if body.stream:
-        events = openai_events(gens, firsts, fmt, body.include_usage)
+        events = openai_events(gens, firsts, fmt, body.include_usage, body.continuous_usage)
         return EventStreamResponse(events, close, headers)
     try:
         finals = await asyncio.gather(

@@ -1,5 +1,6 @@
-"""The prompts of a `/v1/completions` request: a text, token ids, or a batch of either, and
-what `echo` puts before each prompt's choices."""
+"""The prompts of a `/v1/completions` request: a text, token ids, or a batch of either (cut
+to their last tokens with `truncate_prompt_tokens`), and what `echo` puts before each
+prompt's choices (a cut prompt's is its kept tokens' text)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,29 @@ async def completion_prompts(
         else:
             texts.append(None)
             prompts.append([t for t in one if isinstance(t, int)])
+    keep = body.truncate_prompt_tokens
+    if keep is not None:
+        kept = [truncated(ids, keep, backend.max_model_len, "truncate_prompt_tokens") for ids in prompts]
+        texts = [
+            text if len(k) == len(ids) else None for text, k, ids in zip(texts, kept, prompts, strict=True)
+        ]
+        prompts = kept
     return texts, prompts
+
+
+def truncated(ids: list[int], keep: int, max_model_len: int, name: str) -> list[int]:
+    """vLLM's `truncate_prompt_tokens` and TGI's `truncate`: the prompt's last `keep` tokens
+    (-1: as many as the context holds); a prompt no longer than that is left whole."""
+    if keep == 0 or keep < -1:
+        raise ApiError(
+            400, f"{name} must be at least 1 (or -1: the context's length), got {keep}", param=name
+        )
+    if keep > max_model_len:
+        raise ApiError(
+            400, f"{name} is {keep}, more than this model's context of {max_model_len} tokens", param=name
+        )
+    keep = max_model_len if keep == -1 else keep
+    return ids[-keep:] if len(ids) > keep else ids
 
 
 async def echoes_of(

@@ -48,6 +48,14 @@ def first_set_extra(extra: dict[str, Any] | None, unset: tuple[Any, ...] = (None
     return next((k for k, v in (extra or {}).items() if v not in unset), None)
 
 
+def omit_empty(body: dict[str, Any], *names: str) -> dict[str, Any]:
+    """`body` without those of `names` that are empty (fields the APIs leave out then)."""
+    for name in names:
+        if not body.get(name):
+            body.pop(name, None)
+    return body
+
+
 MESSAGE_UNSET = (None, [])  # what an echoed message's unused fields hold
 
 
@@ -96,6 +104,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM's: every chunk carries its choice's usage so far
     # OpenAI pads chunks with random text unless told not to; this server never does, so
     # `false` (what its docs suggest sending) is what it gives, and `true` is refused
     include_obfuscation: StrictBool | None = None
@@ -162,6 +171,7 @@ class SamplingFields(ApiRequest):
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None  # vLLM's
+    truncate_prompt_tokens: StrictInt | None = None  # vLLM's: keep the prompt's last k tokens
     # OpenAI's fields that change nothing a client gets back: typed as OpenAI has them, and
     # otherwise ignored
     user: str | None = None
@@ -195,6 +205,10 @@ class SamplingFields(ApiRequest):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def unsupported_field(self) -> str | None:
         """The first field asking for something this server does not do: refused with a 400
@@ -374,10 +388,7 @@ class AssistantMessage(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_no_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        out: dict[str, Any] = handler(self)
-        if not self.tool_calls:
-            out.pop("tool_calls", None)
-        return out
+        return omit_empty(handler(self), "tool_calls")
 
 
 class ChatChoice(BaseModel):

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictInt,
+    model_serializer,
+)
 
-from blitzscale.api.protocol import ApiRequest, Number
+from blitzscale.api.protocol import ApiRequest, Number, omit_empty
+from blitzscale.core.sampling import MAX_LOGPROBS
 
 TGI_DEFAULT_MAX_NEW_TOKENS = 100  # TGI's documented default
 TgiFinishReason = Literal["length", "eos_token", "stop_sequence"]
@@ -37,17 +46,17 @@ class TgiParameters(BaseModel):
     frequency_penalty: Number | None = Field(None, ge=-2, le=2)
     # {"type": "json", "value": a JSON Schema} or {"type": "regex", "value": a pattern}
     grammar: dict[str, Any] | None = None
+    truncate: StrictInt | None = None  # keep the input's last this many tokens
+    top_n_tokens: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)  # each token's alternatives
     # TGI's knobs this server does not have: refused when set, never ignored
     watermark: StrictBool = False
-    truncate: StrictInt | None = None
     typical_p: Number | None = None
     best_of: StrictInt | None = None
-    top_n_tokens: StrictInt | None = None
     adapter_id: str | None = None
 
     def unsupported_field(self) -> str | None:
         asked = {"watermark": self.watermark, "best_of": self.best_of not in (None, 1)}
-        for name in ("truncate", "typical_p", "top_n_tokens", "adapter_id"):
+        for name in ("typical_p", "adapter_id"):
             asked[name] = getattr(self, name) is not None
         return next((name for name, is_set in asked.items() if is_set), None)
 
@@ -109,7 +118,12 @@ class TgiDetails(BaseModel):
     seed: int | None = None
     prefill: list[TgiPrefillToken] = []  # with decoder_input_details
     tokens: list[TgiToken] = []  # every generated token, with its logprob
+    top_tokens: list[list[TgiToken]] = []  # with top_n_tokens: each token's alternatives
     timings: TgiTimings
+
+    @model_serializer(mode="wrap")
+    def _omit_no_top_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_empty(handler(self), "top_tokens")
 
 
 class TgiInfo(BaseModel):
@@ -144,3 +158,8 @@ class TgiStreamEvent(BaseModel):
     token: TgiToken
     generated_text: str | None = None  # set on the last event only
     details: TgiDetails | None = None  # set on the last event only
+    top_tokens: list[TgiToken] = []  # with top_n_tokens: this token's alternatives
+
+    @model_serializer(mode="wrap")
+    def _omit_no_top_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return omit_empty(handler(self), "top_tokens")

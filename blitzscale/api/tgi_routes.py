@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -32,6 +32,7 @@ from blitzscale.api.errors import ApiError, stream_error, tgi_error_body
 from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.openai_routes import check_context
+from blitzscale.api.prompts import truncated
 from blitzscale.api.sse import EventStreamResponse, sse_event
 from blitzscale.api.tgi_protocol import (
     TGI_DEFAULT_MAX_NEW_TOKENS,
@@ -47,7 +48,7 @@ from blitzscale.api.tgi_protocol import (
     TgiToken,
 )
 from blitzscale.api.tokenize import off_loop
-from blitzscale.core.outputs import RequestOutput
+from blitzscale.core.outputs import RequestOutput, TokenLogprob
 from blitzscale.core.sampling import SamplingParams
 
 ABORTED_MESSAGE = "the server aborted the request before it finished"
@@ -57,6 +58,13 @@ VERSION = __version__  # also when run from a source tree, with no installed met
 
 def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
     router = APIRouter()
+
+    async def prompt_of(body: TgiRequest) -> list[int]:
+        """The input's tokens (with `truncate`, its last ones, as TGI)."""
+        ids = await off_loop(backend.encode, body.inputs)
+        if body.parameters.truncate is None:
+            return ids
+        return truncated(ids, body.parameters.truncate, backend.max_model_len, "parameters.truncate")
 
     async def start(body: TgiRequest, request: Request, stream: bool) -> tuple[Generation, RequestOutput]:
         arrival = time.perf_counter()
@@ -82,7 +90,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         given = body.parameters.max_new_tokens
         if given is not None and given < 1:
             raise ApiError(400, f"parameters.max_new_tokens must be at least 1, got {given}", param=MAX_NEW)
-        prompt_ids = await off_loop(backend.encode, body.inputs)
+        prompt_ids = await prompt_of(body)
         if given is not None:  # (never cut short: the client would get less than it asked)
             check_context(len(prompt_ids), given, backend.max_model_len, MAX_NEW)
         room = max(1, backend.max_model_len - len(prompt_ids))  # (the default fits the context)
@@ -92,6 +100,8 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
             params = dataclasses.replace(params, grammar=constraint.grammar)
         if body.parameters.wants_details and not stream:  # details.tokens carry each token's logprob
             params = dataclasses.replace(params, logprobs=0)  # (a stream's details have none)
+        if body.parameters.top_n_tokens:  # each token's most likely alternatives, streamed or not
+            params = dataclasses.replace(params, logprobs=body.parameters.top_n_tokens)
         if body.parameters.decoder_input_details:  # details.prefill: each prompt token's logprob
             params = dataclasses.replace(params, prompt_logprobs=0)
         request_id = f"gen-{uuid.uuid4().hex}"
@@ -121,9 +131,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         prefix = body.inputs if body.parameters.return_full_text else ""
         details = None
         if body.parameters.wants_details:
-            prefill = (
-                await off_loop(backend.encode, body.inputs) if body.parameters.decoder_input_details else []
-            )
+            prefill = await prompt_of(body) if body.parameters.decoder_input_details else []
             details = await off_loop(full_details, tgi_details(final, gen), final, prefill, backend.decode)
         response = TgiResponse(generated_text=prefix + final.text, details=details)
         content = response.model_dump_json(exclude={"details"} if details is None else None)
@@ -135,7 +143,7 @@ def tgi_router(backend: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         gen, first = await start(body, request, stream=True)
         prefix = body.inputs if body.parameters.return_full_text else ""
         headers = gen.timing.tgi_headers(gen.request_id)
-        events = tgi_events(gen, first, prefix, body.parameters.details)
+        events = tgi_events(gen, first, prefix, body.parameters.details, backend.decode)
         return EventStreamResponse(events, gen.close, headers)
 
     @router.post("/")
@@ -191,6 +199,8 @@ def full_details(
     details.tokens = [
         TgiToken(id=t, text=decode([t]), logprob=lp) for t, lp in zip(final.token_ids, lps, strict=False)
     ]
+    if n := top_n(final.logprobs):
+        details.top_tokens = [top_tokens(lp, n, decode) for lp in final.logprobs]
     prompt_lps = [None, *(lp.logprob for lp in final.prompt_logprobs)]  # (the first has none)
     prompt_lps += [None] * (len(prefill) - len(prompt_lps))
     details.prefill = [
@@ -198,6 +208,16 @@ def full_details(
         for t, lp in zip(prefill, prompt_lps, strict=False)
     ]
     return details
+
+
+def top_n(logprobs: Sequence[TokenLogprob]) -> int:
+    """How many alternatives a request's tokens carry (its `top_n_tokens`; 0: none asked)."""
+    return max((len(lp.top) for lp in logprobs), default=0)
+
+
+def top_tokens(lp: TokenLogprob, n: int, decode: Callable[[list[int]], str]) -> list[TgiToken]:
+    """A position's `n` most likely tokens (TGI's `top_tokens`), most likely first."""
+    return [TgiToken(id=t, text=decode([t]), logprob=x) for t, x in lp.top[:n]]
 
 
 def tgi_finish_reason(out: RequestOutput, params: SamplingParams) -> TgiFinishReason:
@@ -219,7 +239,12 @@ def tgi_details(final: RequestOutput, gen: Generation) -> TgiDetails:
 
 
 def token_events(
-    out: RequestOutput, gen: Generation, prefix: str, index: int, details: bool
+    out: RequestOutput,
+    gen: Generation,
+    prefix: str,
+    index: int,
+    details: bool,
+    decode: Callable[[list[int]], str] | None = None,
 ) -> list[TgiStreamEvent]:
     """TGI sends one event per token. An output of k tokens becomes k events, its text on the
     last (the text of one token alone may not decode); the last event of the request carries
@@ -235,13 +260,22 @@ def token_events(
         return []
     tokens[-1].text = out.text_delta
     events = [TgiStreamEvent(index=index + i + 1, token=tok) for i, tok in enumerate(tokens)]
+    if decode is not None and (n := top_n(out.logprobs)) and len(out.logprobs) == len(out.new_token_ids):
+        for event, lp in zip(events, out.logprobs, strict=False):
+            event.top_tokens = top_tokens(lp, n, decode)
     if out.finished:
         events[-1].generated_text = prefix + out.text
         events[-1].details = tgi_details(out, gen) if details else None
     return events
 
 
-async def tgi_events(gen: Generation, first: RequestOutput, prefix: str, details: bool) -> AsyncIterator[str]:
+async def tgi_events(
+    gen: Generation,
+    first: RequestOutput,
+    prefix: str,
+    details: bool,
+    decode: Callable[[list[int]], str] | None = None,
+) -> AsyncIterator[str]:
     """The token events of a request (`details` on the last where asked); a failure after the
     start is one `{"error": ...}` event."""
     index = 0
@@ -251,7 +285,7 @@ async def tgi_events(gen: Generation, first: RequestOutput, prefix: str, details
             if out.finished and out.finish_reason == "abort":
                 yield sse_event(tgi_error_body(503, ABORTED_MESSAGE))
                 return
-            for event in token_events(out, gen, prefix, index, details):
+            for event in token_events(out, gen, prefix, index, details, decode):
                 index = event.index
                 yield sse_event(event)
             if out.finished:

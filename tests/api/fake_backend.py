@@ -124,7 +124,9 @@ class FakeBackend:
                     break
             visible = len(text) if reason else max(len(text) - hold_back, emitted)
             delta, emitted = text[emitted:visible], visible
-            lps = tuple(TokenLogprob(-0.5) for _ in new) if params.logprobs is not None else ()
+            k = params.logprobs or 0  # (the top k: the token itself, then the next code points)
+            top = [tuple((t + j, -0.5 - j) for j in range(k)) for t in new]
+            lps = tuple(TokenLogprob(-0.5, tops) for tops in top) if params.logprobs is not None else ()
             yield RequestOutput(
                 request_id,
                 new,

@@ -133,8 +133,8 @@ async def test_completion_errors(
         ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400,
          "stream_options", "only allowed when stream is true"),
         ({"messages": [{"role": "user", "content": "x"}], "stream": True,
-          "stream_options": {"include_usage": True, "continuous_usage_stats": True}}, 400,
-         "stream_options.continuous_usage_stats", "Extra inputs"),
+          "stream_options": {"include_usage": True, "continuous_usage": True}}, 400,
+         "stream_options.continuous_usage", "Extra inputs"),
         # types as the API has them: no string for a number, no boolean for a count
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}, 400, "max_tokens", "integer"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, 400, "max_tokens", "integer"),

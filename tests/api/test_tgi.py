@@ -266,10 +266,10 @@ async def test_sampling_asked_for_at_temperature_zero_is_refused(
     ("parameters", "param"),
     [
         ({"watermark": True}, "parameters.watermark"),
-        ({"truncate": 10}, "parameters.truncate"),
+        ({"truncate": 0}, "parameters.truncate"),
         ({"typical_p": 0.5}, "parameters.typical_p"),
         ({"best_of": 2}, "parameters.best_of"),
-        ({"top_n_tokens": 3}, "parameters.top_n_tokens"),
+        ({"top_n_tokens": -1}, "parameters.top_n_tokens"),
         ({"grammar": {"type": "ebnf", "value": "root ::= 'a'"}}, "parameters.grammar.type"),
         ({"grammar": {"type": "regex", "value": ""}}, "parameters.grammar.value"),
         ({"grammar": {"type": "json", "value": "{oops"}}, "parameters.grammar.value"),
