@@ -15,7 +15,6 @@ from blitzscale.api.app import create_app
 from blitzscale.core.config import EngineConfig
 from blitzscale.core.sampling import Grammar, SamplingParams
 from blitzscale.engine.engine import LLMEngine
-from blitzscale.structured import Grammars
 
 from .conftest import BASE_URL
 from .engine_backend import EngineBackend
@@ -38,13 +37,8 @@ CASES = [  # (structured_outputs, the Grammar it is, what a whole answer must ma
 class CheckingBackend(EngineBackend):
     """The engine's backend with the edge's compile check, as `serve`'s model backend has."""
 
-    def __init__(self, engine: LLMEngine, model_name: str) -> None:
-        super().__init__(engine, model_name)
-        tok = engine.tokenizer
-        self._grammars = Grammars(tok, engine.model_config.vocab_size, [tok.eos_token_id])
-
     def check_grammar(self, grammar: Grammar) -> None:
-        self._grammars.compile(grammar)
+        self.engine.grammar_masks.check(grammar)  # (the engine's compiler: its tokenizer's, built once)
 
 
 @pytest.fixture

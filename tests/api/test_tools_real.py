@@ -23,17 +23,10 @@ from blitzscale.engine.engine import LLMEngine
 
 from .conftest import BASE_URL
 from .engine_backend import EngineBackend
+from .test_tools import WEATHER
 
 pytestmark = [pytest.mark.real_model, pytest.mark.anyio]
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 USER = {"role": "user", "content": "What is the weather in Paris?"}
 CALL = {
     "id": "call_7",
