@@ -33,9 +33,16 @@ class ServingBackend(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """The chat template's prompt (`tools`: Hugging Face's `apply_chat_template(tools=)`)."""
+        """The chat template's prompt, rendered as Hugging Face's `apply_chat_template` does
+        with these arguments (`template_kwargs`: more variables for the template)."""
         ...
 
     def decode(self, token_ids: list[int]) -> str: ...

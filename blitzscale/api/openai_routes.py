@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -27,6 +25,7 @@ from fastapi.responses import Response
 from blitzscale.api import generation
 from blitzscale.api.access_log import note_generations
 from blitzscale.api.backend import ServingBackend
+from blitzscale.api.chat_prompt import chat_message, chat_render, encode_chat, tool_prompt
 from blitzscale.api.choices import ChoiceRefused, batch_error, start_all
 from blitzscale.api.constraints import Constraint, check_grammar, constraint_of
 from blitzscale.api.errors import ApiError
@@ -35,19 +34,14 @@ from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.openai_format import ChatFormat, CompletionFormat, OpenAIFormat, openai_events
 from blitzscale.api.prompts import completion_prompts, echoes_of, truncated
 from blitzscale.api.protocol import (
-    MESSAGE_UNSET,
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     ModelCard,
     ModelList,
     SamplingFields,
-    ToolCall,
-    first_set_extra,
 )
 from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
-from blitzscale.api.tools import ToolPlan, chat_prompt, plan_tools, renders_tools
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import InvalidRequestError
@@ -102,8 +96,10 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         backend = backend_for(default, body.model)
         check_features(body)
         messages = [chat_message(m, i) for i, m in enumerate(body.messages)]
+        template = getattr(backend, "chat_template", None)
+        render = chat_render(body, messages, template() if callable(template) else None)
         plan, (messages, tools) = await off_loop(tool_prompt, backend, body, messages)
-        prompt_ids = await off_loop(encode_chat, backend, messages, tools)
+        prompt_ids = await off_loop(encode_chat, backend, messages, tools, render)
         if body.truncate_prompt_tokens is not None:
             prompt_ids = truncated(
                 prompt_ids, body.truncate_prompt_tokens, backend.max_model_len, "truncate_prompt_tokens"
@@ -280,95 +276,6 @@ def check_features(body: SamplingFields) -> None:
         raise ApiError(400, problem, param="logit_bias")
     if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-
-
-def chat_message(message: ChatMessage, index: int) -> dict[str, Any]:
-    """The plain dict `encode_chat` takes (tool calls' arguments as objects, as chat templates
-    read them); content parts must all be text, and nothing else a message carries is
-    dropped unseen (cache hints, ...: refused by name)."""
-    where = f"messages[{index}]"
-    if (field := message.unsupported_field()) is not None:
-        raise ApiError(400, f"{where}.{field} is not supported by this server", param=f"{where}.{field}")
-    for name, role in (("tool_calls", "assistant"), ("tool_call_id", "tool")):
-        if getattr(message, name) not in (None, []) and message.role != role:
-            raise ApiError(400, f"{where}.{name} belongs on a {role} message", param=f"{where}.{name}")
-    if message.role == "tool" and not message.tool_call_id:
-        raise ApiError(
-            400, f"{where}.tool_call_id is required on a tool message", param=f"{where}.tool_call_id"
-        )
-    calls = [tool_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(message.tool_calls or ())]
-    content = message.content
-    if content is None and calls:
-        content = ""
-    if content is None:
-        raise ApiError(400, f"{where}.content is required", param=f"{where}.content")
-    if isinstance(content, list):
-        if any(part.type != "text" or part.text is None for part in content):
-            raise ApiError(400, "only text content parts are supported", param=f"{where}.content")
-        for j, part in enumerate(content):
-            if (field := first_set_extra(part.model_extra, unset=MESSAGE_UNSET)) is not None:
-                name = f"{where}.content[{j}].{field}"
-                raise ApiError(400, f"{name} is not supported by this server", param=name)
-        content = "".join(part.text or "" for part in content)
-    out: dict[str, Any] = {"role": message.role, "content": content or ""}
-    if message.name is not None:
-        out["name"] = message.name
-    if calls:
-        out["tool_calls"] = calls
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    return out
-
-
-def tool_call(call: ToolCall, where: str) -> dict[str, Any]:
-    """A call an assistant made, as chat templates read it: its arguments as an object."""
-    try:
-        arguments = json.loads(call.function.arguments)
-    except ValueError:
-        arguments = None
-    if not isinstance(arguments, dict):
-        name = f"{where}.function.arguments"
-        raise ApiError(400, f"{name} must be a JSON object's text", param=name)
-    return {
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.function.name, "arguments": arguments},
-    }
-
-
-def tool_prompt(
-    backend: ServingBackend, body: ChatCompletionRequest | None, messages: list[dict[str, Any]]
-) -> tuple[ToolPlan | None, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]:
-    """The request's tool plan (none without a body: `/tokenize`), and the messages and tools
-    its prompt renders (api/tools.py); the chat template is probed only when the request has
-    tools or earlier calls."""
-    asked = (body is not None and bool(body.tools)) or any(
-        m["role"] == "tool" or "tool_calls" in m for m in messages
-    )
-    native = asked and renders_tools(backend, backend.encode_chat)
-    template = getattr(backend, "chat_template", None)
-    plan = None
-    if body is not None:
-        plan = plan_tools(body, native, template() if native and callable(template) else None)
-    return plan, chat_prompt(messages, plan, native)
-
-
-def encode_chat(
-    backend: ServingBackend, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-) -> list[int]:
-    """`backend.encode_chat`, refusing messages' `name`s when the model's chat template renders
-    none of them (they would be dropped unseen; SmolLM2's drops them): the prompt is rendered
-    again without the names, only when a message has one, and compared. (One render for all
-    names: a template that renders some roles' names and not others' passes.)"""
-    ids = backend.encode_chat(messages, tools)
-    named = [i for i, m in enumerate(messages) if "name" in m]
-    unnamed = [{k: v for k, v in m.items() if k != "name"} for m in messages]
-    if named and backend.encode_chat(unnamed, tools) == ids:
-        where = f"messages[{named[0]}].name"
-        raise ApiError(
-            400, f"{where} is not supported: this model's chat template does not use it", param=where
-        )
-    return ids
 
 
 def chat_default_max_tokens(num_prompt_tokens: int, max_model_len: int) -> int:

@@ -316,6 +316,10 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None  # false: "required" makes one call at most
+    # vLLM's chat template options (api/chat_prompt.py)
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @property
     def top_logprobs_asked(self) -> int | None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from blitzscale.api.backend import ServingBackend
+from blitzscale.api.chat_prompt import chat_message, encode_chat, tool_prompt
 from blitzscale.api.errors import ApiError
-from blitzscale.api.openai_routes import backend_for, chat_message, encode_chat, tool_prompt
+from blitzscale.api.openai_routes import backend_for
 from blitzscale.api.protocol import (
     ChatCompletionRequest,
     DetokenizeRequest,

@@ -110,13 +110,26 @@ class ModelBackend:
         return template if isinstance(template, str) else None
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         tok = self.model.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise InvalidRequestError("this model has no chat template")
         try:
-            ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+            ids = tok.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=True,
+                **(template_kwargs or {}),
+            )
         except Exception as e:  # jinja errors on malformed messages
             raise InvalidRequestError(f"messages do not fit the chat template: {e}") from e
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

@@ -229,9 +229,21 @@ class Router:
         return self._models[self.model_name].decode(token_ids)
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        return self._models[self.model_name].encode_chat(messages, tools)
+        return self._models[self.model_name].encode_chat(
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            template_kwargs=template_kwargs,
+        )
 
     def chat_template(self) -> str | None:
         return self._models[self.model_name].chat_template()

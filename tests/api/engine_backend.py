@@ -45,10 +45,23 @@ class EngineBackend:
         return str(self.engine.tokenizer.decode(token_ids))
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         tok = self.engine.tokenizer
-        ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=True,
+            **(template_kwargs or {}),
+        )
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def chat_template(self) -> str | None:

@@ -54,13 +54,27 @@ class FakeBackend:
         return "".join(chr(t) for t in token_ids)
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """A template that renders no tools (the server writes them into the messages)."""
+        """A template that renders no tools (the server writes them into the messages) and
+        reads one variable, `mood` (shown first)."""
         rendered = "".join(
             f"<{m['role']}{' ' + m['name'] if 'name' in m else ''}>{m['content']}\n" for m in messages
         )
-        return self.encode(rendered + "<assistant>")
+        if continue_final_message:
+            rendered = rendered.removesuffix("\n")
+        if (mood := (template_kwargs or {}).get("mood")) is not None:
+            rendered = f"[{mood}]" + rendered
+        return self.encode(rendered + ("<assistant>" if add_generation_prompt else ""))
+
+    def chat_template(self) -> str:
+        return "{{ mood }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "model": self.model_name}

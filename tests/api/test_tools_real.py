@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from blitzscale.api.app import create_app
-from blitzscale.api.openai_routes import encode_chat, tool_prompt
+from blitzscale.api.chat_prompt import encode_chat, tool_prompt
 from blitzscale.api.protocol import ChatCompletionRequest
 from blitzscale.api.tools import call_format, plain_messages, renders_tools
 from blitzscale.core.config import EngineConfig
@@ -127,3 +127,18 @@ async def test_forced_calls_over_http_are_the_engines_greedy_calls(
         else:
             assert said == arguments
     assert not engine.has_unfinished()
+
+
+async def test_an_open_final_message_is_rendered_as_transformers_does(
+    smollm2_weights: Any, smollm2_tokenizer: Any
+) -> None:
+    from blitzscale.api.chat_prompt import ChatRender, template_variables
+
+    backend = EngineBackend(engine_of(smollm2_weights, smollm2_tokenizer), "smollm2-135m")
+    turns = [USER, {"role": "assistant", "content": "It is"}]
+    render = ChatRender(add_generation_prompt=False, continue_final_message=True)
+    want = smollm2_tokenizer.apply_chat_template(turns, continue_final_message=True, tokenize=True)
+    want = list(want["input_ids"] if hasattr(want, "keys") else want)
+    assert encode_chat(backend, turns, None, render) == want
+    assert smollm2_tokenizer.decode(want).endswith("<|im_start|>assistant\nIt is")
+    assert template_variables(backend.chat_template()) == {"messages", "add_generation_prompt"}
