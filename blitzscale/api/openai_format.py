@@ -29,6 +29,7 @@ from blitzscale.api.protocol import (
     CompletionResponse,
     Usage,
 )
+from blitzscale.api.reasoning import ReasoningSplit
 from blitzscale.api.sse import DONE_EVENT, sse_event
 from blitzscale.api.tools import ChoiceCalls, ToolPlan
 from blitzscale.core.outputs import RequestOutput
@@ -158,7 +159,11 @@ class ChatFormat:
     model: str
     decode: Decode | None = None  # set when logprobs were asked for
     tools: ToolPlan | None = None  # the request's tools: calls are read out of the text
+    # a thinking model's reply (api/reasoning.py): None, no thinking apart; else whether the
+    # prompt left the reply inside its thinking
+    thinking: bool | None = None
     _calls: dict[int, ChoiceCalls] = field(default_factory=dict)  # each streamed choice's
+    _splits: dict[int, ReasoningSplit] = field(default_factory=dict)
 
     def opening(self, n: int) -> list[BaseModel]:
         """OpenAI's first chunk of each choice names the role and carries no text."""
@@ -169,14 +174,19 @@ class ChatFormat:
         if not _wants_chunk(out):
             return None
         reason = out.finish_reason if out.finished else None
-        delta: dict[str, Any] = {"content": out.text_delta} if out.text_delta else {}
+        reasoning, text = "", out.text_delta
+        if self.thinking is not None:
+            split = self._splits.setdefault(index, ReasoningSplit(self.thinking))
+            reasoning, text = split.feed(out.text_delta, out.finished)
+        delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
         if self.tools is not None:
             calls = self._calls.setdefault(index, ChoiceCalls(self.tools))
-            content, deltas = calls.step(out.text_delta, out.finished)
-            delta = {"content": content} if content else {}
+            text, deltas = calls.step(text, out.finished)
             if deltas:
                 delta["tool_calls"] = deltas
             reason = calls.finish_reason(reason)
+        if text:
+            delta["content"] = text
         lps = chat_logprobs(self.decode, out.new_token_ids, out.logprobs) if self.decode else None
         return self._chunk([ChatChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=reason)])
 
@@ -189,14 +199,15 @@ class ChatFormat:
     def response(self, finals: Sequence[RequestOutput]) -> BaseModel:
         choices = []
         for i, f in enumerate(finals):
-            message, reason = AssistantMessage(content=f.text), f.finish_reason
+            reasoning, content, reason = None, f.text, f.finish_reason
+            if self.thinking is not None:
+                reasoning, content = ReasoningSplit(self.thinking).feed(f.text, finished=True)
+            message = AssistantMessage(content=content, reasoning_content=reasoning)
             if self.tools is not None:
                 calls = ChoiceCalls(self.tools)
-                content, tool_calls = calls.whole(f.text)
-                message, reason = (
-                    AssistantMessage(content=content, tool_calls=tool_calls),
-                    calls.finish_reason(reason),
-                )
+                text, tool_calls = calls.whole(content)
+                message = AssistantMessage(content=text, tool_calls=tool_calls, reasoning_content=reasoning)
+                reason = calls.finish_reason(reason)
             lps = chat_logprobs(self.decode, f.token_ids, f.logprobs) if self.decode else None
             choices.append(ChatChoice(index=i, message=message, logprobs=lps, finish_reason=reason))
         return ChatCompletionResponse(

@@ -40,6 +40,7 @@ from blitzscale.api.protocol import (
     ModelList,
     SamplingFields,
 )
+from blitzscale.api.reasoning import THINK_TAIL_TOKENS, opened_by, thinks
 from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
 from blitzscale.core.outputs import RequestOutput
@@ -115,7 +116,10 @@ def openai_router(default: ServingBackend, metrics: ApiMetrics) -> APIRouter:
         )
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         decode = backend.decode if body.logprobs else None
-        fmt = ChatFormat(request_id, int(time.time()), backend.model_name, decode, plan)
+        thinking = None  # (a model taught to think: is the reply inside its thinking from the start?)
+        if thinks(template() if callable(template) else None):
+            thinking = opened_by(await off_loop(backend.decode, prompt_ids[-THINK_TAIL_TOKENS:]))
+        fmt = ChatFormat(request_id, int(time.time()), backend.model_name, decode, plan, thinking)
         constraint = plan.constraint() if plan is not None else None
         if constraint is not None:
             for each in plan.constrained():  # (each tool's schema alone first: a 400 names it)

@@ -389,10 +389,11 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # null when the reply is tool calls alone
     tool_calls: list[ToolCall] = []  # (left out when there are none, as OpenAI does)
+    reasoning_content: str | None = None  # a thinking model's thinking (api/reasoning.py)
 
     @model_serializer(mode="wrap")
     def _without_no_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return omit_empty(handler(self), "tool_calls")
+        return omit_empty(handler(self), "tool_calls", "reasoning_content")
 
 
 class ChatChoice(BaseModel):

@@ -41,6 +41,8 @@ class FakeBackend:
     # then runs again (`restarted`), as the router does when its instance dies under it.
     restart_after: int | None = None
     reply: str | None = None  # the text every request generates (then EOS) instead of the echo
+    # what `chat_template()` says the template is (encode_chat renders as its docstring says)
+    template: str = "{{ mood }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     calls: list[Call] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)  # started, not finished, not cancelled
@@ -74,7 +76,7 @@ class FakeBackend:
         return self.encode(rendered + ("<assistant>" if add_generation_prompt else ""))
 
     def chat_template(self) -> str:
-        return "{{ mood }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        return self.template
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "model": self.model_name}
