@@ -195,7 +195,10 @@ def test_what_sampling_params_refuse_about_grammars() -> None:
     with pytest.raises(InvalidRequestError, match="min_tokens cannot be combined"):
         SamplingParams(min_tokens=2, grammar=Grammar("json_object")).validate()
     with pytest.raises(InvalidRequestError, match="must be one of"):
-        SamplingParams(grammar=Grammar("regex", "a+")).validate()
+        SamplingParams(grammar=Grammar("lark", "start: 'a'")).validate()
+    for kind in ("regex", "ebnf"):
+        with pytest.raises(InvalidRequestError, match=f"the {kind} is empty"):
+            SamplingParams(grammar=Grammar(kind)).validate()
     with pytest.raises(InvalidRequestError, match="not JSON"):
         SamplingParams(grammar=Grammar("json_schema", "{")).validate()
     with pytest.raises(InvalidRequestError, match="must be a JSON object"):
