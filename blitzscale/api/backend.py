@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from blitzscale.core.chat import ChatOptions
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import SamplingParams
 
@@ -36,13 +37,10 @@ class ServingBackend(Protocol):
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
+        options: ChatOptions | None = None,
     ) -> list[int]:
         """The chat template's prompt, rendered as Hugging Face's `apply_chat_template` does
-        with these arguments (`template_kwargs`: more variables for the template)."""
+        (core/chat.py `render_chat`) with these tools and options."""
         ...
 
     def decode(self, token_ids: list[int]) -> str: ...

@@ -7,7 +7,6 @@ or a template variable the template does not read is refused by name."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from blitzscale.api.backend import ServingBackend
@@ -20,6 +19,7 @@ from blitzscale.api.protocol import (
     first_set_extra,
 )
 from blitzscale.api.tools import ToolPlan, chat_prompt, plan_tools, renders_tools
+from blitzscale.core.chat import ChatOptions
 
 # apply_chat_template's own arguments: not template variables a client may set
 RESERVED_KWARGS = frozenset(
@@ -29,25 +29,9 @@ RESERVED_KWARGS = frozenset(
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class ChatRender:
-    """How the template renders the messages (vLLM's chat options)."""
-
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False  # the last (assistant) message is left open
-    template_kwargs: dict[str, Any] = field(default_factory=dict)  # more template variables
-
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "add_generation_prompt": self.add_generation_prompt,
-            "continue_final_message": self.continue_final_message,
-            "template_kwargs": self.template_kwargs,
-        }
-
-
 def chat_render(
     body: ChatCompletionRequest, messages: list[dict[str, Any]], template: str | None
-) -> ChatRender:
+) -> ChatOptions:
     """The request's options, checked: not both a generation prompt and an open final
     message, an open final message only an assistant's, template variables only those the
     template reads (when its text is known)."""
@@ -71,7 +55,7 @@ def chat_render(
             )
         if used is not None and name not in used:
             raise ApiError(400, f"{where} is not read by this model's chat template", param=where)
-    return ChatRender(body.add_generation_prompt, body.continue_final_message, kwargs)
+    return ChatOptions(body.add_generation_prompt, body.continue_final_message, kwargs)
 
 
 def template_variables(template: str | None) -> set[str] | None:
@@ -165,17 +149,16 @@ def encode_chat(
     backend: ServingBackend,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None = None,
-    render: ChatRender | None = None,
+    options: ChatOptions | None = None,
 ) -> list[int]:
     """`backend.encode_chat`, refusing messages' `name`s when the model's chat template renders
     none of them (they would be dropped unseen; SmolLM2's drops them): the prompt is rendered
     again without the names, only when a message has one, and compared. (One render for all
     names: a template that renders some roles' names and not others' passes.)"""
-    options = render.kwargs() if render is not None and render != ChatRender() else {}
-    ids = backend.encode_chat(messages, tools, **options)
+    ids = backend.encode_chat(messages, tools, options)
     named = [i for i, m in enumerate(messages) if "name" in m]
     unnamed = [{k: v for k, v in m.items() if k != "name"} for m in messages]
-    if named and backend.encode_chat(unnamed, tools, **options) == ids:
+    if named and backend.encode_chat(unnamed, tools, options) == ids:
         where = f"messages[{named[0]}].name"
         raise ApiError(
             400, f"{where} is not supported: this model's chat template does not use it", param=where

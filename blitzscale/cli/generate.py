@@ -40,8 +40,9 @@ def encode_prompt(tokenizer, prompt: str, chat: bool, system: str | None = None)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}
     ]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    from blitzscale.core.chat import render_chat
+
+    return render_chat(tokenizer, messages)
 
 
 def run(args: argparse.Namespace) -> int:

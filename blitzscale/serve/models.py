@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from blitzscale.control.costmodel import Profile
+from blitzscale.core.chat import ChatOptions, render_chat
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import Grammar, SamplingParams
 from blitzscale.core.validate import validate_request
@@ -113,26 +114,15 @@ class ModelBackend:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
+        options: ChatOptions | None = None,
     ) -> list[int]:
         tok = self.model.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise InvalidRequestError("this model has no chat template")
         try:
-            ids = tok.apply_chat_template(
-                messages,
-                tools=tools,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                tokenize=True,
-                **(template_kwargs or {}),
-            )
+            return render_chat(tok, messages, tools, options)
         except Exception as e:  # jinja errors on malformed messages
             raise InvalidRequestError(f"messages do not fit the chat template: {e}") from e
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def check_grammar(self, grammar: Grammar) -> None:
         """Compile a request's grammar for this model's tokenizer (cached); InvalidRequestError

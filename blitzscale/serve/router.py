@@ -24,6 +24,7 @@ from blitzscale.control.costmodel import Profile
 from blitzscale.control.live_split import DEFAULT_TIME_LIMIT_S, SPLIT_NAMES
 from blitzscale.control.snapshot import InstanceState
 from blitzscale.control.states import is_serving
+from blitzscale.core.chat import ChatOptions
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.roles import Role
 from blitzscale.core.sampling import Grammar, SamplingParams
@@ -232,18 +233,9 @@ class Router:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
+        options: ChatOptions | None = None,
     ) -> list[int]:
-        return self._models[self.model_name].encode_chat(
-            messages,
-            tools,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            template_kwargs=template_kwargs,
-        )
+        return self._models[self.model_name].encode_chat(messages, tools, options)
 
     def chat_template(self) -> str | None:
         return self._models[self.model_name].chat_template()

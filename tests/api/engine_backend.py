@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from blitzscale.core.chat import ChatOptions, render_chat
 from blitzscale.core.outputs import RequestOutput
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.engine.engine import LLMEngine
@@ -48,21 +49,9 @@ class EngineBackend:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
+        options: ChatOptions | None = None,
     ) -> list[int]:
-        tok = self.engine.tokenizer
-        ids = tok.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            tokenize=True,
-            **(template_kwargs or {}),
-        )
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return render_chat(self.engine.tokenizer, messages, tools, options)
 
     def chat_template(self) -> str | None:
         template = getattr(self.engine.tokenizer, "chat_template", None)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from blitzscale.core.chat import ChatOptions
 from blitzscale.core.outputs import RequestOutput, TokenLogprob
 from blitzscale.core.sampling import SamplingParams
 from blitzscale.errors import InvalidRequestError
@@ -59,21 +60,19 @@ class FakeBackend:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
+        options: ChatOptions | None = None,
     ) -> list[int]:
         """A template that renders no tools (the server writes them into the messages) and
         reads one variable, `mood` (shown first)."""
         rendered = "".join(
             f"<{m['role']}{' ' + m['name'] if 'name' in m else ''}>{m['content']}\n" for m in messages
         )
-        if continue_final_message:
+        o = options or ChatOptions()
+        if o.continue_final_message:
             rendered = rendered.removesuffix("\n")
-        if (mood := (template_kwargs or {}).get("mood")) is not None:
+        if (mood := o.template_kwargs.get("mood")) is not None:
             rendered = f"[{mood}]" + rendered
-        return self.encode(rendered + ("<assistant>" if add_generation_prompt else ""))
+        return self.encode(rendered + ("<assistant>" if o.add_generation_prompt else ""))
 
     def chat_template(self) -> str:
         return self.template

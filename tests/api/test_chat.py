@@ -117,7 +117,10 @@ async def test_a_message_name_the_chat_template_drops_is_refused(
     answer as if none was sent: a 400 naming the message instead."""
     named = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "x", "name": "bob"}]}
     assert (await client.post("/v1/chat/completions", json=named | {"max_tokens": 1})).status_code == 200
-    fake.encode_chat = lambda messages, tools=None: fake.encode("".join(m["content"] for m in messages))  # type: ignore[method-assign]
+    def ignores_names(messages: list[dict], tools: object = None, options: object = None) -> list[int]:
+        return fake.encode("".join(m["content"] for m in messages))
+
+    fake.encode_chat = ignores_names  # type: ignore[method-assign]
     for path in ("/v1/chat/completions", "/tokenize"):
         r = await client.post(path, json=named)
         assert_error(r, 400, param="messages[1].name", says="chat template does not use it")

@@ -132,11 +132,12 @@ async def test_forced_calls_over_http_are_the_engines_greedy_calls(
 async def test_an_open_final_message_is_rendered_as_transformers_does(
     smollm2_weights: Any, smollm2_tokenizer: Any
 ) -> None:
-    from blitzscale.api.chat_prompt import ChatRender, template_variables
+    from blitzscale.api.chat_prompt import template_variables
+    from blitzscale.core.chat import ChatOptions
 
     backend = EngineBackend(engine_of(smollm2_weights, smollm2_tokenizer), "smollm2-135m")
     turns = [USER, {"role": "assistant", "content": "It is"}]
-    render = ChatRender(add_generation_prompt=False, continue_final_message=True)
+    render = ChatOptions(add_generation_prompt=False, continue_final_message=True)
     want = smollm2_tokenizer.apply_chat_template(turns, continue_final_message=True, tokenize=True)
     want = list(want["input_ids"] if hasattr(want, "keys") else want)
     assert encode_chat(backend, turns, None, render) == want
