@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from blitzscale.api.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
+from blitzscale.api.responses import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 from blitzscale.core.outputs import TokenLogprob
 
 Decode = Callable[[list[int]], str]

@@ -18,7 +18,8 @@ from pydantic import BaseModel
 from blitzscale.api.errors import stream_error
 from blitzscale.api.generation import Generation
 from blitzscale.api.logprobs import Decode, chat_logprobs, completion_logprobs, joined, prompt_logprobs
-from blitzscale.api.protocol import (
+from blitzscale.api.reasoning import ReasoningSplit
+from blitzscale.api.responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -29,7 +30,6 @@ from blitzscale.api.protocol import (
     CompletionResponse,
     Usage,
 )
-from blitzscale.api.reasoning import ReasoningSplit
 from blitzscale.api.sse import DONE_EVENT, sse_event
 from blitzscale.api.tools import ChoiceCalls, ToolPlan
 from blitzscale.core.outputs import RequestOutput

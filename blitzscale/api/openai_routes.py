@@ -33,14 +33,9 @@ from blitzscale.api.generation import Generation
 from blitzscale.api.metrics import ApiMetrics
 from blitzscale.api.openai_format import ChatFormat, CompletionFormat, OpenAIFormat, openai_events
 from blitzscale.api.prompts import completion_prompts, echoes_of, truncated
-from blitzscale.api.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ModelCard,
-    ModelList,
-    SamplingFields,
-)
+from blitzscale.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from blitzscale.api.reasoning import THINK_TAIL_TOKENS, opened_by, thinks
+from blitzscale.api.responses import ModelCard, ModelList
 from blitzscale.api.sse import EventStreamResponse
 from blitzscale.api.tokenize import off_loop
 from blitzscale.core.outputs import RequestOutput

@@ -117,6 +117,7 @@ async def test_a_message_name_the_chat_template_drops_is_refused(
     answer as if none was sent: a 400 naming the message instead."""
     named = {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "x", "name": "bob"}]}
     assert (await client.post("/v1/chat/completions", json=named | {"max_tokens": 1})).status_code == 200
+
     def ignores_names(messages: list[dict], tools: object = None, options: object = None) -> list[int]:
         return fake.encode("".join(m["content"] for m in messages))
 
