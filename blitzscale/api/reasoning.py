@@ -12,6 +12,8 @@ Streamed, a partial tag is held back until the next text tells what it is.
 
 from __future__ import annotations
 
+from blitzscale.api.tool_parsers import held_prefix
+
 OPEN = "<think>"
 CLOSE = "</think>"
 THINK_TAIL_TOKENS = 16  # a prompt's last tokens that tell whether it left a think block open
@@ -25,14 +27,6 @@ def thinks(template: str | None) -> bool:
 def opened_by(prompt_tail: str) -> bool:
     """Whether a prompt (its last characters) ends inside an open `<think>`."""
     return prompt_tail.rfind(OPEN) > prompt_tail.rfind(CLOSE)
-
-
-def _held(text: str, tag: str) -> int:
-    """How many characters at the end of `text` could be the start of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class ReasoningSplit:
@@ -61,7 +55,7 @@ class ReasoningSplit:
                     reasoning += self._buf[:end]
                     self._buf, self._state = self._buf[end + len(CLOSE) :].lstrip("\n"), "after"
                     continue
-                keep = 0 if finished else _held(self._buf, CLOSE)
+                keep = 0 if finished else held_prefix(self._buf, CLOSE)
                 reasoning += self._buf[: len(self._buf) - keep]
                 self._buf = self._buf[len(self._buf) - keep :]
                 return reasoning, content

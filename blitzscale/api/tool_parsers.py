@@ -66,7 +66,7 @@ def call_of(obj: Any, names: Collection[str], arguments_key: str) -> Call | None
     return Call(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
-def _held_prefix(text: str, tag: str) -> int:
+def held_prefix(text: str, tag: str) -> int:
     """How many characters at the end of `text` could be the start of `tag` (held back
     from the content until the next delta says whether they are)."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
@@ -97,7 +97,7 @@ class HermesParser:
                 continue
             start = self._buf.find(CALL_OPEN)
             if start < 0:
-                keep = _held_prefix(self._buf, CALL_OPEN)
+                keep = held_prefix(self._buf, CALL_OPEN)
                 shown, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
                 if shown:
                     out.append(Content(shown))
